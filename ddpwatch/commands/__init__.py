@@ -1,0 +1,1 @@
+"""One module per CLI command: each gathers its inputs, calls the pure code and prints."""

@@ -1,0 +1,31 @@
+"""Exit codes (sysexits-style, so scripts can tell them apart) and the errors
+that carry them to the CLI boundary, where they become one clear line."""
+from __future__ import annotations
+
+OK = 0
+PROBLEM_FOUND = 1
+USAGE = 2
+UNAVAILABLE = 69    # EX_UNAVAILABLE: pid gone, not a Python process, nothing to judge
+NO_PERMISSION = 77  # EX_NOPERM
+CONFIG = 78         # EX_CONFIG: bad rules or config file
+
+
+class DdpwatchError(Exception):
+    """An error meant for the user: `str(err)` says what and where."""
+    exit_code = PROBLEM_FOUND
+
+
+class UsageError(DdpwatchError):
+    exit_code = USAGE
+
+
+class Unavailable(DdpwatchError):
+    exit_code = UNAVAILABLE
+
+
+class NoPermission(DdpwatchError):
+    exit_code = NO_PERMISSION
+
+
+class ConfigError(DdpwatchError):
+    exit_code = CONFIG

@@ -1,0 +1,240 @@
+"""The fixed binary layout of one rank's heartbeat record, and pure codecs for it.
+
+One record per rank, one writer (the rank), any number of readers (the daemon,
+`ddpwatch ranks`). Readers never lock: the writer bumps `seq` to an odd value
+before it changes anything and to the next even value after (a seqlock), and a
+reader retries while it sees an odd `seq` or a `seq` that changed under it.
+
+Everything here is pure: bytes in, values out. The writer and reader modules do
+the mmap and file handling. Times are CLOCK_MONOTONIC seconds (`time.monotonic()`),
+which is one clock for every process on a host, so the daemon can age a record
+without trusting wall clocks.
+
+Layout version history:
+  1 - first layout.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"DDPWHB01"
+LAYOUT_VERSION = 1
+RING_SLOTS = 64
+FILE_SUFFIX = ".hb"
+
+# Operation codes stored in `op`. Order is part of the layout: append only.
+OPS = (
+    "none", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "ddp_bucket_all_reduce", "all_reduce_coalesced",
+    "all_gather_coalesced", "other",
+)
+OP_CODE = {name: code for code, name in enumerate(OPS)}
+
+
+class Phase:
+    """Where the rank is, as the writer last said.
+
+    Transitions: INIT -> RENDEZVOUS -> (OUTSIDE <-> INSIDE)* -> EXITED.
+    INIT until the process group is being set up; RENDEZVOUS while
+    init_process_group waits for peers; INSIDE from a collective's entry until its
+    completion (for async ops: until the work is seen complete; while several are
+    outstanding, until the last completes); EXITED is written at interpreter exit.
+    """
+    INIT = 0
+    OUTSIDE = 1
+    INSIDE = 2
+    EXITED = 3
+    RENDEZVOUS = 4
+    NAMES = ("init", "outside", "inside", "exited", "rendezvous")
+
+
+# --- the record -----------------------------------------------------------------
+# Header: identity, written once at start (and when identity changes, under the lock).
+HEADER = struct.Struct(
+    "<8s"   # magic
+    "I"     # layout version
+    "I"     # record size in bytes (whole file), a second check on layout
+    "q"     # pid
+    "i"     # rank
+    "i"     # local rank
+    "i"     # world size
+    "i"     # uid of the writer (checked against the owning process)
+    "d"     # started_at (monotonic)
+    "d"     # started_wall (unix time, for humans only)
+    "64s"   # run id
+    "64s"   # hostname
+    "32s"   # torch version
+    "16s"   # backend
+    "16s"   # device type
+    "16s"   # compute dtype the rank actually computes in
+    "64s"   # data fingerprint (hex digest of shard list + batch count)
+    "q"     # data batches per epoch on this rank (-1 unknown)
+    "q"     # data shards on this rank (-1 unknown)
+)
+SEQ = struct.Struct("<Q")
+SEQ_OFFSET = HEADER.size  # seq lives right after the identity, 8-aligned
+assert SEQ_OFFSET % 8 == 0
+
+# Progress + counters: rewritten at every heartbeat, in one pack_into, while seq
+# is odd. seq itself is never written with struct.pack_into: CPython zero-fills
+# the target before packing, which would show readers a transient even seq 0.
+PROGRESS_FIELDS = (
+    # The first HOT_FIELDS are all a collective's entry changes: entry packs only them.
+    ("collective_seq", "q"),         # collectives entered so far; the current one's number
+    ("op", "H"),                     # current / last op code
+    ("phase", "B"),                  # Phase
+    ("outstanding", "I"),            # collectives entered and not complete (async ops)
+    ("bytes", "q"),                  # bytes of the current / last collective
+    ("entered_at", "d"),             # when the current / last collective began
+    ("updated_at", "d"),             # last heartbeat
+    ("step", "q"),                   # current step (= steps completed)
+    ("step_started_at", "d"),
+    ("collectives_completed", "q"),
+    ("collective_seconds", "d"),     # wall time with a collective outstanding (overlapping
+                                     # async bucket all-reduces are not counted twice)
+    ("steps_completed", "q"),
+    ("step_seconds", "d"),           # seconds in completed steps
+    ("last_step_seconds", "d"),
+    ("tokens", "q"),                 # tokens processed
+    ("last_step_tokens", "q"),
+    ("bytes_total", "q"),            # bytes moved by completed collectives
+)
+HOT_FIELDS = 7
+HOT = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS[:HOT_FIELDS]))
+PROGRESS = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS))
+# Index of each field in a progress tuple (the writer keeps its state as a list).
+P = type("P", (), {name.upper(): i for i, (name, _) in enumerate(PROGRESS_FIELDS)})
+PROGRESS_OFFSET = SEQ_OFFSET + SEQ.size
+# The ring of recent collectives: collective number n lives in slot (n - 1) % 64,
+# written when it completes, so peers' rings can be lined up by seq.
+RING_SLOT = struct.Struct("<qHxxxxxxqdd")  # seq, op, bytes, start, end
+RING_OFFSET = PROGRESS_OFFSET + PROGRESS.size + (-(PROGRESS_OFFSET + PROGRESS.size) % 8)
+RECORD_SIZE = RING_OFFSET + RING_SLOT.size * RING_SLOTS
+
+
+@dataclass(frozen=True)
+class RingEntry:
+    seq: int
+    op: str
+    bytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consistent read of a heartbeat record."""
+    pid: int
+    rank: int
+    local_rank: int
+    world_size: int
+    uid: int
+    started_at: float
+    started_wall: float
+    run_id: str
+    hostname: str
+    torch_version: str
+    backend: str
+    device_type: str
+    compute_dtype: str
+    data_fingerprint: str
+    data_batches: int
+    data_shards: int
+    seq: int
+    step: int
+    collective_seq: int
+    op: str
+    phase: str
+    outstanding: int
+    bytes: int
+    entered_at: float
+    updated_at: float
+    step_started_at: float
+    collectives_completed: int
+    collective_seconds: float
+    steps_completed: int
+    step_seconds: float
+    last_step_seconds: float
+    tokens: int
+    last_step_tokens: int
+    bytes_total: int
+    ring: tuple[RingEntry, ...]
+
+    @property
+    def in_collective(self) -> bool:
+        return self.phase == "inside"
+
+
+class LayoutError(ValueError):
+    """The bytes are not a record this reader understands; the message says why."""
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _field(value: str, size: int) -> bytes:
+    data = value.encode("utf-8")[:size]
+    return data
+
+
+def pack_header(*, pid: int, rank: int, local_rank: int, world_size: int, uid: int,
+                started_at: float, started_wall: float, run_id: str, hostname: str,
+                torch_version: str, backend: str, device_type: str, compute_dtype: str,
+                data_fingerprint: str, data_batches: int, data_shards: int) -> bytes:
+    return HEADER.pack(
+        MAGIC, LAYOUT_VERSION, RECORD_SIZE, pid, rank, local_rank, world_size, uid,
+        started_at, started_wall, _field(run_id, 64), _field(hostname, 64),
+        _field(torch_version, 32), _field(backend, 16), _field(device_type, 16),
+        _field(compute_dtype, 16), _field(data_fingerprint, 64), data_batches, data_shards)
+
+
+def check_version(buf: bytes) -> None:
+    """Raise LayoutError naming what is wrong if `buf` is not a v1 record."""
+    if len(buf) < 16:
+        raise LayoutError(f"truncated: {len(buf)} bytes, a record has {RECORD_SIZE}")
+    magic, version, size = struct.unpack_from("<8sII", buf, 0)
+    if magic != MAGIC:
+        raise LayoutError(f"not a ddpwatch heartbeat record (magic {magic!r})")
+    if version != LAYOUT_VERSION:
+        raise LayoutError(f"layout version {version}, this ddpwatch reads version "
+                          f"{LAYOUT_VERSION}: upgrade ddpwatch to match the ranks")
+    if size != RECORD_SIZE or len(buf) < RECORD_SIZE:
+        raise LayoutError(f"truncated or resized: {len(buf)} bytes (header says {size}), "
+                          f"a version {LAYOUT_VERSION} record has {RECORD_SIZE}")
+
+
+def decode(buf: bytes) -> Record:
+    """Decode a consistent copy of a record's bytes (the reader did the seqlock)."""
+    check_version(buf)
+    h = HEADER.unpack_from(buf, 0)
+    (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
+    progress = dict(zip((name for name, _ in PROGRESS_FIELDS),
+                        PROGRESS.unpack_from(buf, PROGRESS_OFFSET)))
+    cseq = progress["collective_seq"]
+    ring = []
+    for n in range(max(1, cseq - RING_SLOTS + 1), cseq + 1):
+        rseq, rop, rbytes, rstart, rend = RING_SLOT.unpack_from(buf, ring_offset(n))
+        if rseq == n:  # slots of collectives still outstanding hold older entries
+            ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
+    phase = progress.pop("phase")
+    progress["op"] = _op_name(progress["op"])
+    return Record(
+        pid=h[3], rank=h[4], local_rank=h[5], world_size=h[6], uid=h[7], started_at=h[8],
+        started_wall=h[9], run_id=_text(h[10]), hostname=_text(h[11]),
+        torch_version=_text(h[12]), backend=_text(h[13]), device_type=_text(h[14]),
+        compute_dtype=_text(h[15]), data_fingerprint=_text(h[16]), data_batches=h[17],
+        data_shards=h[18], seq=seq,
+        phase=Phase.NAMES[phase] if phase < len(Phase.NAMES) else f"phase{phase}",
+        ring=tuple(ring), **progress)
+
+
+def ring_offset(collective_seq: int) -> int:
+    return RING_OFFSET + ((collective_seq - 1) % RING_SLOTS) * RING_SLOT.size
+
+
+def _op_name(code: int) -> str:
+    return OPS[code] if 0 <= code < len(OPS) else f"op{code}"

@@ -1,0 +1,95 @@
+"""The daemon side of the heartbeat channel: consistent reads, never an exception.
+
+A record file that is truncated, from another layout version, garbage, or owned
+by someone other than its process is *skipped with a reason* (the caller shows
+or counts it); it never raises out of `read_dir`.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+from . import layout
+from .paths import default_dir
+
+READ_RETRIES = 200  # a writer holds the odd seq for well under a microsecond
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+def read_consistent(mem) -> bytes | None:
+    """Seqlock read of a mapped record: a copy taken while seq stayed even and unchanged.
+
+    seq is read on its own before and after the bulk copy: a bulk copy (memcpy,
+    `rep movsb`) may load in any order, so a seq value taken from inside the
+    copy would prove nothing. Returns None if the writer kept it busy throughout.
+    """
+    seq = layout.SEQ.unpack_from
+    for attempt in range(READ_RETRIES):
+        (before,) = seq(mem, layout.SEQ_OFFSET)
+        if before and not before & 1:
+            data = mem[:layout.RECORD_SIZE]
+            (after,) = seq(mem, layout.SEQ_OFFSET)
+            if after == before:
+                return data
+        if attempt > 20:
+            os.sched_yield()  # let a writer on this core finish its publish
+    return None
+
+
+def read_file(path: str) -> layout.Record | Skipped:
+    """Read one record file consistently; any problem becomes a Skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        return Skipped(path, f"cannot open: {err.strerror}")
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, 16, 0)
+        try:
+            layout.check_version(head + b"\0" * (layout.RECORD_SIZE - len(head))
+                                 if len(head) == 16 and st.st_size >= layout.RECORD_SIZE
+                                 else os.pread(fd, layout.RECORD_SIZE, 0))
+        except layout.LayoutError as err:
+            return Skipped(path, str(err))
+        with mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mem:
+            data = read_consistent(mem)
+        if data is None:
+            return Skipped(path, "record kept changing while read (writer busy); try again")
+        try:
+            record = layout.decode(data)
+        except layout.LayoutError as err:
+            return Skipped(path, str(err))
+        except Exception as err:  # garbage that passed the header check
+            return Skipped(path, f"unreadable record: {err}")
+        if record.uid != st.st_uid:
+            return Skipped(path, f"record claims uid {record.uid} but the file belongs to "
+                                 f"uid {st.st_uid}")
+        return record
+    except OSError as err:
+        return Skipped(path, f"cannot read: {err.strerror}")
+    finally:
+        os.close(fd)
+
+
+def list_records(directory: str | None = None) -> list[str]:
+    directory = directory or default_dir()
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [os.path.join(directory, n) for n in names if n.endswith(layout.FILE_SUFFIX)]
+
+
+def read_dir(directory: str | None = None) -> tuple[list[layout.Record], list[Skipped]]:
+    """All records in the run directory, and the files that were skipped with why."""
+    records, skipped = [], []
+    for path in list_records(directory):
+        result = read_file(path)
+        (skipped if isinstance(result, Skipped) else records).append(result)
+    return records, skipped

@@ -1,0 +1,286 @@
+"""The rank side of the heartbeat channel: one mmap'd record, written in place.
+
+A rank must never be slowed, blocked or crashed by being watched. So the hot
+path (`enter`, `exit`, `step`) is a couple of `struct.pack_into` calls on a
+shared-memory mapping: no syscall, no allocation beyond the packed values, and
+no exception can escape (set-up problems turn the writer off with one warning).
+
+The seqlock: every publish stores `seq` odd (one aligned 8-byte store through
+ctypes), packs the new values, then stores `seq` even. x86 keeps stores in
+program order (TSO), so a reader that sees the same even seq before and after
+its copy has a consistent record. (The torn-read test caught the first version,
+which packed seq with struct.pack_into: that zero-fills before it writes.) Several threads of
+one rank may publish (async-op completion callbacks run on backend threads),
+so publishes take an uncontended lock; it is never held across anything slow.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import socket
+import threading
+import time
+import warnings
+
+from . import layout
+from .paths import record_path, prepare_dir
+
+_monotonic = time.monotonic
+_pack_progress = layout.PROGRESS.pack_into
+_pack_hot = layout.HOT.pack_into
+_pack_ring = layout.RING_SLOT.pack_into
+_PROGRESS_OFFSET = layout.PROGRESS_OFFSET
+P = layout.P
+INSIDE = layout.Phase.INSIDE
+OUTSIDE = layout.Phase.OUTSIDE
+
+
+class HeartbeatWriter:
+    """Owns this process's heartbeat record. Create it with `open_writer()`."""
+
+    def __init__(self, path: str, fd: int, mem: mmap.mmap, identity: dict):
+        self.path = path
+        self._fd = fd
+        self._mem = mem
+        # One aligned 8-byte store per seq update (see layout: never pack_into).
+        self._seq_cell = ctypes.c_uint64.from_buffer(mem, layout.SEQ_OFFSET)
+        self._lock = threading.Lock()
+        self._identity = identity
+        # Progress state, in layout.PROGRESS_FIELDS order, packed whole at each
+        # publish (a list indexed by layout.P: fewer attribute look-ups on the
+        # hot path than one attribute per field).
+        self._state = [0] * len(layout.PROGRESS_FIELDS)
+        self._state[P.PHASE] = layout.Phase.INIT
+        self._seq = 0
+        self._busy_since = 0.0
+        self.closed = False
+        self._write_header()
+        # The first step is timed from here (or from the end of rendezvous).
+        now = _monotonic()
+        self._state[P.STEP_STARTED_AT] = now
+        self._publish(now)
+
+    # --- identity ------------------------------------------------------------
+    def set_identity(self, **fields) -> None:
+        """Update identity fields (rank after init_process_group, dtype, data...)."""
+        unknown = set(fields) - set(self._identity)
+        if unknown:
+            raise TypeError(f"unknown heartbeat identity field(s): {', '.join(sorted(unknown))}")
+        with self._lock:
+            old_rank = self._identity["rank"]
+            self._identity.update({k: v for k, v in fields.items() if v is not None})
+            self._write_header()
+            if self._identity["rank"] != old_rank and not self.closed:
+                # Keep the file name telling: ranks are often known only after
+                # init_process_group. The mapping survives a rename.
+                new_path = record_path(os.path.dirname(self.path), self._identity["rank"],
+                                       self._identity["pid"])
+                try:
+                    os.rename(self.path, new_path)
+                    self.path = new_path
+                except OSError:
+                    pass
+
+    def identity(self) -> dict:
+        return dict(self._identity)
+
+    def counters(self) -> tuple[float, int]:
+        """(seconds with a collective outstanding, collectives completed) so far."""
+        with self._lock:
+            st = self._state
+            busy = st[P.COLLECTIVE_SECONDS]
+            if st[P.OUTSTANDING]:
+                busy += _monotonic() - self._busy_since
+            return busy, st[P.COLLECTIVES_COMPLETED]
+
+    def _write_header(self) -> None:
+        if self.closed:
+            return
+        self._seq += 1
+        self._seq_cell.value = self._seq
+        self._mem[0:layout.HEADER.size] = layout.pack_header(**self._identity)
+        self._seq += 1
+        self._seq_cell.value = self._seq
+
+    # --- the hot path ----------------------------------------------------------
+    def enter(self, op_code: int, nbytes: int) -> tuple[int, float, int, int]:
+        """A collective begins. Returns the token to hand to `exit`."""
+        self._lock.acquire()
+        try:
+            now = _monotonic()
+            st = self._state
+            seq = st[0] = st[0] + 1  # P.COLLECTIVE_SEQ
+            outstanding = st[3] + 1  # P.OUTSTANDING
+            if outstanding == 1:
+                self._busy_since = now
+            # The hot fields, in layout order (layout.HOT_FIELDS); the rest of
+            # the state is unchanged by an entry and stays as last published.
+            st[:7] = hot = (seq, op_code, INSIDE, outstanding, nbytes, now, now)
+            if not self.closed:
+                cell = self._seq_cell
+                odd = self._seq + 1
+                cell.value = odd
+                _pack_hot(self._mem, _PROGRESS_OFFSET, *hot)
+                self._seq = cell.value = odd + 1
+            return (seq, now, op_code, nbytes)
+        finally:
+            self._lock.release()
+
+    def exit(self, token: tuple[int, float, int, int]) -> None:
+        """The collective of `token` completed (or failed)."""
+        seq, start, op_code, nbytes = token
+        self._lock.acquire()
+        try:
+            now = _monotonic()
+            st = self._state
+            st[P.OUTSTANDING] -= 1
+            st[P.COLLECTIVES_COMPLETED] += 1
+            st[P.BYTES_TOTAL] += nbytes
+            st[P.UPDATED_AT] = now
+            if st[P.OUTSTANDING] <= 0:
+                st[P.OUTSTANDING] = 0
+                st[P.COLLECTIVE_SECONDS] += now - self._busy_since
+                st[P.PHASE] = OUTSIDE
+            self._publish_state((seq, op_code, nbytes, start, now))
+        finally:
+            self._lock.release()
+
+    def step(self, tokens: int = 0) -> None:
+        """A training step ended (optimizer stepped); `tokens` it processed."""
+        with self._lock:
+            now = _monotonic()
+            st = self._state
+            st[P.LAST_STEP_SECONDS] = now - st[P.STEP_STARTED_AT]
+            st[P.STEP_SECONDS] += st[P.LAST_STEP_SECONDS]
+            st[P.STEPS_COMPLETED] += 1
+            st[P.STEP] += 1
+            st[P.TOKENS] += tokens
+            st[P.LAST_STEP_TOKENS] = tokens
+            st[P.STEP_STARTED_AT] = st[P.UPDATED_AT] = now
+            self._publish_state()
+
+    def set_phase(self, phase: int) -> None:
+        with self._lock:
+            now = _monotonic()
+            st = self._state
+            if not st[P.OUTSTANDING]:
+                st[P.PHASE] = phase
+            if phase == layout.Phase.OUTSIDE and not st[P.STEPS_COMPLETED]:
+                st[P.STEP_STARTED_AT] = now  # training starts after rendezvous
+            self._publish(now)
+
+    def _publish(self, now: float) -> None:
+        self._state[P.UPDATED_AT] = now
+        self._publish_state()
+
+    def _publish_state(self, ring_entry=None) -> None:
+        """Write the state under the seqlock. Caller holds the lock."""
+        if self.closed:
+            return
+        cell = self._seq_cell
+        seq = self._seq + 1
+        cell.value = seq
+        if ring_entry is not None:
+            _pack_ring(self._mem, layout.ring_offset(ring_entry[0]), *ring_entry)
+        _pack_progress(self._mem, _PROGRESS_OFFSET, *self._state)
+        self._seq = seq + 1
+        cell.value = seq + 1
+
+    def close(self, *, exited: bool = True) -> None:
+        """Mark the record EXITED and unmap it. The file stays as evidence."""
+        with self._lock:
+            if self.closed:
+                return
+            if exited:
+                self._state[P.PHASE] = layout.Phase.EXITED
+                self._publish(_monotonic())
+            self.closed = True
+            try:
+                del self._seq_cell  # releases its export of the mapping
+                self._mem.close()
+                os.close(self._fd)
+            except (OSError, ValueError):
+                pass
+
+
+class NullWriter:
+    """Stands in when the record cannot be written: every call does nothing."""
+    path = None
+    closed = True
+
+    def set_identity(self, **fields) -> None:
+        pass
+
+    def identity(self) -> dict:
+        return {}
+
+    def counters(self) -> tuple[float, int]:
+        return 0.0, 0
+
+    def enter(self, op_code: int, nbytes: int):
+        return None
+
+    def exit(self, token) -> None:
+        pass
+
+    def step(self, tokens: int = 0) -> None:
+        pass
+
+    def set_phase(self, phase: int) -> None:
+        pass
+
+    def close(self, *, exited: bool = True) -> None:
+        pass
+
+
+def default_identity() -> dict:
+    """Identity from what torchrun (or the user) put in the environment."""
+    env = os.environ
+    return dict(
+        pid=os.getpid(),
+        rank=_int(env.get("RANK"), -1),
+        local_rank=_int(env.get("LOCAL_RANK"), -1),
+        world_size=_int(env.get("WORLD_SIZE"), -1),
+        uid=os.getuid(),
+        started_at=_monotonic(),
+        started_wall=time.time(),
+        run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+        hostname=socket.gethostname(),
+        torch_version="",
+        backend="",
+        device_type="",
+        compute_dtype="",
+        data_fingerprint="",
+        data_batches=-1,
+        data_shards=-1,
+    )
+
+
+def open_writer(directory: str | None = None, **identity) -> HeartbeatWriter | NullWriter:
+    """Create this process's record; on any failure warn once and return a NullWriter."""
+    ident = default_identity()
+    ident.update({k: v for k, v in identity.items() if v is not None})
+    try:
+        directory = prepare_dir(directory)
+        path = record_path(directory, ident["rank"], ident["pid"])
+        # O_NOFOLLOW: a symlink planted in the run directory must not redirect us.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, layout.RECORD_SIZE)
+            mem = mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(fd)
+            raise
+        return HeartbeatWriter(path, fd, mem, ident)
+    except OSError as err:
+        warnings.warn(f"ddpwatch: heartbeats off, cannot write a record in "
+                      f"{directory!r}: {err}", RuntimeWarning, stacklevel=2)
+        return NullWriter()
+
+
+def _int(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

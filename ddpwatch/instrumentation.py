@@ -1,0 +1,327 @@
+"""`ddpwatch.instrument()`: heartbeats from inside a training process (imports torch).
+
+What it patches, and why each:
+* every public torch.distributed collective and point-to-point op, in both
+  `torch.distributed` and `torch.distributed.distributed_c10d` (scripts call the
+  former, torch's own helpers such as `all_gather_object` call the latter);
+* `init_process_group`, so the record says RENDEZVOUS while peers are awaited and
+  learns rank, world size and backend afterwards;
+* DistributedDataParallel: DDP's gradient all-reduces run in C++ and never pass
+  through the Python functions, so at a model's first forward (unless the user
+  registered a hook of their own, whose inner collectives we then see anyway) we
+  register a comm hook that does what DDP's default does — divide by the world
+  size and all-reduce the bucket — and writes a heartbeat with the bucket's bytes;
+* the optimizer step post-hook, so scripts that never call `ddpwatch.step()`
+  still report steps.
+
+Async work: completion time comes from `Work.get_future().then(...)`. Where a
+backend's Work has no future (field report: Gloo's `Work::getFuture not
+implemented` in older torch), the work is wrapped so completion is recorded
+when the caller waits on it or finds it completed.
+
+Nothing here may raise into training: set-up problems degrade to no heartbeats.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import threading
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .heartbeat import OP_CODE, Phase, open_writer
+from .heartbeat.writer import NullWriter
+
+# op name -> how to find the payload tensor(s) among the call's arguments
+_COLLECTIVES = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "all_reduce_coalesced", "all_gather_coalesced",
+)
+
+_state = threading.local()
+_writer = NullWriter()
+_installed = False
+_explicit_steps = False
+_explicit_dtype = False
+_first_optimizer = None
+_install_lock = threading.Lock()
+
+
+def writer():
+    return _writer
+
+
+def instrument(model=None, directory: str | None = None, **identity):
+    """Install the patches once (later calls only update identity / hook `model`)."""
+    global _writer, _installed, _explicit_dtype
+    with _install_lock:
+        if not _installed:
+            identity.setdefault("torch_version", torch.__version__.split("+")[0])
+            if identity.get("compute_dtype"):
+                identity["compute_dtype"] = _dtype_name(identity["compute_dtype"])
+            _writer = open_writer(directory, **identity)
+            try:
+                _patch_distributed()
+                _patch_ddp()
+                register_optimizer_step_post_hook(_on_optimizer_step)
+            except Exception as err:  # a torch without what we patch: train unwatched
+                warnings.warn(f"ddpwatch: instrumentation incomplete: {err!r}",
+                              RuntimeWarning, stacklevel=2)
+            atexit.register(_writer.close)
+            _installed = True
+            if dist.is_available() and dist.is_initialized():
+                _call_quietly(_learn_group_identity)
+        elif identity:
+            set_identity(**identity)
+        _explicit_dtype = _explicit_dtype or bool(identity.get("compute_dtype"))
+    if model is not None:
+        _hook_ddp(model)
+    return _writer
+
+
+def step(tokens: int = 0) -> None:
+    global _explicit_steps
+    _explicit_steps = True
+    _writer.step(tokens)
+
+
+def set_identity(**fields) -> None:
+    global _explicit_dtype
+    if fields.get("compute_dtype"):
+        _explicit_dtype = True
+    _writer.set_identity(**{k: (_dtype_name(v) if k == "compute_dtype" else v)
+                            for k, v in fields.items()})
+
+
+# --- collectives ---------------------------------------------------------------
+def _payload_bytes(args, kwargs) -> int:
+    """Bytes of the first tensor argument (or list of tensors)."""
+    for value in (*args[:2], *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            return sum(t.numel() * t.element_size() for t in value)
+    return 0
+
+
+def _wrap(name: str, original):
+    op_code = OP_CODE[name]
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if getattr(_state, "depth", 0):  # a collective calling another: count the outer
+            return original(*args, **kwargs)
+        token = _writer.enter(op_code, _payload_bytes(args, kwargs))
+        _state.depth = 1
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            _writer.exit(token)
+            raise
+        finally:
+            _state.depth = 0
+        if result is None or token is None:
+            _writer.exit(token)
+            return result
+        return _on_completion(result, token)
+
+    wrapper.__ddpwatch_original__ = original
+    return wrapper
+
+
+def _on_completion(result, token):
+    """Record completion of async work (a Work, or a list of them) without waiting."""
+    if isinstance(result, list):
+        works = [w for w in result if w is not None]
+        if not works:
+            _writer.exit(token)
+            return result
+        remaining = [len(works)]
+        lock = threading.Lock()
+
+        def one_done():
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                _writer.exit(token)
+        return [_watch_work(w, one_done) for w in works]
+    if not hasattr(result, "wait"):
+        _writer.exit(token)
+        return result
+    return _watch_work(result, lambda: _writer.exit(token))
+
+
+def _watch_work(work, done):
+    try:
+        future = work.get_future()
+    except RuntimeError:  # this backend's Work has no future: see module docstring
+        return _WaitRecordingWork(work, done)
+    future.then(lambda _fut: _call_quietly(done))
+    return work
+
+
+def _call_quietly(fn):
+    try:
+        fn()
+    except Exception:
+        pass
+
+
+class _WaitRecordingWork:
+    """A Work whose completion is recorded when waited on or found complete."""
+
+    def __init__(self, work, done):
+        self._work = work
+        self._done = done
+        self._recorded = False
+
+    def _record(self):
+        if not self._recorded:
+            self._recorded = True
+            _call_quietly(self._done)
+
+    def wait(self, *args, **kwargs):
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            self._record()
+
+    def is_completed(self):
+        completed = self._work.is_completed()
+        if completed:
+            self._record()
+        return completed
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _patch_distributed():
+    for name in _COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None or hasattr(original, "__ddpwatch_original__"):
+            continue
+        wrapped = _wrap(name, original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+    original_init = c10d.init_process_group
+    if not hasattr(original_init, "__ddpwatch_original__"):
+        @functools.wraps(original_init)
+        def init_process_group(*args, **kwargs):
+            _writer.set_phase(Phase.RENDEZVOUS)
+            try:
+                return original_init(*args, **kwargs)
+            finally:
+                _writer.set_phase(Phase.OUTSIDE)
+                _call_quietly(_learn_group_identity)
+        init_process_group.__ddpwatch_original__ = original_init
+        c10d.init_process_group = init_process_group
+        dist.init_process_group = init_process_group
+
+
+def _learn_group_identity():
+    if not dist.is_initialized():
+        return
+    backend = str(dist.get_backend())
+    fields = dict(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=backend)
+    if not _writer.identity().get("device_type"):
+        fields["device_type"] = "cuda" if "nccl" in backend else "cpu"
+    _writer.set_identity(**fields)
+
+
+# --- DDP -----------------------------------------------------------------------
+def _patch_ddp():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if hasattr(DDP.forward, "__ddpwatch_original__"):
+        return
+    original_forward = DDP.forward
+    original_register = DDP.register_comm_hook
+    original_builtin = DDP._register_builtin_comm_hook
+
+    @functools.wraps(original_forward)
+    def forward(self, *args, **kwargs):
+        if not self.__dict__.get("_ddpwatch_seen"):
+            _call_quietly(lambda: _first_forward(self))
+        return original_forward(self, *args, **kwargs)
+
+    @functools.wraps(original_register)
+    def register_comm_hook(self, state, hook):
+        # The user's hook replaces ours; its inner collectives are seen anyway.
+        self.__dict__["_ddpwatch_hooked"] = True
+        return original_register(self, state, hook)
+
+    @functools.wraps(original_builtin)
+    def register_builtin(self, comm_hook_type):
+        self.__dict__["_ddpwatch_hooked"] = True
+        return original_builtin(self, comm_hook_type)
+
+    forward.__ddpwatch_original__ = original_forward
+    DDP.forward = forward
+    DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = register_builtin
+
+
+def _first_forward(ddp):
+    ddp.__dict__["_ddpwatch_seen"] = True
+    _hook_ddp(ddp)
+    if not _explicit_dtype:
+        _writer.set_identity(compute_dtype=_observed_dtype(ddp.module))
+
+
+def _hook_ddp(ddp):
+    if ddp.__dict__.get("_ddpwatch_hooked") or not hasattr(ddp, "reducer"):
+        return
+    group = ddp.process_group
+    ddp.register_comm_hook(group, _bucket_hook)
+
+
+_BUCKET_OP = OP_CODE["ddp_bucket_all_reduce"]
+
+
+def _bucket_hook(group, bucket):
+    """DDP's default all-reduce (average), plus a heartbeat with the bucket's bytes."""
+    tensor = bucket.buffer()
+    token = _writer.enter(_BUCKET_OP, tensor.numel() * tensor.element_size())
+    tensor.div_(group.size())
+    all_reduce = c10d.all_reduce.__ddpwatch_original__
+    future = all_reduce(tensor, group=group, async_op=True).get_future()
+
+    def finished(fut):
+        _writer.exit(token)
+        return fut.value()[0]
+    return future.then(finished)
+
+
+def _observed_dtype(module) -> str:
+    """The dtype the module computes in: autocast's if active, else its parameters'."""
+    param = next(module.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    if torch.is_autocast_enabled(device_type):
+        return _dtype_name(torch.get_autocast_dtype(device_type))
+    return _dtype_name(param.dtype) if param is not None else ""
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _on_optimizer_step(optimizer, args, kwargs):
+    # Several optimizers may step per training step (AdamW + Muon): count one.
+    global _first_optimizer
+    if _explicit_steps:
+        return
+    if _first_optimizer is None:
+        _first_optimizer = id(optimizer)
+    if id(optimizer) == _first_optimizer:
+        _writer.step(0)
+
+
+__all__ = ["instrument", "step", "set_identity", "writer"]

@@ -1,0 +1,74 @@
+"""Probes read the world; one probe per module, registered here by name.
+
+Like node_exporter's collectors: each module calls `register(...)` at import,
+which gives it a name that config and flags switch on and off. A probe that
+fails is a measurement (`ProbeResult.ok` False with the error), never a crash.
+Expensive or privileged probes say so in their registration, and the caller
+runs them only on suspicion or on request.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """The machine, injected (so tests can hand probes fixtures)."""
+    procfs: str = "/proc"
+    heartbeat_dir: str | None = None
+    clock: Callable[[], float] = time.monotonic
+    timeout_s: float = 2.0
+    native_stacks: bool = False  # stacks probe: also native frames (only on running pids)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    run: Callable[[ProbeContext, tuple[int, ...]], Any]
+    default_enabled: bool
+    expensive: bool
+    privileged: bool
+    help: str
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    ok: bool
+    duration_s: float
+    data: Any = None
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+REGISTRY: dict[str, ProbeSpec] = {}
+MODULES = ("heartbeats", "process", "sockets", "stacks", "host")
+
+
+def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
+             privileged: bool = False, help: str = ""):
+    def decorate(fn):
+        REGISTRY[name] = ProbeSpec(name, fn, default_enabled, expensive, privileged, help)
+        return fn
+    return decorate
+
+
+def load_all() -> dict[str, ProbeSpec]:
+    for module in MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+    return REGISTRY
+
+
+def run_probe(name: str, ctx: ProbeContext, pids: tuple[int, ...]) -> ProbeResult:
+    """Run one probe; any exception becomes a failed ProbeResult."""
+    spec = load_all()[name]
+    start = time.monotonic()
+    try:
+        data = spec.run(ctx, pids)
+    except Exception as err:  # a failed probe is a measurement, not a crash
+        return ProbeResult(name, False, time.monotonic() - start, None,
+                           f"{type(err).__name__}: {err}")
+    return ProbeResult(name, True, time.monotonic() - start, data)

@@ -1,0 +1,131 @@
+"""Shared test machinery for real jobs: isolated heartbeat dirs, process groups
+that die with the test, and waiting on conditions instead of sleeping."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REQUIRE_ALL = os.environ.get("DDPWATCH_REQUIRE_ALL") == "1"
+JOB_TAG = "DDPWATCH_TEST_JOB"
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip with `reason` on a laptop; fail under .ci/run (DDPWATCH_REQUIRE_ALL=1)."""
+    if condition:
+        return
+    if REQUIRE_ALL:
+        pytest.fail(f"required by DDPWATCH_REQUIRE_ALL=1 but unavailable: {reason}")
+    pytest.skip(reason)
+
+
+def wait_until(predicate, timeout: float = 120.0, interval: float = 0.2, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Processes whose environment carries this job's tag. torchrun starts each
+    worker in a session of its own, so a process group does not hold them all,
+    and a worker whose launcher died is re-parented: the tag still finds it."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(JOB_TAG) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+class Job:
+    """Processes started for a test; `kill()` ends every process it started."""
+
+    def __init__(self, argv, env, log_path):
+        self.tag = uuid.uuid4().hex
+        env = dict(env, **{JOB_TAG: self.tag})
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+        self.pgid = self.proc.pid
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def wait(self, timeout: float = 300.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def processes(self) -> list[psutil.Process]:
+        return tagged_processes(self.tag)
+
+    def kill(self) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped process must not linger
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                pass
+            for proc in self.processes():
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+
+@pytest.fixture
+def hb_dir(tmp_path):
+    d = tmp_path / "hb"
+    return str(d)
+
+
+@pytest.fixture
+def start_job(tmp_path, hb_dir):
+    """start_job(argv, env=None) -> Job in its own process group, killed at teardown."""
+    jobs = []
+
+    def start(argv, env=None, name="job"):
+        full_env = dict(os.environ)
+        full_env.update({"DDPWATCH_DIR": hb_dir, "OMP_NUM_THREADS": "1",
+                         "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO})
+        full_env.update(env or {})
+        job = Job(argv, full_env, str(tmp_path / f"{name}-{len(jobs)}.log"))
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """A torchrun command on a port chosen now (never the shared 29500)."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]

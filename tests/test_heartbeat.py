@@ -1,0 +1,151 @@
+"""The heartbeat channel on its own: layout, seqlock, bad files, writer off."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import struct
+import time
+
+import pytest
+
+from ddpwatch.heartbeat import LAYOUT_VERSION, OP_CODE, Skipped, layout, open_writer, read_dir, read_file
+from ddpwatch.heartbeat.writer import NullWriter
+
+
+def test_round_trip_identity_progress_and_ring(tmp_path):
+    w = open_writer(str(tmp_path), rank=3, local_rank=1, world_size=4, run_id="r1",
+                    backend="gloo", compute_dtype="float32", data_fingerprint="abc")
+    for i in range(70):
+        token = w.enter(OP_CODE["all_reduce"], 100 + i)
+        w.exit(token)
+    w.step(tokens=512)
+    (rec,), skipped = read_dir(str(tmp_path))
+    assert skipped == []
+    assert (rec.pid, rec.rank, rec.local_rank, rec.world_size) == (os.getpid(), 3, 1, 4)
+    assert (rec.run_id, rec.backend, rec.compute_dtype, rec.data_fingerprint) == ("r1", "gloo", "float32", "abc")
+    assert rec.collective_seq == 70 and rec.collectives_completed == 70
+    assert rec.phase == "outside" and rec.step == 1 and rec.tokens == 512
+    assert len(rec.ring) == layout.RING_SLOTS
+    assert [e.seq for e in rec.ring] == list(range(7, 71))
+    assert rec.ring[-1].bytes == 169 and rec.ring[-1].op == "all_reduce"
+    assert all(e.end >= e.start > 0 for e in rec.ring)
+    w.close()
+
+
+def test_inside_phase_and_overlapping_async_ops_count_wall_time_once(tmp_path):
+    w = open_writer(str(tmp_path), rank=0)
+    a = w.enter(OP_CODE["ddp_bucket_all_reduce"], 10)
+    b = w.enter(OP_CODE["ddp_bucket_all_reduce"], 20)
+    rec = read_file(w.path)
+    assert rec.phase == "inside" and rec.outstanding == 2 and rec.collective_seq == 2
+    time.sleep(0.05)
+    w.exit(a)
+    assert read_file(w.path).phase == "inside"
+    w.exit(b)
+    rec = read_file(w.path)
+    busy, done = w.counters()
+    assert rec.phase == "outside" and done == 2
+    # two overlapping ops of ~50 ms count ~50 ms, not ~100 ms
+    assert 0.04 < rec.collective_seconds < 0.09
+    w.close()
+    assert read_file(w.path).phase == "exited"
+
+
+def test_files_are_private(tmp_path):
+    d = tmp_path / "run"
+    w = open_writer(str(d), rank=0)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(w.path).st_mode) == 0o600
+    w.close()
+
+
+def test_rank_learned_later_renames_the_record(tmp_path):
+    w = open_writer(str(tmp_path), rank=-1)
+    w.set_identity(rank=5, world_size=8)
+    assert os.path.basename(w.path) == f"rank5-pid{os.getpid()}.hb"
+    assert read_file(w.path).rank == 5
+    with pytest.raises(TypeError, match="bogus"):
+        w.set_identity(bogus=1)
+    w.close()
+
+
+def test_unwritable_directory_turns_writer_off_with_one_warning(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.warns(RuntimeWarning, match="heartbeats off"):
+        w = open_writer(str(blocker / "sub"), rank=0)
+    assert isinstance(w, NullWriter)
+    w.exit(w.enter(1, 1))  # every call still works, and does nothing
+    w.step(10)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "truncated"),
+    (b"DDPWHB01" + struct.pack("<II", LAYOUT_VERSION, 10), "truncated"),
+    (b"garbage!" * 500, "not a ddpwatch heartbeat record"),
+    (b"DDPWHB01" + struct.pack("<II", LAYOUT_VERSION + 1, 9999) + b"\0" * 4000, "layout version 2"),
+], ids=["empty", "short", "garbage", "future-version"])
+def test_bad_record_files_are_skipped_with_a_reason(tmp_path, content, reason):
+    path = tmp_path / "rank0-pid1.hb"
+    path.write_bytes(content)
+    records, skipped = read_dir(str(tmp_path))
+    assert records == []
+    assert len(skipped) == 1 and isinstance(skipped[0], Skipped)
+    assert reason in skipped[0].reason
+
+
+def test_truncated_copy_of_a_real_record(tmp_path):
+    w = open_writer(str(tmp_path / "a"), rank=0)
+    data = open(w.path, "rb").read()
+    w.close()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "rank0-pid1.hb").write_bytes(data[: len(data) // 2])
+    records, (skipped,) = read_dir(str(tmp_path / "b"))
+    assert "truncated" in skipped.reason
+
+
+def _hammer(directory, ready, stop):
+    w = open_writer(directory, rank=0)
+    ready.set()
+    n = 0
+    while not stop.is_set():
+        for _ in range(1000):
+            n += 1
+            # Every field the reader checks follows from n, so a torn read shows
+            # up as fields that disagree with each other.
+            w.exit(w.enter(OP_CODE["all_reduce"], n))
+            w.step(tokens=n)
+
+
+def test_torn_reads_never_happen(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hammer, args=(str(tmp_path), ready, stop), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60)
+        deadline = time.monotonic() + 3.0
+        reads = 0
+        while time.monotonic() < deadline:
+            records, skipped = read_dir(str(tmp_path))
+            if not records:  # the writer outran every retry: said so, never torn
+                assert "writer busy" in skipped[0].reason
+                continue
+            (rec,) = records
+            if rec.collective_seq == 0:
+                continue
+            reads += 1
+            n = rec.collective_seq
+            assert rec.bytes == n, rec
+            assert rec.step in (n, n - 1), rec
+            assert rec.tokens == rec.step * (rec.step + 1) // 2, rec
+            assert rec.collectives_completed in (n, n - 1), rec
+            assert rec.bytes_total == rec.collectives_completed * (rec.collectives_completed + 1) // 2
+            assert all(e.bytes == e.seq for e in rec.ring), rec
+        assert reads > 100
+    finally:
+        stop.set()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
