@@ -20,6 +20,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help='print {"ranks": [...]}')
     p.add_argument("--all", action="store_true", help="include records of finished runs")
     p.set_defaults(handler="ranks")
+
+    p = sub.add_parser("diagnose", help="judge the job of a pid once: culprit, evidence, remedy")
+    p.add_argument("pid", nargs="?", type=int, help="any pid of the job: a rank, the torchrun "
+                   "agent, or a spawn parent")
+    p.add_argument("--json", action="store_true", help="print {job, ranks[]} as JSON")
+    p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot history instead")
+    p.add_argument("--save-snapshot", metavar="FILE", help="save what was observed as JSON")
+    p.add_argument("--rules", metavar="FILE", action="append", help="add or override rules "
+                   "(repeatable)")
+    p.add_argument("--window", type=float, default=1.0, metavar="S",
+                   help="seconds between the two samples (default 1.0)")
+    p.add_argument("--no-stacks", action="store_true", help="do not run py-spy")
+    p.add_argument("--native", action="store_true", help="native frames too (running ranks only)")
+    p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch)")
+    p.set_defaults(handler="diagnose")
+
+    p = sub.add_parser("rules", help="work with rule files")
+    rules_sub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
+    rules_sub.required = True
+    c = rules_sub.add_parser("check", help="validate rule files (default: the shipped rules)")
+    c.add_argument("files", nargs="*", metavar="FILE")
+    c.set_defaults(handler="rules_check")
     return parser
 
 

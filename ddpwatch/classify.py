@@ -1,0 +1,251 @@
+"""classify(history, rules) -> Judgement. Pure: snapshots in, verdicts out.
+
+One rank's 0% CPU means nothing alone; so signals are first measured per rank,
+then completed with what the peers do (who waits, who is behind, whose op
+differs), and only then are the rules applied.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from .heartbeat import Record
+from .rules import Rule, render
+from .signals import IDLE_CPU, heartbeat_signals, process_signals, stack_signals
+from .snapshot import Snapshot
+
+# Which verdict speaks for the job when no rank is a culprit: most severe first.
+SEVERITY = ("dead", "stopped", "hung_outside_collective", "desync", "unreachable_peer",
+            "straggler", "blocked_in_collective", "slow_collective", "rendezvous_wait",
+            "waiting_on_peer", "warming_up", "unknown", "healthy")
+STALL_FLOOR_S = 2.0      # never call a collective stalled before this
+STALL_FACTOR = 10.0      # ... nor before 10x the slowest of its recent durations
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str
+    evidence: str
+    remedy: str
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    pid: int
+    rank: int
+    local_rank: int
+    host: str
+    verdict: str
+    role: str
+    confidence: float
+    rule: str
+    evidence: str
+    remedy: str
+    findings: tuple[Finding, ...]
+    stack: str
+    signals: dict[str, object]
+
+
+@dataclass(frozen=True)
+class JobVerdict:
+    verdict: str
+    culprits: tuple[int, ...]
+    summary: str
+
+
+@dataclass(frozen=True)
+class Judgement:
+    job: JobVerdict
+    ranks: tuple[RankVerdict, ...]
+
+
+def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
+    """Heartbeat records that belong to the job: live ranks' and the dead ones of
+    the same run (same run id, started around the same time)."""
+    if snap.heartbeats is None:
+        return []
+    pairs = list(zip(snap.heartbeats.records, snap.heartbeats.alive))
+    live = [r for r, _ in pairs if r.pid in snap.job.rank_pids]
+    if not live:
+        return []
+    run_ids = {r.run_id for r in live}
+    earliest = min(r.started_at for r in live)
+    chosen = []
+    for rec, alive in pairs:
+        if rec.pid in snap.job.rank_pids:
+            chosen.append((rec, alive))
+        elif not alive and rec.run_id in run_ids and rec.started_at >= earliest - 120:
+            chosen.append((rec, False))
+    return chosen
+
+
+def _stall_bound(record: Record) -> float:
+    durations = [e.end - e.start for e in record.ring if e.op == record.op and e.end > 0]
+    return max(STALL_FLOOR_S, STALL_FACTOR * max(durations, default=0.0))
+
+
+def measure(history: tuple[Snapshot, ...]) -> list[dict]:
+    """Per-rank signals, completed with the cross-rank ones."""
+    last = history[-1]
+    host_cores = last.host.cpu.logical_cores if last.host else None
+    flags = set(last.host.cpu.flags) if last.host else None
+    ranks = []
+    pids = list(last.job.rank_pids)
+    if not pids and last.job.launcher_pid > 0:
+        pids = [last.job.launcher_pid]  # a launcher whose workers never started
+    records = {r.pid: (r, alive) for r, alive in _job_records(last)}
+    for pid in pids:
+        s = process_signals(history, pid)
+        s.update(heartbeat_signals(history, pid))
+        s.update(stack_signals(history, pid))
+        if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
+            s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
+        s["launcher_only"] = not last.job.rank_pids
+        ranks.append(s)
+    for pid, (rec, alive) in records.items():
+        if pid in pids:
+            continue
+        s = {"pid": pid, "alive": False, "rank": rec.rank, "world_size": rec.world_size,
+             "launcher_only": False}
+        s.update(heartbeat_signals(history, pid))
+        ranks.append(s)
+    for s in ranks:
+        rec = records.get(s["pid"], (None,))[0]
+        s["cores"] = host_cores
+        s["cpu_bf16"] = None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
+        s["local_ranks"] = len(last.job.rank_pids)
+        threads = s.get("intra_op_threads") or host_cores
+        if threads and host_cores:
+            s["oversubscription"] = round(threads * max(len(last.job.rank_pids), 1) / host_cores, 2)
+        hb_inside = s.get("hb_phase") == "inside"
+        stalled_hb = hb_inside and rec is not None and s["hb_inside_s"] > _stall_bound(rec)
+        s["hb_stall_bound_s"] = round(_stall_bound(rec), 3) if rec is not None else None
+        stack_waits = s.get("stack") in ("collective", "ddp_backward")
+        s["in_collective"] = bool(hb_inside or stack_waits) if s.get("alive") else False
+        idle = s.get("cpu_ratio") is not None and s["cpu_ratio"] < IDLE_CPU
+        s["blocked"] = bool(s["in_collective"] and idle and (stalled_hb or (
+            not s.get("hb") and stack_waits)))
+        s["warming_up"] = bool(s.get("stack") == "compile" or (
+            s.get("hb") and s.get("hb_step", 0) < WARMUP_STEPS and not stalled_hb
+            and s.get("hb_phase") != "rendezvous"))
+        s["device_type"] = rec.device_type if rec is not None else None
+    _cross(ranks)
+    return ranks
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _cross(ranks: list[dict]) -> None:
+    fingerprints = Counter(s.get("data_fp") for s in ranks if s.get("data_fp"))
+    for s in ranks:
+        peers = [p for p in ranks if p is not s]
+        s["peers_alive"] = sum(1 for p in peers if p.get("alive"))
+        s["peers_blocked"] = sum(1 for p in peers if p.get("blocked"))
+        s["peer_dead"] = any(not p.get("alive") and p.get("hb_phase") != "exited" for p in peers)
+        s["peer_exited"] = any(not p.get("alive") and p.get("hb_phase") == "exited" for p in peers)
+        seqs = [p["hb_seq"] for p in peers if p.get("hb_seq") is not None]
+        if s.get("hb_seq") is not None and seqs:
+            s["seq_behind"] = max(seqs) - s["hb_seq"]
+        waiting = [p for p in ranks if p.get("in_collective")]
+        s["peer_ops_differ"] = len(waiting) >= 2 and s.get("in_collective") and (
+            len({p.get("hb_op") for p in waiting}) > 1 and all(p.get("hb_op") for p in waiting)
+            or len({p.get("stack_top", "").split(" ")[0] for p in waiting}) > 1
+            and not any(p.get("hb") for p in waiting) and all(p.get("stack") == "collective"
+                                                             for p in waiting))
+        peer_step = _median(p.get("hb_step_s") for p in peers if p.get("alive"))
+        if s.get("hb_step_s") and peer_step:
+            s["step_time_ratio"] = round(s["hb_step_s"] / peer_step, 3)
+        peer_share = _median(p.get("hb_comm_share") for p in peers if p.get("alive"))
+        if s.get("hb_comm_share") is not None and peer_share:
+            s["comm_share_ratio"] = round(s["hb_comm_share"] / peer_share, 3)
+            s["peer_comm_share"] = peer_share
+        peer_cpu = _median(p.get("cpu_ratio") for p in peers if p.get("alive"))
+        s["peer_cpu_ratio"] = peer_cpu
+        if s.get("data_fp"):
+            # With two ranks there is no majority to blame: every rank carries it.
+            s["data_parity"] = len(fingerprints) > 1
+            s["data_fps"] = ", ".join(f"{fp} ({n} rank{'s' if n > 1 else ''})"
+                                      for fp, n in fingerprints.most_common())
+
+
+def judge(history: tuple[Snapshot, ...], rules: list[Rule]) -> Judgement:
+    verdict_rules = sorted((r for r in rules if r.verdict), key=lambda r: -r.priority)
+    finding_rules = [r for r in rules if r.finding]
+    last = history[-1]
+    host = last.host.hostname if last.host else ""
+    verdicts = []
+    for s in measure(history):
+        rule = next((r for r in verdict_rules if r.matches(s)), None)
+        findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
+                         for r in finding_rules if r.matches(s))
+        proc = _local_rank(last, s["pid"])
+        verdicts.append(RankVerdict(
+            pid=s["pid"], rank=s.get("rank", -1) if s.get("rank") is not None else -1,
+            local_rank=proc, host=host,
+            verdict=rule.verdict if rule else "unknown",
+            role=rule.role if rule else "none",
+            confidence=rule.confidence if rule else 0.0,
+            rule=rule.id if rule else "",
+            evidence=render(rule.evidence, s) if rule else _blind(s),
+            remedy=render(rule.remedy, s) if rule else "Check that ddpwatch may read /proc "
+            "and ptrace the ranks (run as the ranks' user or root), then diagnose again.",
+            findings=findings, stack=s.get("stack_top", ""),
+            signals={k: v for k, v in sorted(s.items()) if isinstance(v, (int, float, str, bool))}))
+    verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
+    return Judgement(_job(verdicts), tuple(verdicts))
+
+
+def _local_rank(snap: Snapshot, pid: int) -> int:
+    if snap.processes is not None:
+        for p in snap.processes.procs:
+            if p.pid == pid and p.env.get("LOCAL_RANK", "").isdigit():
+                return int(p.env["LOCAL_RANK"])
+    if snap.heartbeats is not None:
+        for r in snap.heartbeats.records:
+            if r.pid == pid:
+                return r.local_rank
+    return -1
+
+
+def _blind(s: dict) -> str:
+    seen = [k for k in ("cpu_ratio", "stack", "hb") if s.get(k) not in (None, False)]
+    return ("no rule matched what could be observed" if seen else
+            "could not observe this rank (no CPU sample, no stack, no heartbeat)")
+
+
+def _name(v: RankVerdict) -> str:
+    return f"rank {v.rank}" if v.rank >= 0 else f"pid {v.pid}"
+
+
+def _job(verdicts: list[RankVerdict]) -> JobVerdict:
+    if not verdicts:
+        return JobVerdict("unknown", (), "No rank of this job could be found.")
+    culprits = [v for v in verdicts if v.role == "culprit"]
+    victims = [v for v in verdicts if v.role == "victim"]
+    if culprits:
+        lead = min(culprits, key=lambda v: SEVERITY.index(v.verdict))
+        verdict = lead.verdict
+        parts = [f"{_name(c)} is the culprit ({c.verdict.replace('_', ' ')}): {c.evidence}"
+                 for c in culprits]
+        if victims:
+            parts.append(f"{', '.join(_name(v) for v in victims)} "
+                         f"{'waits' if len(victims) == 1 else 'wait'} on it "
+                         f"({', '.join(sorted({v.verdict.replace('_', ' ') for v in victims}))}).")
+        parts.append(f"Remedy: {lead.remedy}")
+        return JobVerdict(verdict, tuple(c.rank for c in culprits), " ".join(parts))
+    worst = min(verdicts, key=lambda v: SEVERITY.index(v.verdict))
+    if worst.verdict == "healthy":
+        summary = f"All {len(verdicts)} local rank(s) are making progress."
+    else:
+        who = [v for v in verdicts if v.verdict == worst.verdict]
+        summary = (f"{', '.join(_name(v) for v in who)}: {worst.verdict.replace('_', ' ')}: "
+                   f"{worst.evidence} No local culprit: "
+                   + ("the rank they wait for may be on another node. " if worst.verdict ==
+                      "blocked_in_collective" else "") + f"Remedy: {worst.remedy}")
+    return JobVerdict(worst.verdict, (), summary)

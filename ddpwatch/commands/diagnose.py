@@ -1,0 +1,90 @@
+"""`ddpwatch diagnose <pid>`: probe the job of <pid> twice over a short window,
+judge it, print the report. `--replay FILE` judges a saved snapshot history."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .. import classify, discovery, errors, report, rules as rules_mod
+from ..probes import ProbeContext, run_probe
+from ..probes.heartbeats import run as read_heartbeats
+from ..resources import shipped
+from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
+
+CHEAP = ("process", "sockets", "heartbeats")
+
+
+def load_rules(extra_files) -> list:
+    rules = rules_mod.load(shipped("rules", "default.yaml"))
+    for path in extra_files or ():
+        rules = rules_mod.merge(rules, rules_mod.load(path))
+    return rules
+
+
+def find_job(ctx: ProbeContext, pid: int) -> Job:
+    if not os.path.exists(f"{ctx.procfs}/{pid}"):
+        raise errors.Unavailable(f"pid {pid}: no such process")
+    table = discovery.read_table(ctx.procfs)
+    hb = read_heartbeats(ctx, ())
+    record_pids = {r.pid for r, alive in zip(hb.records, hb.alive) if alive}
+    info = table.get(pid)
+    if info is None:
+        raise errors.Unavailable(f"pid {pid}: exited while being looked at")
+    if not (discovery.is_python(info.cmdline) or discovery.is_launcher(info.cmdline)
+            or pid in record_pids):
+        name = os.path.basename(info.cmdline[0]) if info.cmdline else "a kernel thread"
+        raise errors.Unavailable(f"pid {pid} is {name}, not a Python process")
+    return discovery.find_job(pid, table, record_pids)
+
+
+def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapshot:
+    pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+    results = {name: run_probe(name, ctx, pids) for name in CHEAP}
+    if with_stacks:
+        results["stacks"] = run_probe("stacks", ctx, job.rank_pids or pids)
+    if host is None:
+        results["host"] = run_probe("host", ctx, ())
+    for name, result in results.items():
+        if name == "process" and result.ok:
+            denied = [p for p in result.data.procs if p.error.startswith("denied")]
+            if denied and denied[0].pid == job.target_pid:
+                raise errors.NoPermission(
+                    f"pid {job.target_pid}: {denied[0].error}: run as the ranks' user or root "
+                    f"(reading another user's /proc needs CAP_SYS_PTRACE)")
+    data = {name: r.data if r.ok else None for name, r in results.items()}
+    return Snapshot(
+        version=SNAPSHOT_VERSION, taken_at=ctx.clock(), wall_time=time.time(), job=job,
+        processes=data["process"], sockets=data["sockets"], stacks=data.get("stacks"),
+        host=data.get("host", host), heartbeats=data["heartbeats"],
+        probes=tuple(status_of(r) for r in results.values()))
+
+
+def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool) -> tuple[Snapshot, ...]:
+    job = find_job(ctx, pid)
+    first = sample(ctx, job, with_stacks)
+    deadline = first.taken_at + window_s
+    while ctx.clock() < deadline:
+        time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
+    second = sample(ctx, job, with_stacks, host=first.host)
+    return first, second
+
+
+def main(args) -> int:
+    rules = load_rules(args.rules)
+    if args.replay:
+        history = load(args.replay)
+    else:
+        if args.pid is None:
+            raise errors.UsageError("give a pid, or --replay FILE")
+        ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
+        history = collect(ctx, args.pid, args.window, not args.no_stacks)
+    if args.save_snapshot:
+        save(history, args.save_snapshot)
+    judgement = classify.judge(history, rules)
+    if args.json:
+        print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
+    else:
+        print(report.as_text(judgement, history[-1]))
+    return errors.OK if judgement.job.verdict in ("healthy", "warming_up") and not any(
+        f.severity != "info" for r in judgement.ranks for f in r.findings) else errors.PROBLEM_FOUND

@@ -1,0 +1,110 @@
+"""From any pid to the whole local job: the launcher and its ranks.
+
+A person types the pid they happen to see in `top`: a rank, the torchrun agent,
+or a spawn-style parent whose child is rank 1. Judging needs all local ranks
+together, so first find them. `find_job` is pure over a process table;
+`read_table` is the small impure part.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .probes.process import parse_cmdline, parse_environ, torchrun_args
+from .snapshot import Job
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    cmdline: tuple[str, ...]
+    env: dict[str, str]
+
+
+def read_table(procfs: str = "/proc") -> dict[int, ProcInfo]:
+    table = {}
+    for name in os.listdir(procfs):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"{procfs}/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"{procfs}/{pid}/cmdline", "rb") as f:
+                cmdline = parse_cmdline(f.read())
+            env = {}
+            if is_python(cmdline) or is_launcher(cmdline):
+                try:
+                    with open(f"{procfs}/{pid}/environ", "rb") as f:
+                        env = parse_environ(f.read())
+                except OSError:
+                    pass
+        except (OSError, IndexError, ValueError):
+            continue
+        table[pid] = ProcInfo(pid, ppid, cmdline, env)
+    return table
+
+
+def is_launcher(cmdline: tuple[str, ...]) -> bool:
+    """torchrun itself (not `timeout 30 torchrun ...` or a shell around it)."""
+    return bool(torchrun_args(cmdline)) and (
+        is_python(cmdline) or os.path.basename(cmdline[0]) == "torchrun")
+
+
+def is_python(cmdline: tuple[str, ...]) -> bool:
+    return bool(cmdline) and "python" in os.path.basename(cmdline[0])
+
+
+def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
+    """A process that says it is a rank: torch's env vars, or a heartbeat record."""
+    if info.pid in record_pids:
+        return True
+    return is_python(info.cmdline) and not is_launcher(info.cmdline) and "RANK" in info.env
+
+
+def _children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
+    return sorted((p for p in table.values() if p.ppid == pid), key=lambda p: p.pid)
+
+
+def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:
+    """The job `target` belongs to, or None if `target` is not in the table."""
+    record_pids = frozenset(record_pids)
+    me = table.get(target)
+    if me is None:
+        return None
+    parent = table.get(me.ppid)
+    if is_launcher(me.cmdline):
+        launcher, kind = me, "torchrun"
+    elif parent is not None and is_launcher(parent.cmdline):
+        launcher, kind = parent, "torchrun"
+    elif any(looks_like_rank(c, record_pids) for c in _children(table, me.pid)):
+        launcher, kind = me, "spawn"  # e.g. mp.spawn's parent, itself often rank 0
+    elif (parent is not None and looks_like_rank(me, record_pids)
+          and sum(looks_like_rank(c, record_pids) for c in _children(table, parent.pid)) > 1):
+        launcher, kind = parent, "spawn"
+    else:
+        launcher, kind = None, "none"
+
+    if launcher is None:
+        ranks = [me] + _peers_by_env(me, table, record_pids)
+    else:
+        ranks = [c for c in _children(table, launcher.pid) if looks_like_rank(c, record_pids)
+                 or kind == "torchrun"]
+        if kind == "spawn" and looks_like_rank(launcher, record_pids):
+            ranks.append(launcher)
+    rank_pids = tuple(sorted({p.pid for p in ranks}))
+    run_id = next((p.env.get("TORCHELASTIC_RUN_ID", "") for p in ranks
+                   if p.env.get("TORCHELASTIC_RUN_ID")), "")
+    return Job(target_pid=target, launcher_pid=launcher.pid if launcher else -1,
+               launcher_kind=kind, rank_pids=rank_pids, run_id=run_id)
+
+
+def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list[ProcInfo]:
+    """Bare env-rendezvous ranks (started by hand): same MASTER_ADDR:PORT and world size."""
+    key = (me.env.get("MASTER_ADDR"), me.env.get("MASTER_PORT"), me.env.get("WORLD_SIZE"))
+    if None in key:
+        return []
+    return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
+            and (p.env.get("MASTER_ADDR"), p.env.get("MASTER_PORT"),
+                 p.env.get("WORLD_SIZE")) == key]

@@ -1,0 +1,182 @@
+"""The named signals rules combine: measured facts per rank, derived from a
+short history of snapshots (oldest first). Pure.
+
+Every signal is documented in SIGNALS; a rule naming anything else is rejected
+by the rules loader. A value that could not be measured is None, and a
+condition on None is false (a blind watcher must not conclude anything).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .heartbeat import Record
+from .snapshot import Snapshot
+from .stackmatch import classify_stack, describe_top
+
+SIGNALS = {
+    # identity
+    "pid": "process id", "rank": "global rank (env or heartbeat), -1 unknown",
+    "world_size": "world size, -1 unknown",
+    # process
+    "alive": "the rank's process exists",
+    "state": "process state letter: R running, S sleeping, D disk, T stopped, Z zombie",
+    "cpu_ratio": "CPU used over the window, in cores (1.0 = one core busy)",
+    "runqueue_wait_ratio": "time the rank's threads waited for a CPU over the window, in cores",
+    "orphan": "the process's parent is gone (re-parented to init or a subreaper)",
+    "holds_master_port": "the process listens on the job's MASTER_PORT",
+    "intra_op_threads": "OMP_NUM_THREADS of the rank (torch's default: all cores)",
+    "window_s": "seconds between the oldest and newest snapshot",
+    # heartbeat
+    "hb": "the rank writes heartbeat records",
+    "hb_phase": "init, rendezvous, outside, inside or exited",
+    "hb_op": "current or last collective", "hb_seq": "collective sequence number",
+    "hb_step": "training step", "hb_age_s": "seconds since the last heartbeat",
+    "hb_inside_s": "seconds inside the current collective (0 when outside)",
+    "hb_advanced": "seq or step moved within the window",
+    "hb_op_novel": "the current collective is one this rank did not call in its last 64",
+    "hb_step_s": "duration of the last step", "hb_comm_share": "share of step time in collectives",
+    "compute_dtype": "dtype the rank computes in (heartbeat)",
+    # stacks
+    "stack": "main thread: collective, ddp_backward, rendezvous, compile, agent, idle_user, "
+             "active, stopped or unknown (py-spy)",
+    "stack_top": "the innermost frames of the main thread",
+    "stack_samples": "stack dumps taken in the window",
+    # sockets
+    "syn_sent": "TCP connects stuck in SYN-SENT (a firewall or wrong address)",
+    "syn_sent_to": "where the first SYN-SENT socket points",
+    "peer_idle_s": "seconds since any established TCP socket of the rank sent or received",
+    "retransmits": "retransmitted segments over the rank's sockets",
+    # host
+    "cpu_bf16": "this CPU has avx512_bf16 or amx_bf16", "cores": "logical CPUs",
+    # across the job (computed with the peers)
+    "local_ranks": "ranks of the job on this node",
+    "in_collective": "this rank waits in a collective (heartbeat or stack)",
+    "blocked": "in a collective and using ~no CPU",
+    "peers_blocked": "other ranks that are blocked",
+    "peers_alive": "other ranks that are alive",
+    "seq_behind": "collectives this rank is behind the furthest peer",
+    "peer_dead": "a rank of the job died (its record remains, its process is gone)",
+    "peer_ops_differ": "ranks wait in different collectives (or same seq, other op)",
+    "step_time_ratio": "this rank's step time over the peers' median",
+    "comm_share_ratio": "this rank's share of time in collectives over the peers' median",
+    "data_parity": "this rank's data fingerprint differs from the peers' majority",
+    "warming_up": "first steps or compilation frames",
+    "launcher_only": "a launcher with no rank processes",
+    "peer_exited": "a rank of the job left cleanly (record says exited) while this one runs",
+    "peer_comm_share": "the peers' median share of step time in collectives",
+    "peer_cpu_ratio": "the peers' median CPU over the window, in cores",
+    "oversubscription": "intra-op threads x local ranks / cores",
+    "hb_stall_bound_s": "learned bound: max(2 s, 10x the slowest recent run of this op)",
+    "device_type": "device the rank trains on (heartbeat)",
+    "data_fp": "data fingerprint (heartbeat: shard list + batches)",
+    "data_fps": "the fingerprints seen across the job, with counts",
+    "hb_rank": "rank as the heartbeat record says", "hb_world_size": "world size (record)",
+}
+
+IDLE_CPU = 0.05  # cores: below this a rank is not computing
+
+
+@dataclass(frozen=True)
+class Window:
+    first: Snapshot
+    last: Snapshot
+
+    @property
+    def seconds(self) -> float:
+        return max(self.last.taken_at - self.first.taken_at, 0.0)
+
+
+def _proc(snap: Snapshot, pid: int):
+    if snap.processes is None:
+        return None
+    return next((p for p in snap.processes.procs if p.pid == pid and not p.error), None)
+
+
+def _record(snap: Snapshot, pid: int) -> Record | None:
+    if snap.heartbeats is None:
+        return None
+    return next((r for r in snap.heartbeats.records if r.pid == pid), None)
+
+
+def _stacks(snaps: tuple[Snapshot, ...], pid: int):
+    found = []
+    for snap in snaps:
+        if snap.stacks is None:
+            continue
+        found += [p for p in snap.stacks.pids if p.pid == pid]
+    return found
+
+
+def _sockets(snap: Snapshot, pid: int):
+    if snap.sockets is None:
+        return ()
+    entry = next((p for p in snap.sockets.pids if p.pid == pid), None)
+    return entry.sockets if entry else ()
+
+
+def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+    w = Window(history[0], history[-1])
+    now, before = _proc(w.last, pid), _proc(w.first, pid)
+    s: dict = {"pid": pid, "window_s": round(w.seconds, 3), "alive": now is not None}
+    if now is None:
+        return s
+    env = now.env
+    s["state"] = now.state
+    s["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
+    s["world_size"] = int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else -1
+    s["orphan"] = now.ppid == 1
+    omp = env.get("OMP_NUM_THREADS", "")
+    s["intra_op_threads"] = int(omp) if omp.isdigit() else None
+    if before is not None and w.seconds > 0 and now.cpu_seconds >= 0 and before.cpu_seconds >= 0:
+        s["cpu_ratio"] = round((now.cpu_seconds - before.cpu_seconds) / w.seconds, 3)
+        wait_now = sum(t.sched.runqueue_wait_s for t in now.threads)
+        wait_before = sum(t.sched.runqueue_wait_s for t in before.threads)
+        s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
+    port = env.get("MASTER_PORT", "")
+    socks = _sockets(w.last, pid)
+    s["holds_master_port"] = bool(port.isdigit() and any(
+        k.state == "LISTEN" and k.local_port == int(port) for k in socks))
+    syn = [k for k in socks if k.state in ("SYN-SENT", "SYN_SENT")]
+    s["syn_sent"] = len(syn)
+    s["syn_sent_to"] = f"{syn[0].peer_addr}:{syn[0].peer_port}" if syn else ""
+    established = [k for k in socks if k.state == "ESTABLISHED" and k.last_send_ms >= 0]
+    if established:
+        s["peer_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
+                                     for k in established) / 1000, 3)
+        s["retransmits"] = sum(max(k.retransmits, 0) for k in established)
+    return s
+
+
+def heartbeat_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+    first, last = _record(history[0], pid), _record(history[-1], pid)
+    if last is None:
+        return {"hb": False}
+    now = history[-1].taken_at
+    s = {"hb": True, "hb_phase": last.phase, "hb_op": last.op, "hb_seq": last.collective_seq,
+         "hb_step": last.step, "hb_age_s": round(now - last.updated_at, 3),
+         "hb_inside_s": round(now - last.entered_at, 3) if last.in_collective else 0.0,
+         "hb_advanced": first is not None and (first.collective_seq, first.step) != (
+             last.collective_seq, last.step),
+         "hb_step_s": round(last.last_step_seconds, 4),
+         "hb_comm_share": round(last.collective_seconds / last.step_seconds, 4)
+         if last.step_seconds > 0 else None,
+         "compute_dtype": last.compute_dtype or None,
+         "hb_rank": last.rank, "hb_world_size": last.world_size,
+         "data_fp": last.data_fingerprint or None}
+    if last.in_collective:
+        past_ops = {e.op for e in last.ring if e.seq < last.collective_seq}
+        s["hb_op_novel"] = bool(past_ops) and last.op not in past_ops
+    return s
+
+
+def stack_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+    dumps = [d for d in _stacks(history, pid) if d.threads]
+    stopped = [d for d in _stacks(history, pid) if d.status.startswith("stopped")]
+    if not dumps:
+        return {"stack": "stopped" if stopped else None, "stack_samples": 0}
+    kinds = [classify_stack(d) for d in dumps]
+    # One dump is not evidence (healthy ranks spend much time in the same wait):
+    # the stack signal is the kind seen in every sample, else "mixed".
+    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
+    return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps)}

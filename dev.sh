@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets everything up (idempotent), then runs the demo or the whole test-suite.
+#   bash dev.sh demo    the bundled trainer on 2 CPU ranks with a fault injected;
+#                       ddpwatch names the culprit
+#   bash dev.sh test    every test (pytest arguments may follow)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2)
+VENV=.venv
+
+setup() {
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        missing=()
+        for pkg in "${DEBIAN_PACKAGES[@]}"; do
+            dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+        done
+        if [ ${#missing[@]} -gt 0 ]; then
+            echo "dev.sh: installing Debian packages: ${missing[*]}"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        fi
+    else
+        echo "dev.sh: not root: Debian packages (${DEBIAN_PACKAGES[*]}) not installed;" \
+             "tests that need them will skip and say why"
+    fi
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    # torch first and pinned: a bare 'torch' would pull a multi-GB CUDA build.
+    "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[trainer,test]'
+}
+
+case "${1:-}" in
+    demo) setup; shift; exec "$VENV/bin/python" scripts/demo.py "$@" ;;
+    test) setup; shift; exec "$VENV/bin/python" -m pytest "$@" ;;
+    *) echo "usage: bash dev.sh demo|test [args...]" >&2; exit 2 ;;
+esac

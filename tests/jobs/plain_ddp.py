@@ -1,0 +1,63 @@
+"""A plain DDP training script with no ddpwatch import: what users run.
+
+    torchrun --nproc_per_node=2 plain_ddp.py [--hang-rank R --at-step S]
+             [--desync-rank R] [--exit-rank R] [--dtype bfloat16] [--compute bf16]
+             [--slow-rank R --factor F] [--steps N]
+
+--dtype bfloat16 is accepted and ignored (a flag with no effect, as in scripts
+that parse a dtype and never use it); --compute bf16 really computes in bf16.
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=0, help="0: run until killed")
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--desync-rank", type=int, default=-1)
+parser.add_argument("--slow-rank", type=int, default=-1)
+parser.add_argument("--factor", type=float, default=3.0)
+parser.add_argument("--at-step", type=int, default=5)
+parser.add_argument("--dtype", default="float32", help="parsed, never used")
+parser.add_argument("--compute", default="float32", choices=["float32", "bf16"])
+parser.add_argument("--width", type=int, default=256)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dtype = torch.bfloat16 if args.compute == "bf16" else torch.float32
+model = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(),
+                      nn.Linear(args.width, args.width)).to(dtype)
+ddp = nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+x = torch.randn(64, args.width, dtype=dtype)
+step = 0
+print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+while args.steps <= 0 or step < args.steps:
+    if rank == args.hang_rank and step == args.at_step:
+        print(f"rank {rank} hangs outside collectives at step {step}", flush=True)
+        while True:
+            time.sleep(1)
+    if rank == args.desync_rank and step == args.at_step:
+        print(f"rank {rank} calls broadcast where its peers all-reduce", flush=True)
+        dist.broadcast(torch.zeros(3), src=0)
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = ddp(x).float().pow(2).mean()
+    if rank == args.slow_rank:
+        extra_until = time.perf_counter() + (args.factor - 1) * 0.02
+        while time.perf_counter() < extra_until:
+            torch.mm(x.float(), x.float().T)
+    loss.backward()
+    opt.step()
+    loss_t = loss.detach().float().reshape(1)
+    dist.all_reduce(loss_t)
+    step += 1
+    if step % 20 == 0:
+        print(f"rank {rank} step {step} loss {loss_t.item():.4f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
