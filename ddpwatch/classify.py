@@ -167,6 +167,9 @@ def _cross(ranks: list[dict]) -> None:
             s["peer_comm_share"] = peer_share
         peer_cpu = _median(p.get("cpu_ratio") for p in peers if p.get("alive"))
         s["peer_cpu_ratio"] = peer_cpu
+        peer_wait = _median(p.get("runqueue_wait_ratio") for p in peers if p.get("alive"))
+        if s.get("runqueue_wait_ratio") is not None and peer_wait is not None:
+            s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
         if s.get("data_fp"):
             # With two ranks there is no majority to blame: every rank carries it.
             s["data_parity"] = len(fingerprints) > 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import struct
 import threading
 import warnings
 
@@ -34,7 +35,9 @@ import torch.distributed.distributed_c10d as c10d
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .heartbeat import OP_CODE, Phase, open_writer
-from .heartbeat.writer import NullWriter
+from .heartbeat.writer import NullWriter, default_identity
+
+IDENTITY_FIELDS = tuple(default_identity())
 
 # op name -> how to find the payload tensor(s) among the call's arguments
 _COLLECTIVES = (
@@ -57,9 +60,19 @@ def writer():
     return _writer
 
 
-def instrument(model=None, directory: str | None = None, **identity):
-    """Install the patches once (later calls only update identity / hook `model`)."""
-    global _writer, _installed, _explicit_dtype
+def instrument(model=None, directory: str | None = None, auto_steps: bool = True, **identity):
+    """Install the patches once (later calls only update identity / hook `model`).
+
+    auto_steps: count optimizer steps as training steps; scripts that call
+    ddpwatch.step() themselves pass False (else their first step counts twice).
+    """
+    global _writer, _installed, _explicit_dtype, _explicit_steps
+    _explicit_steps = _explicit_steps or not auto_steps
+    unknown = set(identity) - set(IDENTITY_FIELDS)
+    if unknown:  # never raise into training: say so and go on without them
+        warnings.warn(f"ddpwatch: ignoring unknown identity field(s) {sorted(unknown)}",
+                      RuntimeWarning, stacklevel=3)
+        identity = {k: v for k, v in identity.items() if k not in unknown}
     with _install_lock:
         if not _installed:
             identity.setdefault("torch_version", torch.__version__.split("+")[0])
@@ -95,8 +108,11 @@ def set_identity(**fields) -> None:
     global _explicit_dtype
     if fields.get("compute_dtype"):
         _explicit_dtype = True
-    _writer.set_identity(**{k: (_dtype_name(v) if k == "compute_dtype" else v)
-                            for k, v in fields.items()})
+    try:
+        _writer.set_identity(**{k: (_dtype_name(v) if k == "compute_dtype" else v)
+                                for k, v in fields.items()})
+    except (TypeError, ValueError, struct.error) as err:  # never raise into training
+        warnings.warn(f"ddpwatch: identity not updated: {err}", RuntimeWarning, stacklevel=3)
 
 
 # --- collectives ---------------------------------------------------------------

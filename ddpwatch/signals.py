@@ -66,6 +66,8 @@ SIGNALS = {
     "peer_exited": "a rank of the job left cleanly (record says exited) while this one runs",
     "peer_comm_share": "the peers' median share of step time in collectives",
     "peer_cpu_ratio": "the peers' median CPU over the window, in cores",
+    "runqueue_wait_vs_peers": "this rank's run-queue wait over the peers' median (on a busy "
+                              "node every rank waits some; a starved one waits more)",
     "oversubscription": "intra-op threads x local ranks / cores",
     "hb_stall_bound_s": "learned bound: max(2 s, 10x the slowest recent run of this op)",
     "device_type": "device the rank trains on (heartbeat)",
@@ -130,8 +132,10 @@ def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     s["intra_op_threads"] = int(omp) if omp.isdigit() else None
     if before is not None and w.seconds > 0 and now.cpu_seconds >= 0 and before.cpu_seconds >= 0:
         s["cpu_ratio"] = round((now.cpu_seconds - before.cpu_seconds) / w.seconds, 3)
-        wait_now = sum(t.sched.runqueue_wait_s for t in now.threads)
-        wait_before = sum(t.sched.runqueue_wait_s for t in before.threads)
+        # -1 marks an unreadable schedstat: leave those threads out
+        wait_now = sum(t.sched.runqueue_wait_s for t in now.threads if t.sched.runqueue_wait_s >= 0)
+        wait_before = sum(t.sched.runqueue_wait_s for t in before.threads
+                          if t.sched.runqueue_wait_s >= 0)
         s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
     port = env.get("MASTER_PORT", "")
     socks = _sockets(w.last, pid)

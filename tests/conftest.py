@@ -129,3 +129,16 @@ def torchrun(nproc: int, *args: str) -> list[str]:
     """A torchrun command on a port chosen now (never the shared 29500)."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+
+
+@pytest.fixture
+def need_py_spy():
+    from ddpwatch.probes.stacks import find_py_spy
+    need(find_py_spy() is not None, "py-spy is not installed")
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        scope = "0"  # no Yama: plain ptrace rules apply to our own children
+    need(os.geteuid() == 0 or scope == "0",
+         "py-spy needs ptrace: run as root or set kernel.yama.ptrace_scope=0")

@@ -19,6 +19,7 @@ import ctypes
 import mmap
 import os
 import socket
+import struct
 import threading
 import time
 import warnings
@@ -273,7 +274,7 @@ def open_writer(directory: str | None = None, **identity) -> HeartbeatWriter | N
             os.close(fd)
             raise
         return HeartbeatWriter(path, fd, mem, ident)
-    except OSError as err:
+    except (OSError, struct.error, TypeError, ValueError) as err:
         warnings.warn(f"ddpwatch: heartbeats off, cannot write a record in "
                       f"{directory!r}: {err}", RuntimeWarning, stacklevel=2)
         return NullWriter()

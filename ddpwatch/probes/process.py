@@ -1,17 +1,17 @@
 """Process probe: what /proc says about each rank, its threads and its launch.
 
-READ is `_read_*` / `run` (tiny, impure: opens files under `ctx.procfs`);
-PARSE is the `parse_*` functions and `torchrun_args` (pure, tested on saved
-fixtures). Counters are cumulative (cpu seconds, schedstat): the classifier takes
-deltas between two snapshots, so CPU% is never computed here.
+READ is `read_process` / `_read_thread` / `run` (tiny, impure: files under
+`ctx.procfs`); PARSE is `parse_*`, `torchrun_args` and `env_from_cmdline` (pure,
+tested on saved fixtures). Counters are cumulative (cpu seconds, schedstat): the
+classifier takes deltas between two snapshots, so CPU% is never computed here.
 
 Unknown numbers are -1 (never 0: a blind watcher must not look idle or healthy).
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import codec
 from . import ProbeContext, register

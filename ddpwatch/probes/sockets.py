@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import codec
 from . import ProbeContext, register
@@ -196,16 +196,17 @@ def parse_ss(text: str) -> tuple[SsInfo, ...]:
     return tuple(out)
 
 
+_SS_FIELDS = ("bytes_sent", "bytes_received", "bytes_acked", "retransmits", "rtt_ms",
+              "last_send_ms", "last_recv_ms")
+
+
 def merge(entry: TableEntry, ss: SsInfo | None) -> TcpSocket:
     base = TcpSocket(entry.inode, entry.family, entry.state, entry.local_addr,
                      entry.local_port, entry.peer_addr, entry.peer_port,
                      entry.recv_q, entry.send_q, entry.retries)
     if ss is None:
         return base
-    return TcpSocket(**{**base.__dict__, **{
-        k: getattr(ss, k) for k in ("bytes_sent", "bytes_received", "bytes_acked",
-                                    "retransmits", "rtt_ms", "last_send_ms",
-                                    "last_recv_ms")}})
+    return replace(base, **{k: getattr(ss, k) for k in _SS_FIELDS})
 
 
 def match(entries, infos) -> dict[int, SsInfo]:
@@ -276,7 +277,10 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
     if shutil.which("ss") is None:  # the whole probe is blind without it
         raise FileNotFoundError("ss (iproute2) not found on PATH")
     taken_at = ctx.clock()
-    own_ns = _ns("/proc", "self")  # ss runs here unless told otherwise
+    # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
+    # daemon reading a host /proc mounted elsewhere compares like with like; a
+    # fixture tree has no self: "" then means never nsenter.
+    own_ns = _ns(ctx.procfs, "self")
     tables: dict[str, tuple[TableEntry, ...]] = {}  # one read per namespace
     infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
     out = []

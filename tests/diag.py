@@ -1,0 +1,67 @@
+"""Helpers for tests that diagnose real jobs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+
+from conftest import REPO, wait_until
+
+
+def diagnose(pid: int, *extra: str, hb_dir: str | None = None) -> tuple[int, dict]:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    if hb_dir:
+        env["DDPWATCH_DIR"] = hb_dir
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", str(pid), *extra],
+                         capture_output=True, text=True, env=env, timeout=120)
+    if out.returncode not in (0, 1):
+        raise AssertionError(f"diagnose exited {out.returncode}: {out.stderr}")
+    return out.returncode, json.loads(out.stdout)
+
+
+def by_rank(report: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in report["ranks"]}
+
+
+def verdicts(report: dict) -> dict[int, tuple[str, str]]:
+    return {r["rank"]: (r["verdict"], r["role"]) for r in report["ranks"]}
+
+
+def rank_pids(job, count: int, timeout: float = 180) -> list[int]:
+    """Wait until the job has `count` rank processes (python with RANK set); sorted by rank."""
+    def found():
+        ranks = {}
+        for proc in job.processes():
+            try:
+                env = proc.environ()
+            except psutil.Error:
+                continue
+            if "RANK" in env and "torch.distributed.run" not in " ".join(proc.cmdline()):
+                ranks[int(env["RANK"])] = proc.pid
+        return [ranks[r] for r in sorted(ranks)] if len(ranks) == count else None
+    return wait_until(found, timeout, what=f"{count} rank processes")
+
+
+def launcher_pid(job) -> int:
+    return wait_until(lambda: next((p.pid for p in job.processes()
+                                    if "torch.distributed.run" in " ".join(p.cmdline())), None),
+                      60, what="the torchrun agent")
+
+
+def until_verdict(pid: int, expected: dict, timeout: float = 120, hb_dir=None, extra=()) -> dict:
+    """Diagnose until every rank has its expected (verdict, role); return that report."""
+    last = {}
+
+    def check():
+        nonlocal last
+        _, last = diagnose(pid, *extra, hb_dir=hb_dir)
+        got = verdicts(last)
+        return last if all(got.get(r) == v for r, v in expected.items()) else None
+    try:
+        return wait_until(check, timeout, interval=0.5, what=f"verdicts {expected}")
+    except BaseException:
+        print(json.dumps(last, indent=1)[:6000])
+        raise
