@@ -132,8 +132,20 @@ def measure(history: tuple[Snapshot, ...]) -> list[dict]:
             s.get("hb") and s.get("hb_step", 0) < WARMUP_STEPS and not stalled_hb
             and s.get("hb_phase") != "rendezvous"))
         s["device_type"] = rec.device_type if rec is not None else None
+        s["waiting_in"] = _waiting_in(s)
     _cross(ranks)
     return ranks
+
+
+def _waiting_in(s: dict) -> str | None:
+    """The collective a rank waits in: from its heartbeat, else from its stack."""
+    if s.get("hb_phase") == "inside":
+        return s.get("hb_op")
+    if s.get("stack") == "ddp_backward":
+        return "ddp_bucket_all_reduce"
+    if s.get("stack") == "collective":
+        return (s.get("stack_top") or "?").split(" ")[0]
+    return None
 
 
 def _median(values):
@@ -152,12 +164,11 @@ def _cross(ranks: list[dict]) -> None:
         seqs = [p["hb_seq"] for p in peers if p.get("hb_seq") is not None]
         if s.get("hb_seq") is not None and seqs:
             s["seq_behind"] = max(seqs) - s["hb_seq"]
-        waiting = [p for p in ranks if p.get("in_collective")]
-        s["peer_ops_differ"] = len(waiting) >= 2 and s.get("in_collective") and (
-            len({p.get("hb_op") for p in waiting}) > 1 and all(p.get("hb_op") for p in waiting)
-            or len({p.get("stack_top", "").split(" ")[0] for p in waiting}) > 1
-            and not any(p.get("hb") for p in waiting) and all(p.get("stack") == "collective"
-                                                             for p in waiting))
+        # Desync is a hang: only ranks stuck past their bound count, so a healthy
+        # rank caught between two different collectives is not one.
+        stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in")]
+        s["peer_ops_differ"] = bool(s.get("blocked")) and len(stuck) >= 2 and len(
+            {p["waiting_in"] for p in stuck}) > 1
         peer_step = _median(p.get("hb_step_s") for p in peers if p.get("alive"))
         if s.get("hb_step_s") and peer_step:
             s["step_time_ratio"] = round(s["hb_step_s"] / peer_step, 3)
