@@ -245,7 +245,7 @@ def _job(verdicts: list[RankVerdict]) -> JobVerdict:
     if culprits:
         lead = min(culprits, key=lambda v: SEVERITY.index(v.verdict))
         verdict = lead.verdict
-        parts = [f"{_name(c)} is the culprit ({c.verdict.replace('_', ' ')}): {c.evidence}"
+        parts = [f"{_name(c)} is the culprit ({c.verdict.replace('_', ' ')}): {c.evidence}."
                  for c in culprits]
         if victims:
             parts.append(f"{', '.join(_name(v) for v in victims)} "
@@ -259,7 +259,7 @@ def _job(verdicts: list[RankVerdict]) -> JobVerdict:
     else:
         who = [v for v in verdicts if v.verdict == worst.verdict]
         summary = (f"{', '.join(_name(v) for v in who)}: {worst.verdict.replace('_', ' ')}: "
-                   f"{worst.evidence} No local culprit: "
+                   f"{worst.evidence}. No local culprit: "
                    + ("the rank they wait for may be on another node. " if worst.verdict ==
                       "blocked_in_collective" else "") + f"Remedy: {worst.remedy}")
     return JobVerdict(worst.verdict, (), summary)
