@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
-from conftest import REPO, torchrun
+from conftest import REPO, free_port, need, torchrun, wait_until
 from diag import diagnose, launcher_pid, rank_pids, until_verdict, verdicts
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
@@ -52,3 +53,73 @@ def test_straggler_by_slowdown(start_job):
     r0, r1 = rank_pids(job, 2)
     report = until_verdict(r0, {0: ("waiting_on_peer", "victim"), 1: ("straggler", "culprit")})
     assert report["job"]["culprits"] == [1]
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process (sched_setaffinity on the pid moves one thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job):
+    need(os.cpu_count() >= 2, "needs 2 CPUs to pin the ranks apart")
+    job = start_job(torchrun(2, PLAIN))
+    r0, r1 = rank_pids(job, 2)
+    until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
+    burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
+    burner_pid = wait_until(lambda: burner.proc.pid, 10, what="burner")
+    _pin(r0, {0})
+    _pin(r1, {1})
+    _pin(burner_pid, {1})
+    report = until_verdict(r0, {1: ("straggler", "culprit")})
+    assert report["job"]["culprits"] == [1]
+    assert report["ranks"][0]["role"] in ("victim", "none")
+    assert "waited" in report["ranks"][1]["evidence"]  # run-queue wait is the evidence
+
+
+def test_oversubscribed_threads(start_job):
+    cores = os.cpu_count()
+    job = start_job(torchrun(2, PLAIN), env={"OMP_NUM_THREADS": str(cores * 2)})
+    r0, r1 = rank_pids(job, 2)
+    _, report = diagnose(r0)
+    for rank in report["ranks"]:
+        assert "oversubscribed" in [f["id"] for f in rank["findings"]], rank
+
+
+def _env_rank(port: int, rank: int) -> dict:
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+            "RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
+def test_bare_env_rendezvous_process_waits_for_its_peer(start_job):
+    job = start_job([sys.executable, PLAIN], env=_env_rank(free_port(), 0))
+    pid = job.proc.pid
+    report = until_verdict(pid, {0: ("rendezvous_wait", "none")})
+    assert report["job"]["verdict"] == "rendezvous_wait"
+    assert not report["ranks"][0]["findings"]
+
+
+def test_torchrun_agent_alone_at_rendezvous(start_job):
+    port = free_port()
+    job = start_job([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                     "--nproc_per_node=1", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint=127.0.0.1:{port}", PLAIN])
+    report = until_verdict(job.proc.pid, {-1: ("rendezvous_wait", "none")})
+    assert report["job"]["verdict"] == "rendezvous_wait"
+    assert report["ranks"][0]["pid"] == job.proc.pid  # the agent itself is judged
+
+
+def test_orphan_rank_holding_the_master_port(start_job):
+    port = free_port()
+    # The shell starts rank 0 in the background and exits: rank 0 is re-parented,
+    # as a leftover of an earlier launch is, and it holds the TCPStore port.
+    shell = start_job(["sh", "-c", f'"{sys.executable}" "{PLAIN}" & echo $!'],
+                      env=_env_rank(port, 0), name="orphan")
+    assert shell.wait(30) == 0
+    pid = int(wait_until(lambda: shell.output().strip(), 30, what="orphan pid"))
+    report = until_verdict(pid, {0: ("rendezvous_wait", "none")})
+    findings = {f["id"]: f for f in report["ranks"][0]["findings"]}
+    assert "orphan" in findings and "True" in findings["orphan"]["evidence"]
