@@ -7,7 +7,6 @@ condition on None is false (a blind watcher must not conclude anything).
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from .heartbeat import Record

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, free_port, need, torchrun, wait_until
-from diag import diagnose, launcher_pid, rank_pids, until_verdict, verdicts
+from diag import diagnose, launcher_pid, rank_pids, until_verdict
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
 pytestmark = pytest.mark.usefixtures("need_py_spy")

@@ -7,14 +7,11 @@ no later than the record was created.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..heartbeat import Record, Skipped, read_dir
 from . import ProbeContext, register
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
+from .process import parse_stat
 
 @dataclass(frozen=True)
 class HeartbeatObs:
@@ -23,16 +20,10 @@ class HeartbeatObs:
     skipped: tuple[Skipped, ...]
 
 
-def parse_starttime(stat_text: str) -> float:
-    """Seconds since boot at which the process started (field 22 of /proc/pid/stat)."""
-    after_comm = stat_text.rsplit(")", 1)[1].split()
-    return int(after_comm[19]) / CLK_TCK
-
-
 def record_alive(record: Record, procfs: str = "/proc") -> bool:
     try:
         with open(f"{procfs}/{record.pid}/stat") as f:
-            started = parse_starttime(f.read())
+            started = parse_stat(f.read()).start_time_s
     except (OSError, IndexError, ValueError):
         return False
     # Process start is in clock ticks (10 ms); allow slack for rounding.
