@@ -36,6 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch)")
     p.set_defaults(handler="diagnose")
 
+    p = sub.add_parser("run", help="the per-node daemon: watch every rank, serve /metrics "
+                       "and /status, send alerts")
+    p.add_argument("--config", metavar="FILE", help="config file (default: $DDPWATCH_CONFIG, "
+                   "then /etc/ddpwatch/config.yaml)")
+    p.add_argument("--listen", metavar="ADDR:PORT", help="HTTP address (default 127.0.0.1:19500)")
+    p.add_argument("--log-format", choices=("text", "json"))
+    p.set_defaults(handler="run")
+
+    p = sub.add_parser("status", help="the daemon's current view as a table")
+    p.add_argument("--url", default="http://127.0.0.1:19500", help="daemon base URL")
+    p.add_argument("--token", help="bearer token (default: $DDPWATCH_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print /status as it is")
+    p.set_defaults(handler="status")
+
     p = sub.add_parser("rules", help="work with rule files")
     rules_sub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rules_sub.required = True

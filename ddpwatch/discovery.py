@@ -108,3 +108,31 @@ def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list
     return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
             and (p.env.get("MASTER_ADDR"), p.env.get("MASTER_PORT"),
                  p.env.get("WORLD_SIZE")) == key]
+
+
+def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
+    """Every job on this node: each torchrun agent's, then ranks started otherwise."""
+    record_pids = frozenset(record_pids)
+    jobs, seen = [], set()
+    launchers = [p for p in sorted(table) if is_launcher(table[p].cmdline)]
+    ranks = [p for p in sorted(table) if looks_like_rank(table[p], record_pids)]
+    for pid in launchers + ranks:
+        if pid in seen:
+            continue
+        job = find_job(pid, table, record_pids)
+        if job is None:
+            continue
+        members = set(job.rank_pids) | {pid}
+        if job.launcher_pid > 0:
+            members.add(job.launcher_pid)
+        seen |= members
+        jobs.append(job)
+    return jobs
+
+
+def job_key(job: Job) -> str:
+    """A stable, bounded label for a job ("none" is torchrun's default run id)."""
+    if job.run_id and job.run_id != "none":
+        return job.run_id
+    anchor = job.launcher_pid if job.launcher_pid > 0 else min(job.rank_pids, default=job.target_pid)
+    return f"pid{anchor}"

@@ -1,0 +1,53 @@
+"""`ddpwatch status [--url]`: the daemon's current view as a table."""
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+from .. import errors
+
+COLUMNS = ("JOB", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
+
+
+def fetch(url: str, token: str | None) -> dict:
+    request = urllib.request.Request(url.rstrip("/") + "/status")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as err:
+        if err.code == 401:
+            raise errors.NoPermission(f"{url}: the daemon wants a bearer token (--token or "
+                                      f"$DDPWATCH_TOKEN)") from err
+        raise errors.Unavailable(f"{url}: HTTP {err.code}") from err
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise errors.Unavailable(f"{url}: no daemon answers ({reason})") from err
+
+
+def table(doc: dict) -> str:
+    rows = [COLUMNS]
+    for job in doc.get("jobs", []):
+        for r in job["ranks"]:
+            rows.append((job["key"], str(r["rank"]), str(r["pid"]), r["verdict"], r["role"],
+                         f"{r['confidence']:.0%}", ",".join(f["id"] for f in r["findings"]) or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [f"node {doc['node']}  tick {doc['tick']}  "
+             f"job verdict: {doc['job']['verdict']}  culprits: {doc['job']['culprits']}"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    open_incidents = [i for i in doc.get("incidents", []) if i["state"] != "resolved"]
+    for i in open_incidents:
+        lines.append(f"incident {i['id']} ({i['state']}): {i['verdict']}, culprits "
+                     f"{list(i['culprits'])}; evidence in {i['bundle'] or '-'}")
+    if not doc.get("jobs"):
+        lines.append("no DDP job on this node")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    doc = fetch(args.url, args.token or os.environ.get("DDPWATCH_TOKEN"))
+    print(json.dumps(doc, indent=1) if args.json else table(doc))
+    return errors.OK

@@ -1,0 +1,175 @@
+"""The daemon's one documented config: defaults -> file -> environment -> flags.
+
+File lookup: `--config FILE` > `$DDPWATCH_CONFIG` > /etc/ddpwatch/config.yaml (if
+present). Strict: an unknown key is an error naming file and line (exit 78).
+
+    listen: 127.0.0.1:19500      # HTTP for /metrics /status /healthz /readyz
+    token: ""                    # bearer token for /status; required off loopback
+    tick_s: 1.0                  # one discovery -> probes -> judge -> publish cycle
+    window_s: 2.0                # CPU and progress are judged over this much history
+    heartbeat_dir: ""            # default $DDPWATCH_DIR or /dev/shm/ddpwatch
+    state_dir: ""                # incident bundles; default /var/lib/ddpwatch (root)
+                                 # or ~/.local/state/ddpwatch
+    stacks_min_interval_s: 5.0   # py-spy at most this often per job (only on suspicion)
+    probe_timeout_s: 2.0
+    resolve_after_s: 5.0         # healthy this long before an incident resolves
+    probes: {stacks: true, sockets: true}   # switch probes off by name
+    rules: []                    # extra rule files (add or override by id)
+    webhooks: []                 # [{type: generic|slack|alertmanager, url, secret, timeout_s}]
+    log_format: text             # text | json
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from .errors import ConfigError
+
+DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
+SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
+SWITCHABLE_PROBES = ("sockets", "stacks", "host")
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    token: str = ""
+    tick_s: float = 1.0
+    window_s: float = 2.0
+    heartbeat_dir: str = ""
+    state_dir: str = ""
+    stacks_min_interval_s: float = 5.0
+    probe_timeout_s: float = 2.0
+    resolve_after_s: float = 5.0
+    probes: dict[str, bool] = field(default_factory=dict)
+    rules: tuple[str, ...] = ()
+    webhooks: tuple[dict, ...] = ()
+    log_format: str = "text"
+    source: str = "defaults"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+    def probe_on(self, name: str) -> bool:
+        return self.probes.get(name, True)
+
+    def effective_state_dir(self) -> str:
+        if self.state_dir:
+            return self.state_dir
+        if os.geteuid() == 0:
+            return "/var/lib/ddpwatch"
+        return os.path.join(os.path.expanduser("~"), ".local", "state", "ddpwatch")
+
+
+ENV = {  # environment overrides, applied after the file
+    "DDPWATCH_LISTEN": "listen", "DDPWATCH_TOKEN": "token", "DDPWATCH_TICK_S": "tick_s",
+    "DDPWATCH_DIR": "heartbeat_dir", "DDPWATCH_STATE_DIR": "state_dir",
+    "DDPWATCH_LOG_FORMAT": "log_format",
+}
+_TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def find_file(flag: str | None) -> str | None:
+    if flag:
+        return flag
+    if os.environ.get("DDPWATCH_CONFIG"):
+        return os.environ["DDPWATCH_CONFIG"]
+    return SYSTEM_CONFIG if os.path.exists(SYSTEM_CONFIG) else None
+
+
+def load(path: str | None, overrides: dict | None = None) -> Config:
+    values: dict = {}
+    source = "defaults"
+    if path:
+        values.update(_read(path))
+        source = path
+    for var, key in ENV.items():
+        if os.environ.get(var):
+            values[key] = _coerce(key, os.environ[var], f"${var}")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
+    config = Config(**values, source=source)
+    _validate(config)
+    return config
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: "
+                          f"{getattr(err, 'problem', err)}") from err
+    if root is None:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{path}:1: the config must be a mapping of keys")
+    values = {}
+    for key_node, value_node in root.value:
+        key = key_node.value
+        where = f"{path}:{key_node.start_mark.line + 1}"
+        if key not in _TYPES or key == "source":
+            raise ConfigError(f"{where}: unknown key {key!r} (known: "
+                              f"{', '.join(k for k in _TYPES if k != 'source')})")
+        values[key] = _coerce(key, yaml.safe_load(yaml.serialize(value_node)), where)
+    return values
+
+
+def _coerce(key: str, value, where: str):
+    kind = _TYPES[key]
+    try:
+        if kind == "float":
+            return float(value)
+        if kind == "str":
+            if not isinstance(value, (str, int, float)):
+                raise TypeError
+            return str(value)
+        if key == "probes":
+            if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+                raise TypeError
+            unknown = set(value) - set(SWITCHABLE_PROBES)
+            if unknown:
+                raise ConfigError(f"{where}: probes: unknown probe(s) {sorted(unknown)} "
+                                  f"(switchable: {', '.join(SWITCHABLE_PROBES)})")
+            return dict(value)
+        if key in ("rules", "webhooks"):
+            if value is None:
+                return ()
+            if not isinstance(value, list):
+                raise TypeError
+            return tuple(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {key}: {value!r} is not a valid {kind}") from err
+    return value
+
+
+def _validate(c: Config) -> None:
+    where = c.source
+    try:
+        host, port = c.host_port
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError as err:
+        raise ConfigError(f"{where}: listen: {c.listen!r} is not HOST:PORT") from err
+    if c.tick_s <= 0 or c.window_s <= 0:
+        raise ConfigError(f"{where}: tick_s and window_s must be positive")
+    if c.log_format not in ("text", "json"):
+        raise ConfigError(f"{where}: log_format: {c.log_format!r} (text or json)")
+    if not is_loopback(host) and not c.token:
+        raise ConfigError(f"{where}: listen: {c.listen} is not loopback: set a token "
+                          f"(token: or $DDPWATCH_TOKEN) so /status is not open to the network")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -1,0 +1,183 @@
+"""`ddpwatch run`: the per-node loop. The only module that wires the stages:
+
+    discovery -> cheap probes -> snapshot -> classify -> incidents -> publish
+                 (stacks only on suspicion, rate-limited per job)
+
+Each stage of a tick is guarded: a failure is logged and counted, and the loop
+goes on (a watcher that dies at 3 a.m. is worse than one that misses a tick).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import socket
+import time
+
+from . import classify, discovery, rules as rules_mod
+from .bundle import write_bundle
+from .config import Config
+from .incidents import IncidentBook
+from .probes import ProbeContext, run_probe
+from .resources import shipped
+from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
+from .view import DaemonView, JobView
+
+log = logging.getLogger("ddpwatch")
+
+
+def load_rules(config: Config) -> list:
+    rules = rules_mod.load(shipped("rules", "default.yaml"))
+    for path in config.rules:
+        rules = rules_mod.merge(rules, rules_mod.load(path))
+    return rules
+
+
+class Daemon:
+    def __init__(self, config: Config, rules: list, dispatcher=None, clock=time.monotonic):
+        self.config = config
+        self.rules = rules
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.node = socket.gethostname()
+        self.view: DaemonView | None = None
+        self.incidents = IncidentBook(config.resolve_after_s)
+        self._history: dict[str, collections.deque] = {}
+        self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
+        self._host = None
+        self._tick = 0
+        self.stage_failures: dict[str, int] = collections.Counter()
+
+    def reconfigure(self, config: Config, rules: list) -> None:
+        """Swap config and rules between ticks (SIGHUP); history and incidents stay."""
+        self.config, self.rules = config, rules
+        self.incidents.resolve_after_s = config.resolve_after_s
+
+    def ctx(self) -> ProbeContext:
+        return ProbeContext(heartbeat_dir=self.config.heartbeat_dir or None, clock=self.clock,
+                            timeout_s=self.config.probe_timeout_s)
+
+    # --- one tick ------------------------------------------------------------------
+    def tick(self) -> DaemonView:
+        started = self.clock()
+        ctx = self.ctx()
+        statuses = []
+        jobs = self._guard("discovery", lambda: self._discover(ctx, statuses), [])
+        views = []
+        for job in jobs:
+            view = self._guard("judge", lambda: self._judge_job(ctx, job, statuses), None)
+            if view is not None:
+                views.append(view)
+        self._forget_vanished({v.key for v in views})
+        self._guard("incidents", lambda: self._incidents(ctx, views), None)
+        self._tick += 1
+        views.sort(key=lambda v: (classify.SEVERITY.index(v.judgement.job.verdict), v.key))
+        self.view = DaemonView(
+            node=self.node, tick=self._tick, wall_time=time.time(),
+            tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
+            incidents=self.incidents.all(), probes=tuple(statuses),
+            incidents_opened_total=dict(self.incidents.opened_total), ready=True)
+        return self.view
+
+    def _guard(self, stage: str, fn, default):
+        try:
+            return fn()
+        except Exception:  # one broken stage must not kill the loop
+            self.stage_failures[stage] += 1
+            log.exception("tick stage %s failed", stage)
+            return default
+
+    def _discover(self, ctx: ProbeContext, statuses: list) -> list:
+        hb = run_probe("heartbeats", ctx, ())
+        statuses.append(status_of(hb))
+        alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
+        table = discovery.read_table(ctx.procfs)
+        self._heartbeats = hb.data if hb.ok else None
+        if self._host is None or self._tick % 60 == 0:
+            if self.config.probe_on("host"):
+                host = run_probe("host", ctx, ())
+                statuses.append(status_of(host))
+                self._host = host.data if host.ok else self._host
+        return discovery.all_jobs(table, alive)
+
+    def _snapshot(self, ctx, job, statuses, stacks=None) -> Snapshot:
+        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+        results = {"process": run_probe("process", ctx, pids)}
+        if self.config.probe_on("sockets"):
+            results["sockets"] = run_probe("sockets", ctx, job.rank_pids)
+        statuses.extend(status_of(r) for r in results.values())
+        data = {k: (r.data if r.ok else None) for k, r in results.items()}
+        return Snapshot(SNAPSHOT_VERSION, self.clock(), time.time(), job, data["process"],
+                        data.get("sockets"), stacks, self._host, self._heartbeats,
+                        tuple(status_of(r) for r in results.values()))
+
+    def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
+        history = self._history.setdefault(key, collections.deque())
+        history.append(snap)
+        while len(history) > 2 and snap.taken_at - history[1].taken_at >= self.config.window_s:
+            history.popleft()
+        return history[0], history[-1]
+
+    def _judge_job(self, ctx, job, statuses) -> JobView:
+        key = discovery.job_key(job)
+        snap = self._snapshot(ctx, job, statuses)
+        first, last = self._window(key, snap)
+        judgement = classify.judge((first, last), self.rules)
+        if judgement.job.verdict not in ("healthy", "warming_up") and self.config.probe_on("stacks"):
+            # Suspicion: look at the stacks (rate-limited), and judge again with them.
+            stacks = self._fresh_stacks(ctx, key, job, statuses)
+            if stacks is not None:
+                last = dataclasses.replace(last, stacks=stacks)
+                self._history[key][-1] = last
+                judgement = classify.judge((first, last), self.rules)
+        return JobView(key, judgement, last)
+
+    def _fresh_stacks(self, ctx, key, job, statuses, force=False):
+        taken, stacks = self._stacks.get(key, (-1e9, None))
+        if force or self.clock() - taken >= self.config.stacks_min_interval_s:
+            result = run_probe("stacks", ctx, job.rank_pids)
+            statuses.append(status_of(result))
+            if result.ok:
+                stacks = result.data
+                self._stacks[key] = (self.clock(), stacks)
+        return stacks
+
+    def _forget_vanished(self, keys: set) -> None:
+        for key in set(self._history) - keys:
+            del self._history[key]
+            self._stacks.pop(key, None)
+
+    def _incidents(self, ctx, views: list) -> None:
+        verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,
+                            v.judgement.job.summary) for v in views}
+        for event in self.incidents.update(verdicts, time.time()):
+            incident = event.incident
+            log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
+                        incident.verdict, list(incident.culprits))
+            if event.kind == "opened":
+                view = next(v for v in views if v.key == incident.job)
+                path = self._guard("bundle", lambda: write_bundle(
+                    self.config.effective_state_dir(), incident, view, self._history[view.key],
+                    self.config.heartbeat_dir or None),
+                    "")
+                if path:
+                    self.incidents.attach_bundle(incident.id, path)
+            if self.dispatcher is not None:
+                self._guard("alerts", lambda: self.dispatcher.submit(
+                    alert_for(incident, self.node, self.status_url())), None)
+
+    def status_url(self) -> str:
+        host, port = self.config.host_port
+        return f"http://{host}:{port}/status"
+
+
+def alert_for(incident, node: str, status_url: str):
+    from .alerts import Alert
+    firing = incident.state != "resolved"
+    return Alert(status="firing" if firing else "resolved", incident_id=incident.id, node=node,
+                 job=incident.job, verdict=incident.verdict, culprits=incident.culprits,
+                 summary=incident.summary, started_at=incident.opened_at,
+                 ended_at=0.0 if firing else incident.resolved_at, status_url=status_url)
+
+
+__all__ = ["Daemon", "load_rules", "alert_for"]

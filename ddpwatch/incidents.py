@@ -1,0 +1,72 @@
+"""Incidents: open -> ongoing -> resolved, one per job at a time. Pure state
+machine over per-tick job verdicts; the daemon writes bundles and sends alerts
+for the events it returns."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .view import Incident, IncidentState
+
+# Job verdicts that are not a problem: nothing to open an incident for.
+CALM = frozenset(("healthy", "warming_up", "unknown"))
+KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str          # "opened" | "resolved"
+    incident: Incident
+
+
+class IncidentBook:
+    def __init__(self, resolve_after_s: float):
+        self.resolve_after_s = resolve_after_s
+        self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
+        self._calm_since: dict[str, float] = {}
+        self._resolved: list[Incident] = []
+        self._counter = 0
+        self.opened_total: dict[str, int] = {}
+
+    def update(self, verdicts: dict[str, tuple[str, tuple[int, ...], str]], now: float,
+               ) -> list[Event]:
+        """verdicts: job key -> (job verdict, culprits, summary), for jobs seen this tick.
+        A job that vanished counts as calm (its processes are gone)."""
+        events = []
+        for key, (verdict, culprits, summary) in verdicts.items():
+            current = self._open.get(key)
+            if verdict in CALM:
+                continue
+            self._calm_since.pop(key, None)
+            if current is None:
+                self._counter += 1
+                incident = Incident(f"{key}-{int(now)}-{self._counter}", key, IncidentState.OPEN,
+                                    verdict, culprits, summary, now, now, 0.0, "")
+                self._open[key] = incident
+                self.opened_total[verdict] = self.opened_total.get(verdict, 0) + 1
+                events.append(Event("opened", incident))
+            else:
+                self._open[key] = dataclasses.replace(
+                    current, state=IncidentState.ONGOING, verdict=verdict,
+                    culprits=culprits or current.culprits, summary=summary, updated_at=now)
+        for key in list(self._open):
+            verdict = verdicts.get(key, ("gone", (), ""))[0]
+            if verdict not in CALM and verdict != "gone":
+                continue
+            since = self._calm_since.setdefault(key, now)
+            if now - since >= self.resolve_after_s:
+                done = dataclasses.replace(self._open.pop(key), state=IncidentState.RESOLVED,
+                                           resolved_at=now, updated_at=now)
+                self._calm_since.pop(key, None)
+                self._resolved.append(done)
+                events.append(Event("resolved", done))
+        self._resolved = [i for i in self._resolved if now - i.resolved_at < KEEP_RESOLVED_S]
+        return events
+
+    def attach_bundle(self, incident_id: str, path: str) -> None:
+        for key, incident in self._open.items():
+            if incident.id == incident_id:
+                self._open[key] = dataclasses.replace(incident, bundle=path)
+
+    def all(self) -> tuple[Incident, ...]:
+        return tuple(self._open.values()) + tuple(self._resolved)

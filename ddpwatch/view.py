@@ -1,0 +1,51 @@
+"""What the daemon publishes after each tick; exporters (HTTP, metrics, alerts)
+only read this. Frozen, so a reader never sees a half-updated tick."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .classify import Judgement
+from .snapshot import ProbeStatus, Snapshot
+
+
+class IncidentState:
+    """open -> ongoing -> resolved. `open` on the tick a problem is first judged,
+    `ongoing` while it lasts, `resolved` once the job has been healthy (or gone)
+    for `resolve_after_s`. A resolved incident is kept for a while, then dropped."""
+    OPEN = "open"
+    ONGOING = "ongoing"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: str
+    job: str
+    state: str
+    verdict: str
+    culprits: tuple[int, ...]
+    summary: str
+    opened_at: float      # unix time
+    updated_at: float
+    resolved_at: float    # 0.0 until resolved
+    bundle: str           # directory of the evidence bundle ("" if it could not be written)
+
+
+@dataclass(frozen=True)
+class JobView:
+    key: str              # stable label: the run id, else "pid<launcher or first rank>"
+    judgement: Judgement
+    last: Snapshot
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    node: str
+    tick: int
+    wall_time: float
+    tick_duration_s: float
+    jobs: tuple[JobView, ...]
+    incidents: tuple[Incident, ...]
+    probes: tuple[ProbeStatus, ...]      # this tick's probe runs (stacks only when run)
+    incidents_opened_total: dict[str, int]  # by verdict, since start
+    ready: bool                           # a first tick has completed
