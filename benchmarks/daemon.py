@@ -1,0 +1,231 @@
+"""What the daemon costs and how fast it answers. Each figure from this one run:
+
+1. trainer tokens/s with `ddpwatch run` watching / without (alternating runs) - target >= 0.99
+2. time from an injected stall (SIGSTOP of rank 1) to the culprit in /status and to
+   the webhook at a local receiver - target <= 5 s
+3. the daemon's CPU share and RSS while it watches 8 ranks - target <= 1% of a core, <= 80 MB
+4. tick time with 256 live rank records - target <= 100 ms
+
+    python benchmarks/daemon.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd, env, log=subprocess.DEVNULL):
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc) -> None:
+    for p in psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]:
+        try:
+            p.resume()
+        except psutil.Error:
+            pass
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def trainer_cmd(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "trainer",
+            "--device-type=cpu", *args]
+
+
+def start_daemon(env, hb_dir, state, extra=None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cfg = os.path.join(state, f"config-{port}.yaml")
+    with open(cfg, "w") as f:
+        json.dump({"listen": f"127.0.0.1:{port}", "state_dir": state, **(extra or {})}, f)
+    proc = start([sys.executable, "-m", "ddpwatch", "run", "--config", cfg], env)
+    url = f"http://127.0.0.1:{port}"
+    wait(lambda: get(url + "/readyz") is not None, 60)
+    return proc, url
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read()
+    except OSError:
+        return None
+
+
+def wait(pred, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    sys.exit("benchmark: a condition was not reached in time")
+
+
+def tokens_per_s(env, steps) -> float:
+    out = subprocess.run(trainer_cmd(2, f"--steps={steps}"), env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=900).stdout
+    rates = [float(x) for x in re.findall(r"\[rank 0\].*tok/s (\d+(?:\.\d+)?)", out)]
+    return statistics.mean(rates[len(rates) // 5:])
+
+
+def overhead(env, hb_dir, state, pairs, steps) -> str:
+    on, off = [], []
+    for _ in range(pairs):
+        off.append(tokens_per_s(env, steps))
+        daemon, _ = start_daemon(env, hb_dir, state)
+        try:
+            on.append(tokens_per_s(env, steps))
+        finally:
+            stop(daemon)
+    return (f"trainer tokens/s with the daemon watching / without: "
+            f"{statistics.mean(on) / statistics.mean(off):.3f} ({statistics.mean(on):.0f} vs "
+            f"{statistics.mean(off):.0f}; {pairs} alternating pairs; target >= 0.99)")
+
+
+def time_to_culprit(env, hb_dir, state) -> str:
+    arrivals = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            arrivals.append(time.monotonic())
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    hook_url = f"http://127.0.0.1:{hook.server_address[1]}/"
+    daemon, url = start_daemon(env, hb_dir, state,
+                               {"webhooks": [{"type": "generic", "url": hook_url}]})
+    job = start(trainer_cmd(2, "--steps=0"), env)
+    try:
+        def status():
+            body = get(url + "/status")
+            return json.loads(body) if body else None
+        wait(lambda: (s := status()) and len(s["ranks"]) == 2 and s["job"]["verdict"] == "healthy",
+             240)
+        pid = next(r["pid"] for r in status()["ranks"] if r["rank"] == 1)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        wait(lambda: status()["job"]["culprits"] == [1], 60)
+        to_status = time.monotonic() - t0
+        wait(lambda: arrivals, 60)
+        to_hook = arrivals[0] - t0
+        os.kill(pid, signal.SIGCONT)
+    finally:
+        stop(job)
+        stop(daemon)
+        hook.shutdown()
+    return (f"injected stall (SIGSTOP rank 1) to culprit in /status: {to_status:.2f} s, to the "
+            f"webhook: {to_hook:.2f} s (target <= 5 s; tick 1 s)")
+
+
+def cost_8_ranks(env, hb_dir, state, seconds) -> str:
+    job = start(trainer_cmd(8, "--steps=0"), env)
+    daemon, url = start_daemon(env, hb_dir, state)
+    try:
+        wait(lambda: (b := get(url + "/status")) and len(json.loads(b)["ranks"]) == 8, 300)
+        proc = psutil.Process(daemon.pid)
+        t0, c0 = time.monotonic(), sum(proc.cpu_times()[:2])
+        time.sleep(seconds)  # measuring over a fixed window is the point here
+        share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+        rss = proc.memory_info().rss
+    finally:
+        stop(job)
+        stop(daemon)
+    return (f"daemon watching 8 healthy ranks: {share:.2%} of a core, RSS {rss / 2**20:.0f} MiB "
+            f"over {seconds:.0f} s (target <= 1%, <= 80 MB)")
+
+
+RECORD_WRITER = """
+import os, sys, time
+from ddpwatch.heartbeat import open_writer
+w = open_writer(rank=int(os.environ['RANK']))
+while True:
+    w.exit(w.enter(1, 4)); w.step(1); time.sleep(0.5)
+"""
+
+
+def tick_256(env, hb_dir, ticks) -> str:
+    port = free_port()
+    procs = []
+    try:
+        for rank in range(256):
+            e = dict(env, RANK=str(rank), WORLD_SIZE="256", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+            procs.append(start([sys.executable, "-c", RECORD_WRITER], e))
+        from ddpwatch.heartbeat import read_dir
+        wait(lambda: len(read_dir(hb_dir)[0]) >= 256, 300)
+        from ddpwatch.config import load
+        from ddpwatch.daemon import Daemon, load_rules
+        os.environ["DDPWATCH_DIR"] = hb_dir
+        cfg = load(None, {"state_dir": tempfile.mkdtemp()})
+        daemon = Daemon(cfg, load_rules(cfg))
+        durations, ranks = [], 0
+        for _ in range(ticks):
+            view = daemon.tick()
+            durations.append(view.tick_duration_s)
+            ranks = sum(len(j.judgement.ranks) for j in view.jobs)
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    return (f"tick with 256 live rank records ({ranks} ranks judged): median "
+            f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
+            f"over {ticks} ticks (target <= 100 ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as hb_dir, tempfile.TemporaryDirectory() as state:
+        env = dict(os.environ, DDPWATCH_DIR=hb_dir, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+        runs = {
+            "overhead": lambda: overhead(env, hb_dir, state, 1 if args.quick else 3,
+                                         20 if args.quick else 60),
+            "stall": lambda: time_to_culprit(env, hb_dir, state),
+            "cost": lambda: cost_8_ranks(env, hb_dir, state, 10 if args.quick else 30),
+            "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20),
+        }
+        for name, run in runs.items():
+            if args.only in (None, name):
+                print(run(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""`ddpwatch run` against real 2-rank trainer jobs: incidents, /status, /metrics,
+signed webhooks, retries, SIGHUP, restarts."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import REPO, free_port, need, torchrun, wait_until
+
+SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5"  # base64 of a test-only key
+
+
+class Receiver:
+    """A local webhook receiver; `responses` are served in order, then 200s."""
+
+    def __init__(self, responses=()):
+        self.requests: list[tuple[dict, bytes, float]] = []
+        self.responses = list(responses)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append((dict(self.headers), body, time.monotonic()))
+                code, headers = (receiver.responses.pop(0) if receiver.responses else (200, {}))
+                self.send_response(code)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def bodies(self) -> list[dict]:
+        return [json.loads(b) for _, b, _ in self.requests]
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(responses=()):
+        r = Receiver(responses)
+        made.append(r)
+        return r
+    yield make
+    for r in made:
+        r.close()
+
+
+def get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+class DaemonRun:
+    def __init__(self, start_job, tmp_path, hb_dir, config: dict, name="daemon"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = tmp_path / f"{name}.yaml"
+        self.state_dir = str(tmp_path / "state")
+        self.write(config)
+        self.start_job, self.name = start_job, name
+        self.start()
+
+    def write(self, config: dict) -> None:
+        full = {"listen": f"127.0.0.1:{self.port}", "state_dir": self.state_dir,
+                "heartbeat_dir": "", **config}
+        self.config_path.write_text(json.dumps(full))  # JSON is YAML
+
+    def start(self):
+        self.job = self.start_job([sys.executable, "-m", "ddpwatch", "run", "--config",
+                                   str(self.config_path)], name=self.name)
+        wait_until(lambda: get(self.url + "/readyz")[0] == 200, 60, what="daemon ready")
+
+    def status(self, token=None) -> dict:
+        code, body = get(self.url + "/status", token)
+        assert code == 200, (code, body)
+        return json.loads(body)
+
+    def metrics(self) -> str:
+        return get(self.url + "/metrics")[1].decode()
+
+
+def trainer_job(start_job, *faults):
+    return start_job(torchrun(2, "-m", "trainer", "--steps=0", "--device-type=cpu",
+                              *[f"--fault={f}" for f in faults]), name="trainer")
+
+
+def rank_pid(status: dict, rank: int) -> int:
+    return next(r["pid"] for r in status["ranks"] if r["rank"] == rank)
+
+
+def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
+        start_job, tmp_path, hb_dir, receiver):
+    hook = receiver()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir,
+                       {"webhooks": [{"type": "generic", "url": hook.url, "secret": SECRET}],
+                        "resolve_after_s": 2})
+    trainer_job(start_job)
+    healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"] ==
+                                  "healthy" else None)(daemon.status()), 180, what="healthy job")
+    victim_pid = rank_pid(healthy, 1)
+    os.kill(victim_pid, signal.SIGSTOP)
+    stalled = wait_until(lambda: (lambda s: s if s["job"]["culprits"] == [1] else None)(
+        daemon.status()), 60, what="culprit in /status")
+    assert stalled["job"]["verdict"] == "stopped"
+    incident = next(i for i in stalled["incidents"] if i["state"] != "resolved")
+    assert incident["culprits"] == [1] and os.path.isdir(incident["bundle"])
+    bundle = json.load(open(os.path.join(incident["bundle"], "report.json")))
+    assert bundle["job"]["culprits"] == [1]
+    metrics = daemon.metrics()
+    assert 'ddpwatch_job_culprit{' in metrics and 'rank="1"' in metrics
+    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"], 30,
+                        what="firing webhook")
+    assert firing[0]["culprits"] == [1] and firing[0]["verdict"] == "stopped"
+    from ddpwatch.alerts.generic import verify_hub, verify_standard
+    headers, body, _ = hook.requests[0]
+    assert verify_standard(SECRET, headers, body) and verify_hub(SECRET, headers, body)
+    assert not verify_standard(SECRET + "x", headers, body)
+    os.kill(victim_pid, signal.SIGCONT)
+    wait_until(lambda: [b for b in hook.bodies() if b["status"] == "resolved"], 90,
+               what="resolved webhook")
+    assert daemon.status()["job"]["verdict"] in ("healthy", "warming_up")
+
+
+def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(
+        start_job, tmp_path, hb_dir, receiver):
+    hook = receiver([(500, {}), (429, {"Retry-After": "1"}), (503, {})])
+    daemon = DaemonRun(start_job, tmp_path, hb_dir,
+                       {"webhooks": [{"type": "generic", "url": hook.url}]})
+    trainer_job(start_job, "hang:rank=1:step=10")
+    wait_until(lambda: daemon.status()["job"]["culprits"] == [1], 180, what="culprit")
+    ticks_before = daemon.status()["tick"]
+    started = time.monotonic()
+    delivered = wait_until(lambda: len(hook.requests) >= 4, 60, what="4 delivery attempts")
+    assert delivered
+    times = [t for _, _, t in hook.requests]
+    assert times[2] - times[1] >= 0.9  # Retry-After: 1 was honoured
+    elapsed = time.monotonic() - started
+    ticks = daemon.status()["tick"] - ticks_before
+    assert ticks >= elapsed * 0.5, (ticks, elapsed)  # the loop never waited on the receiver
+
+
+def test_bad_config_on_sighup_keeps_the_running_one(start_job, tmp_path, hb_dir):
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
+    daemon.config_path.write_text("tick_s: 0.5\nbogus_key: 1\n")
+    daemon.job.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "reload refused" in daemon.job.output(), 30, what="reload refused in log")
+    assert "bogus_key" in daemon.job.output() and f"{daemon.config_path}:2" in daemon.job.output()
+    assert get(daemon.url + "/readyz")[0] == 200 and get(daemon.url + "/status")[0] == 200
+    daemon.write({"tick_s": 0.5, "token": "s3cret"})
+    daemon.job.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: get(daemon.url + "/status")[0] == 401, 30, what="token in force")
+    assert daemon.status(token="s3cret")["node"]
+
+
+def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
+    trainer_job(start_job)
+    first = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(daemon.status()),
+                       180, what="2 ranks")
+    daemon.job.proc.kill()
+    daemon.job.proc.wait(30)
+    daemon.start()
+    again = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(daemon.status()),
+                       60, what="2 ranks after restart")
+    assert {r["pid"] for r in again["ranks"]} == {r["pid"] for r in first["ranks"]}
+    steps = {r["pid"]: r["signals"].get("hb_step") for r in again["ranks"]}
+    assert all(s is not None for s in steps.values())  # read back from the records
+
+
+def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
+    need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) missing")
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
+    trainer_job(start_job)
+    wait_until(lambda: len(daemon.status()["ranks"]) == 2, 180, what="2 ranks")
+    text = daemon.metrics()
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for name in ("ddpwatch_up", "ddpwatch_rank_state", "ddpwatch_rank_step",
+                 "ddpwatch_rank_heartbeat_age_seconds", "ddpwatch_probe_success",
+                 "ddpwatch_tick_duration_seconds"):
+        assert name in text
+
+
+@pytest.mark.parametrize("content, message", [
+    ("tick_s: 1\nnot_a_key: 2\n", ":2: unknown key 'not_a_key'"),
+    ("listen: 0.0.0.0:19999\n", "not loopback: set a token"),
+    ("tick_s: fast\n", "tick_s"),
+])
+def test_bad_config_exits_78_naming_file_and_line(tmp_path, content, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(content)
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "run", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 78, out.stderr
+    assert str(path) in out.stderr and message in out.stderr
+    assert "Traceback" not in out.stderr
