@@ -1,11 +1,12 @@
 """The demo: the bundled trainer on 2 CPU ranks with a fault injected, watched by ddpwatch.
 
-1. starts `torchrun --nproc_per_node=2 -m trainer` with rank 1 set to hang outside
+1. starts the daemon, `ddpwatch run`, on a free port;
+2. starts `torchrun --nproc_per_node=2 -m trainer` with rank 1 set to hang outside
    any collective at step 15 (it sleeps, as a rank stuck in I/O or a lock would);
-2. shows the ranks' live progress from their heartbeats (`ddpwatch ranks`);
-3. once a rank has sat in a collective for a few seconds, runs `ddpwatch diagnose`,
-   which names the culprit with evidence and a remedy;
-4. stops the job. Exit status 0 when the culprit named is rank 1.
+3. shows the ranks' live progress from their heartbeats (`ddpwatch ranks`) until
+   the daemon's /status names a culprit, then prints `ddpwatch status` and the
+   one-shot `ddpwatch diagnose` report with evidence and remedy;
+4. stops the job and the daemon. Exit status 0 when the culprit named is rank 1.
 
     python scripts/demo.py [--fault SPEC] [--expect-culprit N]
 """
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +46,17 @@ def main() -> int:
     hb_dir = tempfile.mkdtemp(prefix="ddpwatch-demo-")
     env = dict(os.environ, DDPWATCH_DIR=hb_dir, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     log = open(os.path.join(hb_dir, "trainer.log"), "w")
+    daemon_log = open(os.path.join(hb_dir, "daemon.log"), "w")
+    port = free_port()
+    config = os.path.join(hb_dir, "config.yaml")
+    with open(config, "w") as f:
+        json.dump({"listen": f"127.0.0.1:{port}", "state_dir": os.path.join(hb_dir, "state")}, f)
+    print(f"$ ddpwatch run --listen 127.0.0.1:{port}   (log: {daemon_log.name})")
+    daemon = subprocess.Popen([sys.executable, "-m", "ddpwatch", "run", "--config", config],
+                              env=env, cwd=REPO, stdout=daemon_log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    env["DDPWATCH_URL"] = f"http://127.0.0.1:{port}"
+    env["DDPWATCH_LOG"] = daemon_log.name
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "trainer",
            "--steps=0", "--device-type=cpu", f"--fault={args.fault}"]
@@ -51,44 +64,59 @@ def main() -> int:
     job = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
     try:
-        return watch(job, env, args)
+        return watch(job, daemon, env, args)
     finally:
-        job.send_signal(signal.SIGTERM)  # torchrun tears its workers down on SIGTERM
-        try:
-            job.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
+        for proc in (job, daemon):  # torchrun tears its workers down on SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        daemon_log.close()
 
 
-def watch(job, env, args) -> int:
+def daemon_status(env) -> dict | None:
+    try:
+        with urllib.request.urlopen(env["DDPWATCH_URL"] + "/status", timeout=5) as r:
+            return json.load(r)
+    except OSError:
+        return None
+
+
+def watch(job, daemon, env, args) -> int:
     deadline = time.monotonic() + args.timeout
-    stalled_since = None
+    stall_seen = None
     while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            print(f"the daemon exited ({daemon.returncode}); its log: {env['DDPWATCH_LOG']}")
+            return 1
         if job.poll() is not None:
-            print(f"the job ended (exit {job.returncode}) before a stall was seen")
+            print(f"the job ended (exit {job.returncode}) before the daemon named a culprit")
             return 1
         out = ddpwatch("ranks", "--json", env=env)
         ranks = json.loads(out.stdout)["ranks"] if out.returncode == 0 else []
         if ranks:
             print("  ".join(f"rank {r['rank']}: step {r['step']:>3} seq {r['collective_seq']:>4} "
                             f"{r['op']:<22} {r['in_collective_s']:5.1f}s in op" for r in ranks))
-        stuck = max((r["in_collective_s"] for r in ranks), default=0.0)
-        if stuck > 3.0:
-            stalled_since = stalled_since or time.monotonic()
+        if stall_seen is None and max((r["in_collective_s"] for r in ranks), default=0) > 0.5:
+            stall_seen = time.monotonic()
+        status = daemon_status(env)
+        if status and status["job"]["culprits"]:
             break
         time.sleep(1.0)
     else:
-        print("no stall seen before the time-out")
+        print("the daemon named no culprit before the time-out")
         return 1
-    print("\nA rank has waited in a collective for over 3 s. Gloo would wait 30 minutes;")
-    print(f"ddpwatch names the culprit now:\n\n$ ddpwatch diagnose {job.pid}")
-    started = time.monotonic()
+    waited = f"{time.monotonic() - stall_seen:.0f} s after the stall" if stall_seen else "now"
+    print(f"\nGloo would wait 30 minutes; the daemon named the culprit {waited}:\n")
+    print(f"$ ddpwatch status --url {env['DDPWATCH_URL']}")
+    table = ddpwatch("status", "--url", env["DDPWATCH_URL"], env=env)
+    print(table.stdout + table.stderr)
+    print(f"$ ddpwatch diagnose {job.pid}")
     report = ddpwatch("diagnose", str(job.pid), env=env)
     print(report.stdout + report.stderr)
-    as_json = ddpwatch("diagnose", "--json", str(job.pid), env=env)
-    culprits = json.loads(as_json.stdout)["job"]["culprits"] if as_json.stdout else []
-    print(f"(diagnose took {time.monotonic() - started:.1f}s; culprits: {culprits})")
+    culprits = status["job"]["culprits"]
     return 0 if culprits == [args.expect_culprit] else 1
 
 
