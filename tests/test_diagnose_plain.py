@@ -123,3 +123,12 @@ def test_orphan_rank_holding_the_master_port(start_job):
     report = until_verdict(pid, {0: ("rendezvous_wait", "none")})
     findings = {f["id"]: f for f in report["ranks"][0]["findings"]}
     assert "orphan" in findings and "True" in findings["orphan"]["evidence"]
+
+
+def test_a_bf16_flag_with_no_effect_is_no_finding(start_job):
+    # The script parses --dtype and never uses it: nothing computes in bf16, and
+    # a flag alone is no evidence (heartbeat dtype or bf16 kernels would be).
+    job = start_job(torchrun(2, PLAIN, "--dtype=bfloat16"))
+    r0, r1 = rank_pids(job, 2)
+    report = until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
+    assert all(not r["findings"] for r in report["ranks"])
