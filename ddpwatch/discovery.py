@@ -94,8 +94,13 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         if kind == "spawn" and looks_like_rank(launcher, record_pids):
             ranks.append(launcher)
     rank_pids = tuple(sorted({p.pid for p in ranks}))
-    run_id = next((p.env.get("TORCHELASTIC_RUN_ID", "") for p in ranks
-                   if p.env.get("TORCHELASTIC_RUN_ID")), "")
+    run_id = next((p.env["TORCHELASTIC_RUN_ID"] for p in ranks
+                   if p.env.get("TORCHELASTIC_RUN_ID", "none") != "none"), "")
+    if not run_id:
+        # The same on every node of a job, so the cluster view can join nodes'
+        # series (torchrun's default run id is "none").
+        run_id = next((f"{p.env['MASTER_ADDR']}:{p.env['MASTER_PORT']}" for p in ranks
+                       if p.env.get("MASTER_ADDR") and p.env.get("MASTER_PORT")), "")
     return Job(target_pid=target, launcher_pid=launcher.pid if launcher else -1,
                launcher_kind=kind, rank_pids=rank_pids, run_id=run_id)
 

@@ -10,6 +10,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from . import __version__, report
 from .codec import to_json
 
@@ -59,7 +61,7 @@ class Server:
         path = req.path.split("?", 1)[0]
         view = self.get_view()
         if path == "/metrics":
-            self._send(req, 200, self.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
+            self._send(req, 200, self.render_metrics(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             self._send(req, 200, b"ok\n", "text/plain")
         elif path == "/readyz":

@@ -1,0 +1,314 @@
+"""/metrics over a DaemonView built in code with a fixed NOW (no daemon, no processes).
+
+Golden file: tests/fixtures/metrics/golden.prom is what operators see for
+`golden_view()`. After an intended change, regenerate it and review the diff:
+
+    DDPWATCH_UPDATE_GOLDEN=1 python -m pytest tests/test_metrics.py -k golden
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from conftest import REPO, need
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddpwatch.classify import Finding, JobVerdict, Judgement, RankVerdict
+from ddpwatch.exporters.metrics import JOB, arrival_lateness, make_registry, render
+from ddpwatch.heartbeat import Record, RingEntry
+from ddpwatch.probes.heartbeats import HeartbeatObs
+from ddpwatch.probes.process import Processes, ProcessObs
+from ddpwatch.rules import FINDINGS, ROLES, VERDICTS
+from ddpwatch.snapshot import Job, ProbeStatus, Snapshot
+from ddpwatch.view import DaemonView, Incident, JobView
+
+GOLDEN = os.path.join(REPO, "tests", "fixtures", "metrics", "golden.prom")
+NOW = 1000.0          # monotonic seconds of the last snapshot
+WALL = 1_700_000_000.0
+STEP_S = 1.0          # the crafted jobs' step time
+LATE_S = 0.3          # how late the straggler enters each collective
+
+
+# ------------------------------------------------------------------ building views
+
+def ring(first_seq: int, last_seq: int, t0: float, late: float = 0.0,
+         op: str = "ddp_bucket_all_reduce") -> tuple[RingEntry, ...]:
+    """Completed collectives first..last, one per step, entered `late` s after t0+k."""
+    return tuple(RingEntry(seq, op, 4096, t0 + k * STEP_S + late, t0 + k * STEP_S + LATE_S + 0.05)
+                 for k, seq in enumerate(range(first_seq, last_seq + 1)))
+
+
+def record(pid: int, rank: int, **fields) -> Record:
+    base = dict(
+        pid=pid, rank=rank, local_rank=rank, world_size=2, uid=0, started_at=NOW - 100,
+        started_wall=WALL - 100, run_id="run-42", hostname="node-a", torch_version="2.13.0+cpu",
+        backend="gloo", device_type="cpu", compute_dtype="float32", data_fingerprint="fp-abc",
+        data_batches=100, data_shards=2, seq=2, step=40, collective_seq=400,
+        op="ddp_bucket_all_reduce", phase="outside", outstanding=0, bytes=4096,
+        entered_at=NOW - 0.5, updated_at=NOW - 0.2, step_started_at=NOW - 0.2,
+        collectives_completed=400, collective_seconds=12.0, steps_completed=40,
+        step_seconds=40.0, last_step_seconds=STEP_S, tokens=40 * 512, last_step_tokens=512,
+        bytes_total=400 * 4096, ring=ring(391, 400, NOW - 10.5))
+    base.update(fields)
+    return Record(**base)
+
+
+def verdict(pid: int, rank: int, verdict: str, role: str, findings=(), **signals) -> RankVerdict:
+    sig = {"pid": pid, "rank": rank, "alive": True, "device_type": "cpu",
+           "compute_dtype": "float32", **signals}
+    return RankVerdict(pid=pid, rank=rank, local_rank=rank, host="node-a", verdict=verdict,
+                       role=role, confidence=0.8, rule=verdict, evidence="e", remedy="r",
+                       findings=tuple(Finding(f, "warning", "e", "r") for f in findings),
+                       stack="", signals=sig)
+
+
+def snapshot(pids, records, alive, cpu, run_id="run-42", taken_at=NOW) -> Snapshot:
+    procs = tuple(ProcessObs(pid, state="R", cpu_seconds=c) for pid, c in zip(pids, cpu))
+    return Snapshot(version=1, taken_at=taken_at, wall_time=WALL + taken_at - NOW,
+                    job=Job(pids[0], -1, "none", tuple(pids), run_id),
+                    processes=Processes(taken_at, 5000.0, 100, procs), sockets=None,
+                    stacks=None, host=None,
+                    heartbeats=HeartbeatObs(tuple(records), tuple(alive), ()), probes=())
+
+
+def straggler_job(elapsed: float = 0.0, key: str = "run-42") -> JobView:
+    """Two local ranks; rank 1 enters every collective LATE_S after rank 0 (straggler,
+    culprit; oversubscribed), rank 0 waits on it. `elapsed` seconds of progress later."""
+    steps = int(elapsed / STEP_S)
+    last = 400 + steps
+    t0 = NOW - 10.5 + elapsed
+
+    def progress(rank, late):
+        return dict(step=40 + steps, collective_seq=last, collectives_completed=last,
+                    steps_completed=40 + steps, step_seconds=40.0 + elapsed,
+                    collective_seconds=(12.0 if rank == 0 else 3.0) + elapsed * (0.3 - late),
+                    tokens=(40 + steps) * 512, bytes_total=last * 4096,
+                    ring=ring(last - 9, last, t0, late), updated_at=NOW + elapsed - 0.2)
+    r0 = record(101, 0, **progress(0, 0.0))
+    r1 = record(102, 1, **dict(progress(1, LATE_S), collective_seq=last + 1, phase="inside",
+                               entered_at=NOW + elapsed - 0.05))
+    snap = snapshot((101, 102), (r0, r1), (True, True), (50.0 + elapsed, 90.0 + elapsed),
+                    run_id=key, taken_at=NOW + elapsed)
+    ranks = (verdict(101, 0, "waiting_on_peer", "victim"),
+             verdict(102, 1, "straggler", "culprit", findings=("oversubscribed",)))
+    return JobView(key, Judgement(JobVerdict("straggler", (1,), "rank 1 is the culprit"), ranks),
+                   snap)
+
+
+def dead_rank_job() -> JobView:
+    """Rank 0 alive and blocked; rank 1's process is gone, its record remains."""
+    r0 = record(300, 0, run_id="", phase="inside", entered_at=NOW - 30.0)
+    r1 = record(301, 1, run_id="", updated_at=NOW - 31.5, collective_seq=399,
+                collectives_completed=399, ring=ring(390, 399, NOW - 41.5))
+    snap = snapshot((300,), (r0, r1), (True, False), (20.0,), run_id="")
+    ranks = (verdict(300, 0, "blocked_in_collective", "victim"),
+             verdict(301, 1, "dead", "culprit", alive=False))
+    return JobView("pid300", Judgement(JobVerdict("dead", (1,), "rank 1 died"), ranks), snap)
+
+
+def daemon_view(jobs, tick: int = 7, incidents=(), opened=None) -> DaemonView:
+    probes = (ProbeStatus("heartbeats", True, 0.001), ProbeStatus("process", True, 0.004),
+              ProbeStatus("process", True, 0.003), ProbeStatus("sockets", False, 0.02, "ss: boom"))
+    return DaemonView(node="node-a", tick=tick, wall_time=WALL + tick, tick_duration_s=0.05,
+                      jobs=tuple(jobs), incidents=tuple(incidents), probes=probes,
+                      incidents_opened_total=dict(opened or {}), ready=True)
+
+
+def golden_view() -> DaemonView:
+    incidents = (Incident("i1", "pid300", "open", "dead", (1,), "rank 1 died", WALL, WALL,
+                          0.0, "/var/lib/ddpwatch/i1"),
+                 Incident("i0", "run-42", "resolved", "straggler", (1,), "s", WALL - 60,
+                          WALL - 30, WALL - 30, ""))
+    return daemon_view((straggler_job(), dead_rank_job()), incidents=incidents,
+                       opened={"dead": 1, "straggler": 2})
+
+
+# ------------------------------------------------------------------ reading /metrics
+
+def scrape(get_view) -> dict[str, list]:
+    """{family name: [Sample]} of one rendered scrape (counters keep their _total)."""
+    text = render(make_registry(get_view)).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def value(samples, name, **labels):
+    found = [s.value for s in samples.get(name, ()) if all(
+        s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_families_and_labels():
+    m = scrape(golden_view)
+    assert value(m, "ddpwatch_up") == 1 and value(m, "ddpwatch_ready") == 1
+    assert m["ddpwatch_build_info"][0].labels["version"]
+    info = value(m, "ddpwatch_rank_info", ddp_job="run-42", rank="1", local_rank="1",
+                 host="node-a", backend="gloo", device_type="cpu", compute_dtype="float32",
+                 torch_version="2.13.0+cpu", data_fingerprint="fp-abc")
+    assert info == 1
+    states = [s for s in m["ddpwatch_rank_state"] if s.labels == {**s.labels, JOB: "run-42",
+                                                                   "rank": "1"}]
+    assert [s.labels["verdict"] for s in states] == list(VERDICTS)
+    assert {s.labels["verdict"] for s in states if s.value == 1} == {"straggler"}
+    roles = {s.labels["role"]: s.value for s in m["ddpwatch_rank_role"]
+             if s.labels[JOB] == "run-42" and s.labels["rank"] == "0"}
+    assert roles == {r: float(r == "victim") for r in ROLES}
+    finds = {s.labels["finding"]: s.value for s in m["ddpwatch_rank_finding"]
+             if s.labels[JOB] == "run-42" and s.labels["rank"] == "1"}
+    assert finds == {f: float(f == "oversubscribed") for f in FINDINGS}
+    assert value(m, "ddpwatch_job_culprit", ddp_job="run-42", rank="1") == 1
+    assert len(m["ddpwatch_job_culprit"]) == 2  # run-42 rank 1, pid300 rank 1
+    assert value(m, "ddpwatch_job_state", ddp_job="pid300", verdict="dead") == 1
+    assert value(m, "ddpwatch_rank_cpu_seconds_total", ddp_job="run-42", rank="1") == 90.0
+    assert value(m, "ddpwatch_rank_step", ddp_job="run-42", rank="0") == 40
+    assert value(m, "ddpwatch_rank_collective_seq", ddp_job="run-42", rank="1") == 401
+    assert value(m, "ddpwatch_rank_heartbeat_age_seconds", ddp_job="run-42", rank="0") == 0.2
+    assert value(m, "ddpwatch_rank_in_collective_seconds", ddp_job="run-42", rank="1") == 0.05
+    assert value(m, "ddpwatch_rank_in_collective_seconds", ddp_job="run-42", rank="0") == 0
+    assert value(m, "ddpwatch_rank_tokens_total", ddp_job="run-42", rank="0") == 40 * 512
+    assert value(m, "ddpwatch_rank_collectives_total", ddp_job="run-42", rank="0") == 400
+    assert value(m, "ddpwatch_rank_collective_seconds_total", ddp_job="run-42", rank="0") == 12
+    assert value(m, "ddpwatch_rank_step_duration_seconds", ddp_job="run-42", rank="0") == STEP_S
+    assert value(m, "ddpwatch_rank_arrival_lateness_seconds", ddp_job="run-42", rank="1") == LATE_S
+    assert value(m, "ddpwatch_rank_arrival_lateness_seconds", ddp_job="run-42", rank="0") == 0
+    assert value(m, "ddpwatch_incidents_open", ddp_job="pid300") == 1
+    assert value(m, "ddpwatch_incidents_open", ddp_job="run-42") == 0
+    assert value(m, "ddpwatch_incidents_opened_total", verdict="straggler") == 2
+    assert value(m, "ddpwatch_incidents_opened_total", verdict="desync") == 0
+    assert value(m, "ddpwatch_probe_success", probe="sockets") == 0
+    assert value(m, "ddpwatch_probe_success", probe="process") == 1
+    assert value(m, "ddpwatch_probe_duration_seconds", probe="process") == 0.007
+    assert value(m, "ddpwatch_ticks_total") == 7
+    assert value(m, "ddpwatch_tick_duration_seconds") == 0.05
+    assert value(m, "ddpwatch_collect_errors") == 0
+    # Bounded labels only: no pid, no peer, and never Prometheus's own `job`.
+    allowed = {JOB, "rank", "local_rank", "host", "backend", "device_type", "compute_dtype",
+               "torch_version", "data_fingerprint", "verdict", "role", "finding", "probe",
+               "version"}
+    assert {k for samples in m.values() for s in samples for k in s.labels} <= allowed
+
+
+def test_dead_rank_still_appears_while_the_view_has_it():
+    m = scrape(lambda: daemon_view([dead_rank_job()]))
+    assert value(m, "ddpwatch_rank_alive", ddp_job="pid300", rank="1") == 0
+    assert value(m, "ddpwatch_rank_state", ddp_job="pid300", rank="1", verdict="dead") == 1
+    assert value(m, "ddpwatch_rank_heartbeat_age_seconds", ddp_job="pid300", rank="1") == 31.5
+    assert value(m, "ddpwatch_rank_in_collective_seconds", ddp_job="pid300", rank="1") == 0
+    assert value(m, "ddpwatch_rank_in_collective_seconds", ddp_job="pid300", rank="0") == 30
+    # No /proc for the dead rank: no CPU series rather than a 0. One live rank: no lateness.
+    assert [s.labels["rank"] for s in m["ddpwatch_rank_cpu_seconds_total"]] == ["0"]
+    assert "ddpwatch_rank_arrival_lateness_seconds" not in m
+
+
+def test_vanished_ranks_and_jobs_vanish_between_scrapes():
+    full = straggler_job()
+    one_rank = JobView(full.key, Judgement(full.judgement.job, full.judgement.ranks[:1]),
+                       full.last)
+    current = {"view": daemon_view([full, dead_rank_job()])}
+    registry = make_registry(lambda: current["view"])
+
+    def series():
+        return {(s.name, tuple(sorted(s.labels.items())))
+                for fam in text_string_to_metric_families(render(registry).decode())
+                for s in fam.samples}
+
+    first = series()
+    assert any(dict(lbl).get("rank") == "1" and dict(lbl).get(JOB) == "run-42"
+               for _, lbl in first)
+    current["view"] = daemon_view([one_rank])
+    second = series()
+    assert not any(dict(lbl).get(JOB) == "run-42" and dict(lbl).get("rank") == "1"
+                   and name != "ddpwatch_job_culprit" for name, lbl in second)
+    assert not any(dict(lbl).get(JOB) == "pid300" for _, lbl in second)
+    assert any(dict(lbl).get(JOB) == "run-42" and dict(lbl).get("rank") == "0"
+               for _, lbl in second)
+
+
+def test_no_view_yet_and_broken_jobs_never_break_the_scrape():
+    m = scrape(lambda: None)
+    assert value(m, "ddpwatch_up") == 1 and value(m, "ddpwatch_ready") == 0
+    assert "ddpwatch_rank_state" not in m
+
+    def boom():
+        raise RuntimeError("getter broke")
+    m = scrape(boom)
+    assert value(m, "ddpwatch_ready") == 0 and value(m, "ddpwatch_collect_errors") == 1
+    broken = JobView("broken", None, straggler_job().last)  # judgement missing
+    m = scrape(lambda: daemon_view([broken, dead_rank_job()]))
+    assert value(m, "ddpwatch_collect_errors") == 1
+    assert {s.labels[JOB] for s in m["ddpwatch_rank_state"]} == {"pid300"}
+
+
+def test_unidentified_ranks_do_not_make_duplicate_series():
+    job = straggler_job()
+    ranks = tuple(RankVerdict(**{**v.__dict__, "rank": -1}) for v in job.judgement.ranks)
+    job = JobView(job.key, Judgement(JobVerdict("unknown", (), ""), ranks), job.last)
+    m = scrape(lambda: daemon_view([job]))
+    assert value(m, "ddpwatch_rank_alive", ddp_job="run-42", rank="-1") == 1
+    assert "ddpwatch_rank_arrival_lateness_seconds" not in m
+
+
+def test_a_restarted_rank_speaks_for_its_rank_not_its_dead_predecessor():
+    job = straggler_job()
+    old = verdict(90, 1, "dead", "culprit", alive=False)  # lower pid, record gone: no series
+    ranks = (job.judgement.ranks[0], old, job.judgement.ranks[1])
+    job = JobView(job.key, Judgement(job.judgement.job, ranks), job.last)
+    m = scrape(lambda: daemon_view([job]))
+    assert value(m, "ddpwatch_rank_alive", ddp_job="run-42", rank="1") == 1
+    assert value(m, "ddpwatch_rank_state", ddp_job="run-42", rank="1", verdict="straggler") == 1
+
+
+# ------------------------------------------------------------------ arrival lateness
+
+def test_arrival_lateness_names_the_last_to_arrive():
+    early = record(1, 0, ring=ring(10, 20, 100.0))
+    late = record(2, 1, ring=ring(12, 20, 100.0 + 2 * STEP_S, late=0.4))
+    also = record(3, 2, ring=ring(15, 21, 100.0 + 5 * STEP_S, late=0.1))
+    got = arrival_lateness([early, late, also])
+    assert got == {0: 0.0, 1: 0.4, 2: 0.1}   # matched at seq 20, the newest all completed
+
+
+def test_arrival_lateness_skips_desync_and_needs_two_ranks():
+    a = record(1, 0, ring=ring(10, 20, 100.0))
+    b_ring = ring(10, 19, 100.0, late=0.2) + (RingEntry(20, "broadcast", 8, 110.5, 110.6),)
+    b = record(2, 1, ring=b_ring)
+    assert arrival_lateness([a, b]) == {0: 0.0, 1: 0.2}        # seq 20 differs: use seq 19
+    assert arrival_lateness([a]) == {}
+    assert arrival_lateness([a, record(2, 1, ring=ring(30, 40, 0.0))]) == {}  # nothing common
+    open_slot = record(2, 1, ring=ring(10, 19, 100.0) + (RingEntry(20, "ddp_bucket_all_reduce",
+                                                                   8, 110.0, 0.0),))
+    assert arrival_lateness([a, open_slot]) == {0: 0.0, 1: 0.0}  # seq 20 not completed by 1
+
+
+# ------------------------------------------------------------------ golden + promtool
+
+def test_golden_metrics():
+    text = render(make_registry(golden_view)).decode()
+    if os.environ.get("DDPWATCH_UPDATE_GOLDEN") == "1":
+        os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+        with open(GOLDEN, "w") as f:
+            f.write(text)
+    with open(GOLDEN) as f:
+        assert text == f.read(), ("/metrics changed; if intended, regenerate with "
+                                  "DDPWATCH_UPDATE_GOLDEN=1 and review the diff")
+
+
+@pytest.mark.parametrize("which", ["golden", "no_view"])
+def test_promtool_check_metrics(which):
+    promtool = shutil.which("promtool")
+    need(promtool is not None, "promtool is not installed (Debian: apt install prometheus)")
+    if which == "golden":
+        with open(GOLDEN, "rb") as f:
+            text = f.read()
+    else:
+        text = render(make_registry(lambda: None))
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), (
+        out.stdout.decode() + out.stderr.decode())
