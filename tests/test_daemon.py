@@ -33,7 +33,10 @@ class Receiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.requests.append((dict(self.headers), body, time.monotonic()))
-                code, headers = (receiver.responses.pop(0) if receiver.responses else (200, {}))
+                code, headers, *delay = (receiver.responses.pop(0) if receiver.responses
+                                         else (200, {}))
+                if delay:  # a receiver that hangs
+                    time.sleep(delay[0])
                 self.send_response(code)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -119,55 +122,73 @@ def rank_pid(status: dict, rank: int) -> int:
     return next(r["pid"] for r in status["ranks"] if r["rank"] == rank)
 
 
+def ours(status: dict, trainer) -> dict:
+    """This test's job in /status (the daemon sees every job on the node)."""
+    pids = {p.pid for p in trainer.processes()}
+    for job in status["jobs"]:
+        if job["job"]["launcher_pid"] in pids or {r["pid"] for r in job["ranks"]} & pids:
+            return job
+    return {"job": {"verdict": "none", "culprits": []}, "ranks": []}
+
+
+def our_status(daemon, trainer) -> dict:
+    return ours(daemon.status(), trainer)
+
+
 def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
         start_job, tmp_path, hb_dir, receiver):
     hook = receiver()
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url, "secret": SECRET}],
                         "resolve_after_s": 2})
-    trainer_job(start_job)
+    trainer = trainer_job(start_job)
     healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"] ==
-                                  "healthy" else None)(daemon.status()), 180, what="healthy job")
+                                  "healthy" else None)(our_status(daemon, trainer)), 180,
+                         what="healthy job")
     victim_pid = rank_pid(healthy, 1)
     os.kill(victim_pid, signal.SIGSTOP)
     stalled = wait_until(lambda: (lambda s: s if s["job"]["culprits"] == [1] else None)(
-        daemon.status()), 60, what="culprit in /status")
+        our_status(daemon, trainer)), 60, what="culprit in /status")
     assert stalled["job"]["verdict"] == "stopped"
-    incident = next(i for i in stalled["incidents"] if i["state"] != "resolved")
+    incident = next(i for i in daemon.status()["incidents"]
+                    if i["state"] != "resolved" and i["job"] == stalled["key"])
     assert incident["culprits"] == [1] and os.path.isdir(incident["bundle"])
     bundle = json.load(open(os.path.join(incident["bundle"], "report.json")))
     assert bundle["job"]["culprits"] == [1]
     metrics = daemon.metrics()
     assert 'ddpwatch_job_culprit{' in metrics and 'rank="1"' in metrics
-    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"], 30,
-                        what="firing webhook")
+    key = stalled["key"]
+    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
+                                 and b["job"] == key], 30, what="firing webhook")
     assert firing[0]["culprits"] == [1] and firing[0]["verdict"] == "stopped"
     from ddpwatch.alerts.generic import verify_hub, verify_standard
-    headers, body, _ = hook.requests[0]
+    headers, body, _ = next(r for r in hook.requests if json.loads(r[1])["job"] == key)
     assert verify_standard(SECRET, headers, body) and verify_hub(SECRET, headers, body)
     assert not verify_standard(SECRET + "x", headers, body)
     os.kill(victim_pid, signal.SIGCONT)
-    wait_until(lambda: [b for b in hook.bodies() if b["status"] == "resolved"], 90,
-               what="resolved webhook")
-    assert daemon.status()["job"]["verdict"] in ("healthy", "warming_up")
+    wait_until(lambda: [b for b in hook.bodies() if b["status"] == "resolved"
+                        and b["job"] == key], 90, what="resolved webhook")
+    assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up")
 
 
 def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(
         start_job, tmp_path, hb_dir, receiver):
-    hook = receiver([(500, {}), (429, {"Retry-After": "1"}), (503, {})])
+    # hangs past the 1 s timeout, then 500, then 429 with Retry-After, then 200
+    hook = receiver([(200, {}, 6.0), (500, {}), (429, {"Retry-After": "1"}), (200, {})])
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
-                       {"webhooks": [{"type": "generic", "url": hook.url}]})
-    trainer_job(start_job, "hang:rank=1:step=10")
-    wait_until(lambda: daemon.status()["job"]["culprits"] == [1], 180, what="culprit")
-    ticks_before = daemon.status()["tick"]
-    started = time.monotonic()
-    delivered = wait_until(lambda: len(hook.requests) >= 4, 60, what="4 delivery attempts")
-    assert delivered
+                       {"webhooks": [{"type": "generic", "url": hook.url, "timeout_s": 1}]})
+    trainer = trainer_job(start_job, "hang:rank=1:step=10")
+    wait_until(lambda: our_status(daemon, trainer)["job"]["culprits"] == [1], 180, what="culprit")
+    wait_until(lambda: hook.requests, 30, what="first delivery attempt")
+    ticks_before, started = daemon.status()["tick"], time.monotonic()
+    wait_until(lambda: len(hook.requests) >= 4, 60, what="4 delivery attempts")
     times = [t for _, _, t in hook.requests]
-    assert times[2] - times[1] >= 0.9  # Retry-After: 1 was honoured
+    assert times[3] - times[2] >= 0.9  # Retry-After: 1 was honoured
+    assert len({json.loads(b)["incident_id"] for _, b, _ in hook.requests}) == 1  # one message
+    # while the receiver hung and failed, the loop kept ticking (1 s tick)
     elapsed = time.monotonic() - started
     ticks = daemon.status()["tick"] - ticks_before
-    assert ticks >= elapsed * 0.5, (ticks, elapsed)  # the loop never waited on the receiver
+    assert elapsed > 1.5 and ticks >= elapsed / 3, (ticks, elapsed)
 
 
 def test_bad_config_on_sighup_keeps_the_running_one(start_job, tmp_path, hb_dir):
@@ -185,14 +206,14 @@ def test_bad_config_on_sighup_keeps_the_running_one(start_job, tmp_path, hb_dir)
 
 def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
-    trainer_job(start_job)
-    first = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(daemon.status()),
-                       180, what="2 ranks")
+    trainer = trainer_job(start_job)
+    first = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(
+        our_status(daemon, trainer)), 180, what="2 ranks")
     daemon.job.proc.kill()
     daemon.job.proc.wait(30)
     daemon.start()
-    again = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(daemon.status()),
-                       60, what="2 ranks after restart")
+    again = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(
+        our_status(daemon, trainer)), 60, what="2 ranks after restart")
     assert {r["pid"] for r in again["ranks"]} == {r["pid"] for r in first["ranks"]}
     steps = {r["pid"]: r["signals"].get("hb_step") for r in again["ranks"]}
     assert all(s is not None for s in steps.values())  # read back from the records
@@ -201,8 +222,8 @@ def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
 def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) missing")
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
-    trainer_job(start_job)
-    wait_until(lambda: len(daemon.status()["ranks"]) == 2, 180, what="2 ranks")
+    trainer = trainer_job(start_job)
+    wait_until(lambda: len(our_status(daemon, trainer)["ranks"]) == 2, 180, what="2 ranks")
     text = daemon.metrics()
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                            text=True, timeout=60)
