@@ -215,6 +215,11 @@ def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
     again = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(
         our_status(daemon, trainer)), 60, what="2 ranks after restart")
     assert {r["pid"] for r in again["ranks"]} == {r["pid"] for r in first["ranks"]}
+    table = subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", daemon.url],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=REPO))
+    assert table.returncode == 0 and again["key"] in table.stdout
+    assert all(str(r["pid"]) in table.stdout for r in again["ranks"])
     steps = {r["pid"]: r["signals"].get("hb_step") for r in again["ranks"]}
     assert all(s is not None for s in steps.values())  # read back from the records
 
@@ -248,3 +253,20 @@ def test_bad_config_exits_78_naming_file_and_line(tmp_path, content, message):
     assert out.returncode == 78, out.stderr
     assert str(path) in out.stderr and message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_status_command_without_a_daemon_says_so():
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url",
+                          f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 69 and "no daemon answers" in out.stderr
+
+
+def test_http_endpoints_and_token(start_job, tmp_path, hb_dir):
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"token": "t0ken"})
+    assert get(daemon.url + "/healthz")[0] == 200
+    assert get(daemon.url + "/nope")[0] == 404
+    assert get(daemon.url + "/status")[0] == 401
+    assert get(daemon.url + "/status", "wrong")[0] == 401
+    assert daemon.status(token="t0ken")["tick"] >= 1
+    assert b"ddpwatch_up 1.0" in get(daemon.url + "/metrics")[1]
