@@ -128,7 +128,12 @@ def measure(history: tuple[Snapshot, ...]) -> list[dict]:
         idle = s.get("cpu_ratio") is not None and s["cpu_ratio"] < IDLE_CPU
         s["blocked"] = bool(s["in_collective"] and idle and (stalled_hb or (
             not s.get("hb") and stack_waits)))
-        s["warming_up"] = bool(s.get("stack") == "compile" or (
+        # torch/_dynamo and torch/_inductor frames are on the stack of every step of
+        # a compiled model, not only while it compiles: a rank whose heartbeat
+        # advances past the first steps runs compiled code, it is not warming up.
+        compiling = s.get("stack") == "compile" and not (
+            s.get("hb_advanced") and s.get("hb_step", 0) >= WARMUP_STEPS)
+        s["warming_up"] = bool(compiling or (
             s.get("hb") and s.get("hb_step", 0) < WARMUP_STEPS and not stalled_hb
             and s.get("hb_phase") != "rendezvous"))
         s["device_type"] = rec.device_type if rec is not None else None

@@ -78,9 +78,9 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         launcher, kind = me, "torchrun"
     elif parent is not None and is_launcher(parent.cmdline):
         launcher, kind = parent, "torchrun"
-    elif any(looks_like_rank(c, record_pids) for c in _children(table, me.pid)):
+    elif me.pid != 1 and any(looks_like_rank(c, record_pids) for c in _children(table, me.pid)):
         launcher, kind = me, "spawn"  # e.g. mp.spawn's parent, itself often rank 0
-    elif (parent is not None and looks_like_rank(me, record_pids)
+    elif (parent is not None and parent.pid != 1 and looks_like_rank(me, record_pids)
           and sum(looks_like_rank(c, record_pids) for c in _children(table, parent.pid)) > 1):
         launcher, kind = parent, "spawn"
     else:

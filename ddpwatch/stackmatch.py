@@ -13,7 +13,18 @@ COLLECTIVE_FUNCS = frozenset((
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "monitored_barrier", "send", "recv", "batch_isend_irecv",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "all_reduce_coalesced", "all_gather_coalesced", "wait"))
+    "all_reduce_coalesced", "all_gather_coalesced", "wait", "all_gather_single",
+    "reduce_scatter_single",
+    # DDP's constructor synchronises with its peers (shapes, then parameters)
+    "_verify_param_shape_across_processes", "_sync_module_states", "_sync_params_and_buffers"))
+# Files whose frames appear only while torch.compile compiles; a compiled model's
+# every step runs under torch/_dynamo/eval_frame.py and inductor's output code,
+# so "any _dynamo/_inductor frame" would call a steady compiled job warming up.
+COMPILE_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py",
+                 "torch/_inductor/compile_fx.py", "torch/_inductor/codecache.py",
+                 "torch/_inductor/async_compile.py", "torch/_inductor/graph.py",
+                 "torch/_inductor/scheduler.py", "torch/_inductor/lowering.py",
+                 "torch/_functorch/aot_autograd.py", "torch/_dynamo/output_graph.py")
 RENDEZVOUS_FILES = ("rendezvous.py", "dynamic_rendezvous.py", "c10d_rendezvous_backend.py")
 RENDEZVOUS_FUNCS = ("init_process_group", "_create_c10d_store", "_store_based_barrier",
                     "TCPStore", "_rendezvous", "next_rendezvous")
@@ -38,7 +49,7 @@ def classify_stack(dump) -> str:
     frames = thread.frames
     files = [_file(f) for f in frames]
     names = [f.name for f in frames]
-    if any("torch/_dynamo/" in f or "torch/_inductor/" in f for f in files):
+    if any(f.endswith(COMPILE_FILES) for f in files):
         return "compile"
     if any(f.endswith(RENDEZVOUS_FILES) for f in files) or any(
             n.split(".")[-1] in RENDEZVOUS_FUNCS for n in names):
@@ -48,7 +59,7 @@ def classify_stack(dump) -> str:
     python_frames = [(n, f) for n, f in zip(names, files) if f.endswith(".py")]
     if python_frames:
         name, file = python_frames[0]
-        if file.endswith("distributed_c10d.py") and name.split(".")[-1] in COLLECTIVE_FUNCS:
+        if "torch/distributed/" in file and name.split(".")[-1] in COLLECTIVE_FUNCS:
             return "collective"
         if file.endswith("ddpwatch/instrumentation.py"):
             return "collective"

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 from . import layout
 from .paths import default_dir
 
-READ_RETRIES = 200  # a writer holds the odd seq for well under a microsecond
+READ_RETRIES = 200  # a writer holds the odd seq for well under a microsecond...
+BUSY_PATIENCE_S = 0.02  # ...unless it is switched out mid-write on a busy machine
 
 
 @dataclass(frozen=True)
@@ -30,16 +32,24 @@ def read_consistent(mem) -> bytes | None:
     copy would prove nothing. Returns None if the writer kept it busy throughout.
     """
     seq = layout.SEQ.unpack_from
-    for attempt in range(READ_RETRIES):
+    give_up = None
+    attempt = 0
+    while True:
         (before,) = seq(mem, layout.SEQ_OFFSET)
         if before and not before & 1:
             data = mem[:layout.RECORD_SIZE]
             (after,) = seq(mem, layout.SEQ_OFFSET)
             if after == before:
                 return data
+        attempt += 1
         if attempt > 20:
             os.sched_yield()  # let a writer on this core finish its publish
-    return None
+        if attempt >= READ_RETRIES:
+            now = time.monotonic()
+            give_up = give_up or now + BUSY_PATIENCE_S
+            if now >= give_up:
+                return None
+            time.sleep(0.001)
 
 
 def read_file(path: str) -> layout.Record | Skipped:

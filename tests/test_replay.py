@@ -1,0 +1,219 @@
+"""The classifier on saved histories of real jobs (tests/fixtures/snapshots, made by
+its capture.py): no processes, fully deterministic. Plus the strictness of rule
+files and of `diagnose --replay`."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from ddpwatch import classify
+from ddpwatch import rules as rules_mod
+from ddpwatch.errors import ConfigError
+from ddpwatch.snapshot import load
+
+SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
+DEFAULT_RULES = os.path.join(REPO, "rules", "default.yaml")
+
+H, N = "healthy", "none"
+OK = (H, N, "healthy-heartbeat")
+BLOCKED = ("blocked_in_collective", "victim", "blocked")
+DESYNC_PAIR = {0: ("desync", "victim", "desync"), 1: ("desync", "culprit", "desync-deviant")}
+
+# fixture -> ({rank: (verdict, role, deciding rule)}, job culprits, {rank: finding ids})
+EXPECTED = {
+    "trainer_healthy": ({0: OK, 1: OK}, [], {}),
+    "trainer_hang": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
+                     [1], {}),
+    "trainer_stop": ({0: BLOCKED, 1: ("stopped", "culprit", "stopped")}, [1], {}),
+    # exit: rank 1 left the loop and waits in barrier(), rank 0 in the bucket all-reduce
+    "trainer_exit": (DESYNC_PAIR, [1], {}),
+    "trainer_desync": (DESYNC_PAIR, [1], {}),
+    "trainer_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer"),
+                      1: ("straggler", "culprit", "straggler")}, [1], {}),
+    "trainer_busy_hang": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit",
+                                           "hung-outside-busy")}, [1], {}),
+    "trainer_bf16": ({0: OK, 1: OK}, [], {}),  # this CPU has avx512_bf16
+    "trainer_bf16_no_cpu_bf16": ({0: OK, 1: OK}, [], {0: {"bf16_on_cpu"}, 1: {"bf16_on_cpu"}}),
+    "trainer_data_mismatch": (DESYNC_PAIR, [1], {0: {"data_parity"}, 1: {"data_parity"}}),
+    "trainer_compiling": ({0: ("warming_up", N, "warming-up"), 1: ("warming_up", N, "warming-up")},
+                          [], {}),
+    "trainer_compiled": ({0: OK, 1: OK}, [], {}),
+    "trainer_oversubscribed": ({0: OK, 1: OK}, [], {0: {"oversubscribed"}, 1: {"oversubscribed"}}),
+    "trainer_orphan": ({0: OK, 1: OK}, [], {0: {"orphan"}, 1: {"orphan"}}),
+    # the starved rank's Gloo threads wait for a CPU too: rank 0 shows no 2x contrast
+    "trainer_starved": ({0: OK, 1: ("straggler", "culprit", "straggler-starved")}, [1], {}),
+    "dead_rank_loud": ({0: ("blocked_in_collective", "victim", "exiting-after-peer-death"),
+                        1: ("dead", "culprit", "dead")}, [1], {}),
+    "dead_rank_silent": ({0: ("blocked_in_collective", "victim", "blocked-on-dead-peer"),
+                          1: ("dead", "culprit", "dead")}, [1], {}),
+    "exited_early_silent": ({0: BLOCKED, 1: ("dead", "culprit", "exited-early")}, [1], {}),
+    "unreachable_peer": ({1: ("unreachable_peer", "culprit", "unreachable-peer")}, [1], {}),
+    "rendezvous_alone": ({0: ("rendezvous_wait", N, "rendezvous")}, [], {}),
+    "rendezvous_alone_no_stacks": ({0: ("rendezvous_wait", N, "rendezvous-heartbeat")}, [], {}),
+    "rendezvous_launcher": ({-1: ("rendezvous_wait", N, "rendezvous-launcher")}, [], {}),
+    "agent_exit_barrier": ({-1: (H, N, "agent")}, [], {}),
+    "plain_healthy": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
+    "plain_hang": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
+                   [1], {}),
+    "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
+                    1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def default_rules():
+    return rules_mod.load(DEFAULT_RULES)
+
+
+def fixture_path(name: str) -> str:
+    return os.path.join(SNAPSHOTS, f"{name}.json")
+
+
+def judged(name: str, rules) -> classify.Judgement:
+    return classify.judge(load(fixture_path(name)), rules)
+
+
+def test_every_fixture_has_an_expectation():
+    on_disk = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(SNAPSHOTS, "*.json"))}
+    assert on_disk == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_replay(name, default_rules):
+    ranks, culprits, findings = EXPECTED[name]
+    j = judged(name, default_rules)
+    got = {v.rank: (v.verdict, v.role, v.rule) for v in j.ranks}
+    assert got == ranks
+    assert list(j.job.culprits) == culprits
+    assert {v.rank: {f.id for f in v.findings} for v in j.ranks} == {
+        r: set(findings.get(r, ())) for r in ranks}
+    for v in j.ranks:  # evidence is rendered from measured facts, never a template
+        assert v.evidence and "{" not in v.evidence and v.remedy
+
+
+def test_bf16_follows_the_cpu_flags(default_rules):
+    """Same history, two CPUs: bf16 computed where avx512_bf16 exists is no finding;
+    the derived fixture differs only in the host's bf16 flags."""
+    with open(fixture_path("trainer_bf16")) as f:
+        real = json.load(f)
+    with open(fixture_path("trainer_bf16_no_cpu_bf16")) as f:
+        derived = json.load(f)
+    for snap in real["history"]:
+        assert {"avx512_bf16"} <= set(snap["host"]["cpu"]["flags"])
+        cpu = snap["host"]["cpu"]
+        cpu["flags"] = [x for x in cpu["flags"] if x not in ("avx512_bf16", "amx_bf16")]
+        cpu["bf16_native"] = False
+    assert real == derived
+    for name, finding in (("trainer_bf16", False), ("trainer_bf16_no_cpu_bf16", True)):
+        for v in judged(name, default_rules).ranks:
+            assert v.signals["compute_dtype"] == "bfloat16" and v.signals["device_type"] == "cpu"
+            assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+
+
+def test_compiled_code_on_the_stack_is_not_warm_up(default_rules):
+    """Regression: torch/_dynamo frames stay on the stack of every compiled step;
+    only frames of the compiler itself (stackmatch.COMPILE_FILES) mean compiling."""
+    j = judged("trainer_compiled", default_rules)
+    assert all(v.signals["hb_step"] >= 50 for v in j.ranks)
+    assert not any(v.signals["stack"] == "compile" for v in j.ranks)
+    assert not any(v.verdict == "warming_up" for v in j.ranks)
+
+
+def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
+    covered = set()
+    finding_rules = [r for r in default_rules if r.finding]
+    for name in EXPECTED:
+        history = load(fixture_path(name))
+        covered |= {v.rule for v in classify.judge(history, default_rules).ranks}
+        for s in classify.measure(history):
+            covered |= {r.id for r in finding_rules if r.matches(s)}
+    assert {r.id for r in default_rules} - covered == set()
+
+
+def test_replay_cli_matches_in_process_judgement():
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", "--replay",
+                          fixture_path("trainer_hang")], capture_output=True, text=True,
+                         timeout=60, check=False, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 1, out.stderr  # a problem was found
+    report = json.loads(out.stdout)
+    assert report["job"]["culprits"] == [1]
+    assert {r["rank"]: r["verdict"] for r in report["ranks"]} == {
+        0: "blocked_in_collective", 1: "hung_outside_collective"}
+
+
+def test_replay_of_a_healthy_fixture_exits_0():
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--replay",
+                          fixture_path("trainer_healthy")], capture_output=True, text=True,
+                         timeout=60, check=False, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("JOB: HEALTHY")
+
+
+# --- strictness --------------------------------------------------------------------
+GOOD_RULE = """\
+version: 1
+rules:
+  - id: my-rule
+    verdict: stopped
+    role: culprit
+    when: ["state == 'T'"]
+    evidence: "state {state}"
+"""
+
+
+def test_unknown_key_names_file_line_and_rule(tmp_path):
+    path = tmp_path / "extra.yaml"
+    path.write_text(GOOD_RULE + "    colour: red\n")
+    with pytest.raises(ConfigError) as err:
+        rules_mod.load(str(path))
+    msg = str(err.value)
+    assert f"{path}:8:" in msg and "'my-rule'" in msg and "'colour'" in msg
+
+
+def test_unknown_signal_is_an_error(tmp_path):
+    path = tmp_path / "extra.yaml"
+    path.write_text(GOOD_RULE.replace("state == 'T'", "gpu_temperature > 90"))
+    with pytest.raises(ConfigError) as err:
+        rules_mod.load(str(path))
+    msg = str(err.value)
+    assert f"{path}:3:" in msg and "'my-rule'" in msg and "'gpu_temperature'" in msg
+
+
+def test_good_rule_file_loads(tmp_path):
+    path = tmp_path / "extra.yaml"
+    path.write_text(GOOD_RULE)
+    (rule,) = rules_mod.load(str(path))
+    assert rule.id == "my-rule" and rule.source == f"{path}:3"
+
+
+def _ddpwatch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpwatch", *args], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_rules_check_exit_codes(tmp_path):
+    shipped = _ddpwatch("rules", "check")
+    assert shipped.returncode == 0, shipped.stderr
+    assert "default.yaml: ok" in shipped.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD_RULE + "    colour: red\n")
+    out = _ddpwatch("rules", "check", str(bad))
+    assert out.returncode == 78
+    assert f"{bad}:8:" in out.stderr and "'my-rule'" in out.stderr
+
+
+@pytest.mark.parametrize("content", ["not json at all {", '{"ddpwatch_snapshots": 99}',
+                                     '{"ddpwatch_snapshots": 1, "history": [{"version": 1}]}'])
+def test_replay_of_garbage_exits_2_naming_the_file(tmp_path, content):
+    path = tmp_path / "garbage.json"
+    path.write_text(content)
+    out = _ddpwatch("diagnose", "--replay", str(path))
+    assert out.returncode == 2
+    assert str(path) in out.stderr and "Traceback" not in out.stderr
