@@ -33,8 +33,12 @@ NATIVE_COLLECTIVE = ("c10d::Work::wait", "ProcessGroupGloo", "gloo::", "Reducer:
 
 
 def main_thread(dump):
+    """The main thread: its Linux tid is the pid (py-spy does not always know the
+    thread's Python name), else the one named MainThread, else the first."""
     threads = dump.threads
-    return next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+    return next((t for t in threads if t.os_thread_id == dump.pid),
+                next((t for t in threads if t.name == "MainThread"),
+                     threads[0] if threads else None))
 
 
 def _file(frame) -> str:

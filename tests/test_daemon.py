@@ -135,6 +135,13 @@ def our_status(daemon, trainer) -> dict:
     return ours(daemon.status(), trainer)
 
 
+def with_heartbeats(status: dict, count: int = 2):
+    """The job once `count` ranks are seen and each has written its record."""
+    ranks = status["ranks"]
+    return status if len(ranks) == count and all(
+        r["signals"].get("hb_step") is not None for r in ranks) else None
+
+
 def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
         start_job, tmp_path, hb_dir, receiver):
     hook = receiver()
@@ -207,13 +214,13 @@ def test_bad_config_on_sighup_keeps_the_running_one(start_job, tmp_path, hb_dir)
 def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
     trainer = trainer_job(start_job)
-    first = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(
-        our_status(daemon, trainer)), 180, what="2 ranks")
+    first = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 180,
+                       what="2 ranks with records")
     daemon.job.proc.kill()
     daemon.job.proc.wait(30)
     daemon.start()
-    again = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 else None)(
-        our_status(daemon, trainer)), 60, what="2 ranks after restart")
+    again = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 60,
+                       what="2 ranks after restart")
     assert {r["pid"] for r in again["ranks"]} == {r["pid"] for r in first["ranks"]}
     table = subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", daemon.url],
                            capture_output=True, text=True, timeout=60,
@@ -228,7 +235,7 @@ def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) missing")
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
     trainer = trainer_job(start_job)
-    wait_until(lambda: len(our_status(daemon, trainer)["ranks"]) == 2, 180, what="2 ranks")
+    wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 180, what="2 ranks")
     text = daemon.metrics()
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                            text=True, timeout=60)
