@@ -19,10 +19,12 @@ t = torch.ones(256)
 
 dist.all_reduce(t)                                                  # sync
 dist.all_reduce(t, async_op=True).wait()                            # async with a future
-dist.reduce_scatter_tensor(torch.zeros(128), t, async_op=True).wait()  # Gloo: no future
+# (async reduce_scatter_tensor, which also lacks a future on Gloo, is left out: with or
+# without ddpwatch it sometimes aborts the process at exit on torch 2.13 -
+# "terminate called without an active exception".)
 peer = 1 - rank
 work = dist.isend(torch.ones(10), peer) if rank == 0 else dist.irecv(torch.zeros(10), peer)
-work.wait()   # Gloo's p2p Work has no future and is_completed() stays False until wait()
+work.wait()   # Gloo's p2p Work has no future (the compatibility path) and is_completed() stays False until wait()
 dist.barrier()
 objs = [None] * world
 dist.all_gather_object(objs, {"rank": rank})                        # inner collectives counted
