@@ -121,7 +121,7 @@ def main() -> None:
         ratio, *detail = line.split()[1:]
         print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare: {ratio} "
               f"({' '.join(detail)}; target <= 1.01)")
-        pairs, steps = (1, 20) if quick else (3, 40)
+        pairs, steps = (1, 20) if quick else (5, 60)
         on, off = [], []
         for _ in range(pairs):
             off.append(trainer_tokens_per_s(env, False, steps))
