@@ -80,14 +80,14 @@ def get(url):
         return None
 
 
-def wait(pred, timeout):
+def wait(pred, timeout, what="a condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = pred()
         if value:
             return value
         time.sleep(0.05)
-    sys.exit("benchmark: a condition was not reached in time")
+    sys.exit(f"benchmark: {what} was not reached within {timeout:.0f} s")
 
 
 def tokens_per_s(env, steps) -> float:
@@ -135,13 +135,13 @@ def time_to_culprit(env, hb_dir, state) -> str:
             body = get(url + "/status")
             return json.loads(body) if body else None
         wait(lambda: (s := status()) and len(s["ranks"]) == 2 and s["job"]["verdict"] == "healthy",
-             240)
+             240, "a healthy 2-rank job in /status")
         pid = next(r["pid"] for r in status()["ranks"] if r["rank"] == 1)
         t0 = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
-        wait(lambda: status()["job"]["culprits"] == [1], 60)
+        wait(lambda: status()["job"]["culprits"] == [1], 60, "the culprit in /status")
         to_status = time.monotonic() - t0
-        wait(lambda: arrivals, 60)
+        wait(lambda: arrivals, 60, "the webhook")
         to_hook = arrivals[0] - t0
         os.kill(pid, signal.SIGCONT)
     finally:

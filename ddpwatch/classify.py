@@ -6,6 +6,7 @@ differs), and only then are the rules applied.
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -153,37 +154,57 @@ def _waiting_in(s: dict) -> str | None:
     return None
 
 
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+class _PeerMedian:
+    """Median of a signal over a rank's live peers, for every rank in O(n log n):
+    the values are sorted once, and a rank's own value is left out by index
+    (the daemon judges jobs of hundreds of ranks every second)."""
+
+    def __init__(self, ranks: list[dict], key: str):
+        self.key = key
+        self.values = sorted(s[key] for s in ranks if s.get("alive") and s.get(key) is not None)
+
+    def of_peers(self, s: dict):
+        values = self.values
+        own = s.get(self.key) if s.get("alive") else None
+        if own is not None:
+            i = bisect.bisect_left(values, own)
+            values = values[:i] + values[i + 1:]
+        return statistics.median(values) if values else None
 
 
 def _cross(ranks: list[dict]) -> None:
     fingerprints = Counter(s.get("data_fp") for s in ranks if s.get("data_fp"))
+    alive = sum(1 for s in ranks if s.get("alive"))
+    blocked = sum(1 for s in ranks if s.get("blocked"))
+    dead = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") != "exited")
+    exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
+    seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
+    # Desync is a hang: only ranks stuck past their bound count, so a healthy
+    # rank caught between two different collectives is not one.
+    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in")]
+    ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
+    step, share, cpu, wait = (_PeerMedian(ranks, k) for k in (
+        "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
     for s in ranks:
-        peers = [p for p in ranks if p is not s]
-        s["peers_alive"] = sum(1 for p in peers if p.get("alive"))
-        s["peers_blocked"] = sum(1 for p in peers if p.get("blocked"))
-        s["peer_dead"] = any(not p.get("alive") and p.get("hb_phase") != "exited" for p in peers)
-        s["peer_exited"] = any(not p.get("alive") and p.get("hb_phase") == "exited" for p in peers)
-        seqs = [p["hb_seq"] for p in peers if p.get("hb_seq") is not None]
-        if s.get("hb_seq") is not None and seqs:
-            s["seq_behind"] = max(seqs) - s["hb_seq"]
-        # Desync is a hang: only ranks stuck past their bound count, so a healthy
-        # rank caught between two different collectives is not one.
-        stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in")]
-        s["peer_ops_differ"] = bool(s.get("blocked")) and len(stuck) >= 2 and len(
-            {p["waiting_in"] for p in stuck}) > 1
-        peer_step = _median(p.get("hb_step_s") for p in peers if p.get("alive"))
+        me_alive, me_blocked = bool(s.get("alive")), bool(s.get("blocked"))
+        me_dead = not me_alive and s.get("hb_phase") != "exited"
+        s["peers_alive"] = alive - me_alive
+        s["peers_blocked"] = blocked - me_blocked
+        s["peer_dead"] = dead - me_dead > 0
+        s["peer_exited"] = exited - (not me_alive and s.get("hb_phase") == "exited") > 0
+        if s.get("hb_seq") is not None and len(seqs) > 1:
+            furthest = seqs[1] if s["hb_seq"] == seqs[0] else seqs[0]
+            s["seq_behind"] = furthest - s["hb_seq"]
+        s["peer_ops_differ"] = me_blocked and ops_differ
+        peer_step = step.of_peers(s)
         if s.get("hb_step_s") and peer_step:
             s["step_time_ratio"] = round(s["hb_step_s"] / peer_step, 3)
-        peer_share = _median(p.get("hb_comm_share") for p in peers if p.get("alive"))
+        peer_share = share.of_peers(s)
         if s.get("hb_comm_share") is not None and peer_share:
             s["comm_share_ratio"] = round(s["hb_comm_share"] / peer_share, 3)
             s["peer_comm_share"] = peer_share
-        peer_cpu = _median(p.get("cpu_ratio") for p in peers if p.get("alive"))
-        s["peer_cpu_ratio"] = peer_cpu
-        peer_wait = _median(p.get("runqueue_wait_ratio") for p in peers if p.get("alive"))
+        s["peer_cpu_ratio"] = cpu.of_peers(s)
+        peer_wait = wait.of_peers(s)
         if s.get("runqueue_wait_ratio") is not None and peer_wait is not None:
             s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
         if s.get("data_fp"):

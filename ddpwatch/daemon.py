@@ -45,6 +45,7 @@ class Daemon:
         self._history: dict[str, collections.deque] = {}
         self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
         self._host = None
+        self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._tick = 0
         self.stage_failures: dict[str, int] = collections.Counter()
 
@@ -54,8 +55,9 @@ class Daemon:
         self.incidents.resolve_after_s = config.resolve_after_s
 
     def ctx(self) -> ProbeContext:
+        # Every tick reads /proc only; `ss` (a fork and exec) waits for suspicion.
         return ProbeContext(heartbeat_dir=self.config.heartbeat_dir or None, clock=self.clock,
-                            timeout_s=self.config.probe_timeout_s)
+                            timeout_s=self.config.probe_timeout_s, socket_info=False)
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> DaemonView:
@@ -91,7 +93,7 @@ class Daemon:
         hb = run_probe("heartbeats", ctx, ())
         statuses.append(status_of(hb))
         alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
-        table = discovery.read_table(ctx.procfs)
+        table = discovery.read_table(ctx.procfs, self._exec_cache)
         self._heartbeats = hb.data if hb.ok else None
         if self._host is None or self._tick % 60 == 0:
             if self.config.probe_on("host"):
@@ -128,6 +130,12 @@ class Daemon:
             stacks = self._fresh_stacks(ctx, key, job, statuses)
             if stacks is not None:
                 last = dataclasses.replace(last, stacks=stacks)
+                if self.config.probe_on("sockets"):
+                    detail = run_probe("sockets", dataclasses.replace(ctx, socket_info=True),
+                                       job.rank_pids)
+                    statuses.append(status_of(detail))
+                    if detail.ok:
+                        last = dataclasses.replace(last, sockets=detail.data)
                 self._history[key][-1] = last
                 judgement = classify.judge((first, last), self.rules)
         return JobView(key, judgement, last)

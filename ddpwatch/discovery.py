@@ -22,28 +22,48 @@ class ProcInfo:
     env: dict[str, str]
 
 
-def read_table(procfs: str = "/proc") -> dict[int, ProcInfo]:
-    table = {}
+def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
+    """Every process's parent, command line and allow-listed environment.
+
+    `cache` (kept by a caller that asks every second) maps (pid, start time) to
+    (cmdline, env): both are fixed once a process has exec'd, so only the parent
+    - which changes when a process is orphaned - is read again each time."""
+    table, seen = {}, set()
     for name in os.listdir(procfs):
         if not name.isdigit():
             continue
         pid = int(name)
         try:
             with open(f"{procfs}/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"{procfs}/{pid}/cmdline", "rb") as f:
-                cmdline = parse_cmdline(f.read())
-            env = {}
-            if is_python(cmdline) or is_launcher(cmdline):
-                try:
-                    with open(f"{procfs}/{pid}/environ", "rb") as f:
-                        env = parse_environ(f.read())
-                except OSError:
-                    pass
+                fields = f.read().rsplit(")", 1)[1].split()
+            ppid, key = int(fields[1]), (pid, fields[19])
+            if cache is not None and key in cache:
+                cmdline, env = cache[key]
+            else:
+                cmdline, env = _read_exec(procfs, pid)
+                if cache is not None and cmdline:  # not a process caught mid-exec
+                    cache[key] = (cmdline, env)
         except (OSError, IndexError, ValueError):
             continue
+        seen.add(key)
         table[pid] = ProcInfo(pid, ppid, cmdline, env)
+    if cache is not None:
+        for key in set(cache) - seen:
+            del cache[key]
     return table
+
+
+def _read_exec(procfs: str, pid: int) -> tuple[tuple[str, ...], dict[str, str]]:
+    with open(f"{procfs}/{pid}/cmdline", "rb") as f:
+        cmdline = parse_cmdline(f.read())
+    env = {}
+    if is_python(cmdline) or is_launcher(cmdline):
+        try:
+            with open(f"{procfs}/{pid}/environ", "rb") as f:
+                env = parse_environ(f.read())
+        except OSError:
+            pass
+    return cmdline, env
 
 
 def is_launcher(cmdline: tuple[str, ...]) -> bool:

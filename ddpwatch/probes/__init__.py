@@ -22,6 +22,8 @@ class ProbeContext:
     clock: Callable[[], float] = time.monotonic
     timeout_s: float = 2.0
     native_stacks: bool = False  # stacks probe: also native frames (only on running pids)
+    socket_info: bool = True     # sockets probe: also run `ss -ti` (bytes, idle times);
+                                 # the daemon's every-tick pass reads /proc only
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ def _ns(procfs: str, pid: int | str) -> str:
 
 @register("sockets", help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
-    if shutil.which("ss") is None:  # the whole probe is blind without it
+    if ctx.socket_info and shutil.which("ss") is None:  # blind without it
         raise FileNotFoundError("ss (iproute2) not found on PATH")
     taken_at = ctx.clock()
     # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
@@ -296,6 +296,8 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
         except PermissionError as err:
             out.append(PidSockets(pid, error=f"denied: {err.strerror}"))
             continue
+        if ns not in infos and not ctx.socket_info:
+            infos[ns] = ((), "")  # states and queues from /proc are enough this time
         if ns not in infos:
             nsenter = ns and own_ns and ns != own_ns
             try:
