@@ -132,3 +132,25 @@ def test_a_bf16_flag_with_no_effect_is_no_finding(start_job):
     r0, r1 = rank_pids(job, 2)
     report = until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
     assert all(not r["findings"] for r in report["ranks"])
+
+
+def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
+    # A fresh inductor cache, so the job really compiles while it is diagnosed.
+    job = start_job(torchrun(2, PLAIN, "--compile", "--layers=60"),
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    r0, r1 = rank_pids(job, 2)
+    # from DDP's set-up on (before it, a rank importing torch looks busy, not compiling)
+    wait_until(lambda: job.output().count("ready") >= 2, 120, interval=0.05, what="DDP set up")
+    seen = []
+
+    def trained():
+        _, report = diagnose(r0)
+        seen.append(report)
+        return all(r["verdict"] == "healthy" for r in report["ranks"]) and len(report["ranks"]) == 2
+    wait_until(trained, 240, interval=0.1, what="the compiled job training")
+    # while it compiled, nobody was blamed and nothing was called a hang
+    assert any(r["verdict"] == "warming_up" for report in seen for r in report["ranks"])
+    for report in seen:
+        assert report["job"]["culprits"] == [], report["job"]
+        assert not {r["verdict"] for r in report["ranks"]} & {
+            "blocked_in_collective", "hung_outside_collective", "desync", "stopped"}

@@ -281,3 +281,66 @@ def test_killed_rank_on_the_same_host(start_job, hb_dir):
     for rep in seen:
         assert rep["job"]["culprits"] == [1] and by_rank(rep)[1]["role"] == "culprit"
         assert by_rank(rep)[0]["role"] != "culprit"
+
+
+# --- the states test_diagnose_plain.py also covers, here with heartbeats on ------------
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job, hb_dir):
+    need(os.cpu_count() >= 2, "needs 2 CPUs to pin the ranks apart")
+    job = start_job(trainer())
+    r0, r1 = rank_pids(job, 2)
+    until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
+    burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
+    _pin(r0, {0})
+    _pin(r1, {1})
+    _pin(burner.proc.pid, {1})
+    report = until_verdict(r0, {1: ("straggler", "culprit")}, TIMEOUT, hb_dir=hb_dir)
+    assert report["job"]["culprits"] == [1]
+    assert by_rank(report)[0]["role"] in ("victim", "none")
+
+
+def _env_rank(port: int, rank: int) -> dict:
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+            "RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
+def test_bare_env_rendezvous_rank_waits_for_its_peer(start_job, hb_dir):
+    job = start_job([sys.executable, "-m", "trainer", "--steps=0"], env=_env_rank(free_port(), 0))
+    report = until_verdict(job.proc.pid, {0: ("rendezvous_wait", "none")}, TIMEOUT, hb_dir=hb_dir)
+    assert report["job"]["verdict"] == "rendezvous_wait"
+
+
+def test_torchrun_agent_alone_at_rendezvous(start_job, hb_dir):
+    job = start_job([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                     "--nproc_per_node=1", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "trainer", "--steps=0"])
+    report = until_verdict(job.proc.pid, {-1: ("rendezvous_wait", "none")}, TIMEOUT,
+                           hb_dir=hb_dir)
+    assert report["ranks"][0]["pid"] == job.proc.pid
+
+
+def test_oversubscribed_threads(start_job, hb_dir):
+    job = start_job(trainer(), env={"OMP_NUM_THREADS": str(os.cpu_count() * 2)})
+    r0, _ = rank_pids(job, 2)
+    report = until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
+    assert all("oversubscribed" in f for f in findings(report).values())
+
+
+def test_orphan_rank_holding_the_master_port(start_job, hb_dir):
+    shell = start_job(["sh", "-c", f'"{sys.executable}" -m trainer --steps=0 & echo $!'],
+                      env=_env_rank(free_port(), 0), name="orphan")
+    assert shell.wait(30) == 0
+    pid = int(wait_until(lambda: shell.output().strip().splitlines()[-1:] and
+                         shell.output().strip().splitlines()[-1].isdigit() and
+                         shell.output().strip().splitlines()[-1], 30, what="orphan pid"))
+    report = until_verdict(pid, {0: ("rendezvous_wait", "none")}, TIMEOUT, hb_dir=hb_dir)
+    orphan = next(f for f in report["ranks"][0]["findings"] if f["id"] == "orphan")
+    assert "True" in orphan["evidence"]  # it listens on the master port

@@ -25,13 +25,17 @@ parser.add_argument("--at-step", type=int, default=5)
 parser.add_argument("--dtype", default="float32", help="parsed, never used")
 parser.add_argument("--compute", default="float32", choices=["float32", "bf16"])
 parser.add_argument("--width", type=int, default=256)
+parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+parser.add_argument("--layers", type=int, default=1, help="hidden layers (compile time grows)")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 dtype = torch.bfloat16 if args.compute == "bf16" else torch.float32
-model = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(),
-                      nn.Linear(args.width, args.width)).to(dtype)
+hidden = [m for _ in range(args.layers) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
+model = nn.Sequential(*hidden, nn.Linear(args.width, args.width)).to(dtype)
+if args.compile:
+    model = torch.compile(model)
 ddp = nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
 x = torch.randn(64, args.width, dtype=dtype)
