@@ -65,3 +65,18 @@ def until_verdict(pid: int, expected: dict, timeout: float = 120, hb_dir=None, e
     except BaseException:
         print(json.dumps(last, indent=1)[:6000])
         raise
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process (sched_setaffinity on the pid moves one thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def env_rank(port: int, rank: int, world: int = 2) -> dict:
+    """Environment of a rank started by hand (env:// rendezvous, no torchrun)."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+            "RANK": str(rank), "LOCAL_RANK": str(rank)}

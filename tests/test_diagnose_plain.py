@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, free_port, need, torchrun, wait_until
-from diag import diagnose, launcher_pid, rank_pids, until_verdict
+from diag import diagnose, env_rank, launcher_pid, pin, rank_pids, until_verdict
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
 pytestmark = pytest.mark.usefixtures("need_py_spy")
@@ -55,13 +55,6 @@ def test_straggler_by_slowdown(start_job):
     assert report["job"]["culprits"] == [1]
 
 
-def _pin(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of a process (sched_setaffinity on the pid moves one thread)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
 
 
 def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job):
@@ -71,9 +64,9 @@ def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job):
     until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
     burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
     burner_pid = wait_until(lambda: burner.proc.pid, 10, what="burner")
-    _pin(r0, {0})
-    _pin(r1, {1})
-    _pin(burner_pid, {1})
+    pin(r0, {0})
+    pin(r1, {1})
+    pin(burner_pid, {1})
     report = until_verdict(r0, {1: ("straggler", "culprit")})
     assert report["job"]["culprits"] == [1]
     assert report["ranks"][0]["role"] in ("victim", "none")
@@ -89,13 +82,10 @@ def test_oversubscribed_threads(start_job):
         assert "oversubscribed" in [f["id"] for f in rank["findings"]], rank
 
 
-def _env_rank(port: int, rank: int) -> dict:
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank)}
 
 
 def test_bare_env_rendezvous_process_waits_for_its_peer(start_job):
-    job = start_job([sys.executable, PLAIN], env=_env_rank(free_port(), 0))
+    job = start_job([sys.executable, PLAIN], env=env_rank(free_port(), 0))
     pid = job.proc.pid
     report = until_verdict(pid, {0: ("rendezvous_wait", "none")})
     assert report["job"]["verdict"] == "rendezvous_wait"
@@ -117,7 +107,7 @@ def test_orphan_rank_holding_the_master_port(start_job):
     # The shell starts rank 0 in the background and exits: rank 0 is re-parented,
     # as a leftover of an earlier launch is, and it holds the TCPStore port.
     shell = start_job(["sh", "-c", f'"{sys.executable}" "{PLAIN}" & echo $!'],
-                      env=_env_rank(port, 0), name="orphan")
+                      env=env_rank(port, 0), name="orphan")
     assert shell.wait(30) == 0
     pid = int(wait_until(lambda: shell.output().strip(), 30, what="orphan pid"))
     report = until_verdict(pid, {0: ("rendezvous_wait", "none")})

@@ -13,7 +13,8 @@ import uuid
 import psutil
 import pytest
 from conftest import REPO, free_port, need, torchrun, wait_until
-from diag import by_rank, diagnose, launcher_pid, rank_pids, until_verdict, verdicts
+from diag import (by_rank, diagnose, env_rank, launcher_pid, pin, rank_pids, until_verdict,
+                  verdicts)
 
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
@@ -285,12 +286,6 @@ def test_killed_rank_on_the_same_host(start_job, hb_dir):
 
 # --- the states test_diagnose_plain.py also covers, here with heartbeats on ------------
 
-def _pin(pid: int, cpus: set[int]) -> None:
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
 
 
 def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job, hb_dir):
@@ -299,21 +294,18 @@ def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job, hb_dir):
     r0, r1 = rank_pids(job, 2)
     until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
     burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
-    _pin(r0, {0})
-    _pin(r1, {1})
-    _pin(burner.proc.pid, {1})
+    pin(r0, {0})
+    pin(r1, {1})
+    pin(burner.proc.pid, {1})
     report = until_verdict(r0, {1: ("straggler", "culprit")}, TIMEOUT, hb_dir=hb_dir)
     assert report["job"]["culprits"] == [1]
     assert by_rank(report)[0]["role"] in ("victim", "none")
 
 
-def _env_rank(port: int, rank: int) -> dict:
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank)}
 
 
 def test_bare_env_rendezvous_rank_waits_for_its_peer(start_job, hb_dir):
-    job = start_job([sys.executable, "-m", "trainer", "--steps=0"], env=_env_rank(free_port(), 0))
+    job = start_job([sys.executable, "-m", "trainer", "--steps=0"], env=env_rank(free_port(), 0))
     report = until_verdict(job.proc.pid, {0: ("rendezvous_wait", "none")}, TIMEOUT, hb_dir=hb_dir)
     assert report["job"]["verdict"] == "rendezvous_wait"
 
@@ -336,7 +328,7 @@ def test_oversubscribed_threads(start_job, hb_dir):
 
 def test_orphan_rank_holding_the_master_port(start_job, hb_dir):
     shell = start_job(["sh", "-c", f'"{sys.executable}" -m trainer --steps=0 & echo $!'],
-                      env=_env_rank(free_port(), 0), name="orphan")
+                      env=env_rank(free_port(), 0), name="orphan")
     assert shell.wait(30) == 0
     pid = int(wait_until(lambda: shell.output().strip().splitlines()[-1:] and
                          shell.output().strip().splitlines()[-1].isdigit() and
