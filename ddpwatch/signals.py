@@ -34,7 +34,8 @@ SIGNALS = {
     "hb_inside_s": "seconds inside the current collective (0 when outside)",
     "hb_advanced": "seq or step moved within the window",
     "hb_op_novel": "the current collective is one this rank did not call in its last 64",
-    "hb_step_s": "duration of the last step", "hb_comm_share": "share of step time in collectives",
+    "hb_step_s": "duration of the last step", "hb_comm_share": "share of step time in collectives over the window (all "
+                                 "steps so far when no step ended in it)",
     "compute_dtype": "dtype the rank computes in (heartbeat)",
     # stacks
     "stack": "main thread: collective, ddp_backward, rendezvous, compile, agent, idle_user, "
@@ -163,8 +164,7 @@ def heartbeat_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
          "hb_advanced": first is not None and (first.collective_seq, first.step) != (
              last.collective_seq, last.step),
          "hb_step_s": round(last.last_step_seconds, 4),
-         "hb_comm_share": round(last.collective_seconds / last.step_seconds, 4)
-         if last.step_seconds > 0 else None,
+         "hb_comm_share": _comm_share(first, last),
          "compute_dtype": last.compute_dtype or None,
          "hb_rank": last.rank, "hb_world_size": last.world_size,
          "data_fp": last.data_fingerprint or None}
@@ -172,6 +172,18 @@ def heartbeat_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
         past_ops = {e.op for e in last.ring if e.seq < last.collective_seq}
         s["hb_op_novel"] = bool(past_ops) and last.op not in past_ops
     return s
+
+
+def _comm_share(first: Record | None, last: Record) -> float | None:
+    """Share of step time spent with a collective outstanding, over the window:
+    the cumulative share drags the first steps along (one rank allocating or
+    compiling while the other waits), which made a healthy job look like it had
+    a straggler for its first minute."""
+    if first is not None and last.step_seconds > first.step_seconds:
+        window = (last.collective_seconds - first.collective_seconds) / (
+            last.step_seconds - first.step_seconds)
+        return round(min(max(window, 0.0), 1.0), 4)
+    return round(last.collective_seconds / last.step_seconds, 4) if last.step_seconds > 0 else None
 
 
 def stack_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
