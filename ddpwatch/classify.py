@@ -113,6 +113,7 @@ def measure(history: tuple[Snapshot, ...]) -> list[dict]:
              "launcher_only": False}
         s.update(heartbeat_signals(history, pid))
         ranks.append(s)
+    ranks += _missing(ranks)
     for s in ranks:
         rec = records.get(s["pid"], (None,))[0]
         s["cores"] = host_cores
@@ -141,6 +142,19 @@ def measure(history: tuple[Snapshot, ...]) -> list[dict]:
         s["waiting_in"] = _waiting_in(s)
     _cross(ranks)
     return ranks
+
+
+def _missing(ranks: list[dict]) -> list[dict]:
+    """Ranks of an all-local job that have neither a process nor a record here: a
+    plain script's rank that died leaves nothing else behind (no heartbeats)."""
+    live = [s for s in ranks if s.get("alive")]
+    worlds = {s.get("world_size") for s in live if (s.get("world_size") or 0) > 0}
+    if len(worlds) != 1 or not all(s.get("all_ranks_local") for s in live) or not live:
+        return []
+    (world,) = worlds
+    seen = {s.get("rank") for s in ranks}
+    return [{"pid": -1, "alive": False, "rank": r, "world_size": world, "missing": True,
+             "launcher_only": False} for r in range(world) if r not in seen]
 
 
 def _waiting_in(s: dict) -> str | None:
@@ -174,9 +188,15 @@ class _PeerMedian:
 
 def _cross(ranks: list[dict]) -> None:
     fingerprints = Counter(s.get("data_fp") for s in ranks if s.get("data_fp"))
+    joining = sum(1 for p in ranks if p.get("alive") and (
+        p.get("stack") == "rendezvous" or p.get("hb_phase") in ("rendezvous", "init")))
+
+    def is_dead(p):  # a missing rank while peers still join has not started: not dead
+        return not p.get("alive") and p.get("hb_phase") != "exited" and not (
+            p.get("missing") and joining)
     alive = sum(1 for s in ranks if s.get("alive"))
     blocked = sum(1 for s in ranks if s.get("blocked"))
-    dead = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") != "exited")
+    dead = sum(1 for s in ranks if is_dead(s))
     exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
@@ -187,9 +207,11 @@ def _cross(ranks: list[dict]) -> None:
         "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
     for s in ranks:
         me_alive, me_blocked = bool(s.get("alive")), bool(s.get("blocked"))
-        me_dead = not me_alive and s.get("hb_phase") != "exited"
+        me_dead = is_dead(s)
         s["peers_alive"] = alive - me_alive
         s["peers_blocked"] = blocked - me_blocked
+        s["peers_in_rendezvous"] = joining - bool(s.get("alive") and (
+            s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
         s["peer_dead"] = dead - me_dead > 0
         s["peer_exited"] = exited - (not me_alive and s.get("hb_phase") == "exited") > 0
         if s.get("hb_seq") is not None and len(seqs) > 1:

@@ -64,6 +64,10 @@ SIGNALS = {
     "data_parity": "this rank's data fingerprint differs from the peers' majority",
     "warming_up": "first steps or compilation frames",
     "launcher_only": "a launcher with no rank processes",
+    "all_ranks_local": "every rank of the job runs on this node (master on loopback, or "
+                       "LOCAL_WORLD_SIZE == WORLD_SIZE)",
+    "missing": "a rank of an all-local job with no process and no record on this node",
+    "peers_in_rendezvous": "other ranks still in init_process_group (stack or heartbeat)",
     "peer_exited": "a rank of the job left cleanly (record says exited) while this one runs",
     "peer_comm_share": "the peers' median share of step time in collectives",
     "peer_cpu_ratio": "the peers' median CPU over the window, in cores",
@@ -78,6 +82,7 @@ SIGNALS = {
 }
 
 IDLE_CPU = 0.05  # cores: below this a rank is not computing
+LOCAL_ADDRS = frozenset(("127.0.0.1", "localhost", "::1"))
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,9 @@ def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     s["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
     s["world_size"] = int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else -1
     s["orphan"] = now.ppid == 1
+    # Where the peers are: with the master on loopback every rank runs here.
+    s["all_ranks_local"] = env.get("MASTER_ADDR", "") in LOCAL_ADDRS or env.get(
+        "LOCAL_WORLD_SIZE", "-") == env.get("WORLD_SIZE")
     omp = env.get("OMP_NUM_THREADS", "")
     s["intra_op_threads"] = int(omp) if omp.isdigit() else None
     if before is not None and w.seconds > 0 and now.cpu_seconds >= 0 and before.cpu_seconds >= 0:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, free_port, need, torchrun, wait_until
-from diag import diagnose, env_rank, launcher_pid, pin, rank_pids, until_verdict
+from diag import diagnose, env_rank, launcher_pid, pin, rank_pids, until_verdict, verdicts
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
 pytestmark = pytest.mark.usefixtures("need_py_spy")
@@ -144,3 +144,34 @@ def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
         assert report["job"]["culprits"] == [], report["job"]
         assert not {r["verdict"] for r in report["ranks"]} & {
             "blocked_in_collective", "hung_outside_collective", "desync", "stopped"}
+
+
+def test_killed_rank_on_the_same_host(start_job):
+    """No heartbeats and no torchrun: when rank 1 is killed, the kernel resets its
+    sockets and Gloo fails rank 0 within a second or two. While rank 0 still exists,
+    the only trace of rank 1 is its absence from an all-local job: diagnose names
+    it dead and rank 0 its victim."""
+    seen = []
+    for attempt in range(4):
+        port = free_port()
+        jobs = [start_job([sys.executable, PLAIN], env=env_rank(port, r), name=f"r{r}")
+                for r in (0, 1)]
+        r0, r1 = (j.proc.pid for j in jobs)
+        wait_until(lambda: all("ready" in j.output() for j in jobs), 120, interval=0.05,
+                   what="both ranks set up")
+        os.kill(r1, signal.SIGKILL)
+        while jobs[0].proc.poll() is None:
+            try:
+                code, report = diagnose(r0, "--window=0.3", "--no-stacks")
+            except AssertionError:  # exit 69: rank 0 went away while being looked at
+                break
+            if verdicts(report).get(1, ("",))[0] == "dead":
+                seen.append(report)
+        if seen:
+            break
+    else:
+        pytest.fail("rank 0 never outlived rank 1 long enough to be diagnosed")
+    for report in seen:
+        assert verdicts(report) == {0: ("blocked_in_collective", "victim"),
+                                    1: ("dead", "culprit")}
+        assert report["job"]["culprits"] == [1] and report["job"]["verdict"] == "dead"
