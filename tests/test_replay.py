@@ -6,11 +6,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
-from conftest import REPO
+from conftest import REPO, need
 
 from ddpwatch import classify
 from ddpwatch import rules as rules_mod
@@ -223,3 +225,45 @@ def test_replay_of_garbage_exits_2_naming_the_file(tmp_path, content):
     out = _ddpwatch("diagnose", "--replay", str(path))
     assert out.returncode == 2
     assert str(path) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_no_permission_names_the_missing_capability():
+    from ddpwatch.commands.diagnose import missing_capability
+    assert missing_capability(1000, 1000, 0) is None               # our own rank
+    assert missing_capability(1000, 0, 0x1ffffffffff) is None      # root
+    assert missing_capability(0, 1000, 0) == "CAP_SYS_PTRACE"     # another user's rank
+    assert missing_capability(0, 1000, 1 << 19) is None            # granted the capability
+
+
+def test_diagnose_of_another_users_rank_exits_77():
+    """Real: a process of root's, diagnosed by an unprivileged user (nobody)."""
+    need(os.geteuid() == 0 and shutil.which("setpriv") is not None,
+         "needs root and setpriv (util-linux) to run diagnose as another user")
+    python = "/usr/bin/python3.11"
+    need(os.path.exists(python), "needs Debian's python3.11 (the one nobody may execute)")
+    import psutil
+    import yaml
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A world-readable copy of the package and of its two imports: the checkout and
+    # this interpreter may sit where only root can enter.
+    place = tempfile.mkdtemp(prefix="ddpwatch-77-")
+    try:
+        for src in (os.path.join(REPO, "ddpwatch"), os.path.join(REPO, "rules"),
+                    os.path.dirname(psutil.__file__), os.path.dirname(yaml.__file__)):
+            shutil.copytree(src, os.path.join(place, os.path.basename(src)),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        for root, dirs, files in os.walk(place):
+            os.chmod(root, 0o755)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from ddpwatch.cli import main; "
+                "sys.exit(main(['diagnose', sys.argv[2]]))")
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                              python, "-c", code, place, str(victim.pid)],
+                             capture_output=True, text=True, timeout=60, cwd=place)
+        assert out.returncode == 77, out.stderr
+        assert "CAP_SYS_PTRACE" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        victim.kill()
+        victim.wait()
+        shutil.rmtree(place, ignore_errors=True)

@@ -22,9 +22,41 @@ def load_rules(extra_files) -> list:
     return rules
 
 
+CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
+
+
+def missing_capability(target_uid: int, my_uid: int, cap_eff: int) -> str | None:
+    """What stops us from reading a rank's environment, sockets and stacks, if anything:
+    another user's process needs CAP_SYS_PTRACE (root has it)."""
+    if target_uid == my_uid or cap_eff & (1 << CAP_SYS_PTRACE):
+        return None
+    return "CAP_SYS_PTRACE"
+
+
+def _uid_and_caps(procfs: str, pid: int | str) -> tuple[int, int]:
+    uid, caps = -1, 0
+    with open(f"{procfs}/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                uid = int(line.split()[2])  # effective uid
+            elif line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+    return uid, caps
+
+
 def find_job(ctx: ProbeContext, pid: int) -> Job:
     if not os.path.exists(f"{ctx.procfs}/{pid}"):
         raise errors.Unavailable(f"pid {pid}: no such process")
+    try:
+        target_uid, _ = _uid_and_caps(ctx.procfs, pid)
+        my_uid, my_caps = _uid_and_caps(ctx.procfs, "self")
+    except (OSError, ValueError, IndexError):
+        target_uid = my_uid = my_caps = 0  # unreadable: the probes will say what they can
+    missing = missing_capability(target_uid, my_uid, my_caps)
+    if missing:
+        raise errors.NoPermission(
+            f"pid {pid} belongs to uid {target_uid}: reading its environment, sockets and "
+            f"stacks needs {missing}; run as uid {target_uid} or as root (sudo)")
     table = discovery.read_table(ctx.procfs)
     hb = read_heartbeats(ctx, ())
     record_pids = {r.pid for r, alive in zip(hb.records, hb.alive) if alive}
