@@ -277,3 +277,32 @@ def test_http_endpoints_and_token(start_job, tmp_path, hb_dir):
     assert get(daemon.url + "/status", "wrong")[0] == 401
     assert daemon.status(token="t0ken")["tick"] >= 1
     assert b"ddpwatch_up 1.0" in get(daemon.url + "/metrics")[1]
+
+
+def test_systemd_ready_after_first_tick_and_sigterm_flushes_and_stops(
+        start_job, tmp_path, hb_dir, receiver):
+    import socket as socketlib
+    notify_path = str(tmp_path / "notify.sock")
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    sock.bind(notify_path)
+    sock.settimeout(60)
+    hook = receiver([(200, {}, 3.0)])  # a slow receiver: the flush must wait for it
+    port = free_port()
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"listen": f"127.0.0.1:{port}",
+                                  "state_dir": str(tmp_path / "state"),
+                                  "webhooks": [{"type": "generic", "url": hook.url}]}))
+    daemon = start_job([sys.executable, "-m", "ddpwatch", "run", "--config", str(config)],
+                       env={"NOTIFY_SOCKET": notify_path}, name="daemon")
+    try:
+        assert sock.recv(256) == b"READY=1"  # sent once the first tick is published
+        assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        trainer = trainer_job(start_job, "stop:rank=1:step=5")
+        wait_until(lambda: hook.requests, 180, what="the firing alert")
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(30) == 0
+        assert sock.recv(256) == b"STOPPING=1"
+        assert "stopped (0 alert(s) left undelivered)" in daemon.output()
+        assert trainer.proc.poll() is None  # watching never touched the job
+    finally:
+        sock.close()
