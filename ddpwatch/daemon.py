@@ -45,8 +45,12 @@ class Daemon:
         self._history: dict[str, collections.deque] = {}
         self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
         self._host = None
+        self._requested_now = False
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._tick = 0
+        # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
+        # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
+        self.stacks_requested = False
         self.stage_failures: dict[str, int] = collections.Counter()
 
     def reconfigure(self, config: Config, rules: list) -> None:
@@ -65,6 +69,8 @@ class Daemon:
         ctx = self.ctx()
         statuses = []
         jobs = self._guard("discovery", lambda: self._discover(ctx, statuses), [])
+        requested, self.stacks_requested = self.stacks_requested, False
+        self._requested_now = requested
         views = []
         for job in jobs:
             view = self._guard("judge", lambda: self._judge_job(ctx, job, statuses), None)
@@ -125,9 +131,11 @@ class Daemon:
         snap = self._snapshot(ctx, job, statuses)
         first, last = self._window(key, snap)
         judgement = classify.judge((first, last), self.rules)
-        if judgement.job.verdict not in ("healthy", "warming_up") and self.config.probe_on("stacks"):
-            # Suspicion: look at the stacks (rate-limited), and judge again with them.
-            stacks = self._fresh_stacks(ctx, key, job, statuses)
+        suspicious = judgement.job.verdict not in ("healthy", "warming_up")
+        if (suspicious or self._requested_now) and self.config.probe_on("stacks"):
+            # Suspicion (rate-limited) or a person's request: look at the stacks,
+            # and judge again with them.
+            stacks = self._fresh_stacks(ctx, key, job, statuses, force=self._requested_now)
             if stacks is not None:
                 last = dataclasses.replace(last, stacks=stacks)
                 if self.config.probe_on("sockets"):

@@ -1,4 +1,6 @@
 """HTTP for the daemon: /metrics, /status, /healthz, /readyz; 404 elsewhere.
+`/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
+otherwise only on suspicion).
 
 Only reads the latest published DaemonView. /status needs `Authorization:
 Bearer <token>` when a token is configured (it must be, off loopback: config.py).
@@ -28,8 +30,10 @@ def status_document(view) -> dict:
 
 
 class Server:
-    def __init__(self, host: str, port: int, get_view, render_metrics, token: str = ""):
+    def __init__(self, host: str, port: int, get_view, render_metrics, token: str = "",
+                 request_stacks=lambda: None):
         self.get_view = get_view
+        self.request_stacks = request_stacks
         self.render_metrics = render_metrics
         self.token = token
         server = self
@@ -75,6 +79,8 @@ class Server:
             elif view is None:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
             else:
+                if "stacks=1" in req.path.partition("?")[2].split("&"):
+                    self.request_stacks()  # the next tick dumps every job's stacks
                 body = json.dumps(status_document(view), indent=1).encode()
                 self._send(req, 200, body, "application/json")
         else:

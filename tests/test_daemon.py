@@ -306,3 +306,17 @@ def test_systemd_ready_after_first_tick_and_sigterm_flushes_and_stops(
         assert trainer.proc.poll() is None  # watching never touched the job
     finally:
         sock.close()
+
+
+def test_stacks_on_request_for_a_healthy_job(start_job, tmp_path, hb_dir):
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
+    trainer = trainer_job(start_job)
+    # healthy, and past any start-up suspicion: no py-spy runs for a healthy job
+    wait_until(lambda: (lambda s: s if s["job"]["verdict"] == "healthy" and with_heartbeats(s)
+                        and all(r["stack"] == "" for r in s["ranks"]) else None)(
+        our_status(daemon, trainer)), 180, what="a healthy job without stacks")
+    get(daemon.url + "/status?stacks=1")
+    with_stacks = wait_until(lambda: (lambda s: s if all(r["stack"] for r in s["ranks"])
+                                      and len(s["ranks"]) == 2 else None)(
+        our_status(daemon, trainer)), 30, what="stacks after the request")
+    assert with_stacks["job"]["verdict"] == "healthy"

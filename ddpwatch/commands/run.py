@@ -56,7 +56,8 @@ def main(args) -> int:
     registry = make_registry(lambda: daemon.view)
     host, port = cfg.host_port
     try:
-        server = Server(host, port, lambda: daemon.view, lambda: render(registry), cfg.token)
+        server = Server(host, port, lambda: daemon.view, lambda: render(registry), cfg.token,
+                        request_stacks=lambda: setattr(daemon, "stacks_requested", True))
     except OSError as err:
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
     server.start()
