@@ -25,10 +25,13 @@ class ProcInfo:
 def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
     """Every process's parent, command line and allow-listed environment.
 
-    `cache` (kept by a caller that asks every second) maps (pid, start time) to
-    (cmdline, env): both are fixed once a process has exec'd, so only the parent
-    - which changes when a process is orphaned - is read again each time."""
+    `cache` (kept by a caller that asks every second) maps a process's identity to
+    its (cmdline, env), which change only at exec. The identity is pid, start time
+    and the executable's path: a launch script that `exec`s torchrun changes the
+    executable. A process younger than CACHE_AFTER_S is never cached: a fork not
+    yet exec'd shows its parent's command line for a moment."""
     table, seen = {}, set()
+    uptime = _uptime(procfs)
     for name in os.listdir(procfs):
         if not name.isdigit():
             continue
@@ -36,21 +39,46 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
         try:
             with open(f"{procfs}/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            ppid, key = int(fields[1]), (pid, fields[19])
-            if cache is not None and key in cache:
+            ppid = int(fields[1])
+            key = None
+            if cache is not None:
+                started = int(fields[19]) / CLK_TCK
+                if uptime - started > CACHE_AFTER_S:
+                    key = (pid, fields[19], _exe(procfs, pid))
+            if key is not None and key in cache:
                 cmdline, env = cache[key]
             else:
                 cmdline, env = _read_exec(procfs, pid)
-                if cache is not None and cmdline:  # not a process caught mid-exec
+                if key is not None and cmdline:
                     cache[key] = (cmdline, env)
         except (OSError, IndexError, ValueError):
             continue
-        seen.add(key)
+        if key is not None:
+            seen.add(key)
         table[pid] = ProcInfo(pid, ppid, cmdline, env)
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]
     return table
+
+
+CACHE_AFTER_S = 2.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _uptime(procfs: str) -> float:
+    try:
+        with open(f"{procfs}/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0  # unknown: then nothing is old enough to cache
+
+
+def _exe(procfs: str, pid: int) -> str:
+    try:
+        return os.readlink(f"{procfs}/{pid}/exe")
+    except OSError:
+        return ""  # kernel threads, or another user's process
 
 
 def _read_exec(procfs: str, pid: int) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -267,3 +267,24 @@ def test_diagnose_of_another_users_rank_exits_77():
         victim.kill()
         victim.wait()
         shutil.rmtree(place, ignore_errors=True)
+
+
+def test_process_table_cache_sees_an_exec(tmp_path):
+    """A launch script that execs another program keeps its pid and start time: the
+    cached command line must not outlive the exec (real processes, real /proc)."""
+    from ddpwatch.discovery import CACHE_AFTER_S, read_table
+    marker = tmp_path / "go"
+    proc = subprocess.Popen(["sh", "-c", f'while [ ! -e "{marker}" ]; do sleep 0.1; done; '
+                                         f'exec "{sys.executable}" -c "import time; time.sleep(30)"'])
+    try:
+        cache = {}
+        wait_until = __import__("conftest").wait_until
+        wait_until(lambda: read_table("/proc", cache).get(proc.pid) and any(
+            k[0] == proc.pid for k in cache), CACHE_AFTER_S + 30, what="the shell cached")
+        assert read_table("/proc", cache)[proc.pid].cmdline[0] == "sh"
+        marker.write_text("")
+        wait_until(lambda: "python" in read_table("/proc", cache)[proc.pid].cmdline[0], 30,
+                   what="the exec'd python seen through the cache")
+    finally:
+        proc.kill()
+        proc.wait()
