@@ -19,7 +19,6 @@ from .bundle import write_bundle
 from .config import Config
 from .incidents import IncidentBook
 from .probes import ProbeContext, run_probe
-from .resources import shipped
 from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
 from .view import DaemonView, JobView
 
@@ -27,10 +26,7 @@ log = logging.getLogger("ddpwatch")
 
 
 def load_rules(config: Config) -> list:
-    rules = rules_mod.load(shipped("rules", "default.yaml"))
-    for path in config.rules:
-        rules = rules_mod.merge(rules, rules_mod.load(path))
-    return rules
+    return rules_mod.load_default(config.rules)
 
 
 class Daemon:
@@ -46,6 +42,7 @@ class Daemon:
         self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
         self._host = None
         self._requested_now = False
+        self._parents: dict[int, int] = {}
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
@@ -100,6 +97,7 @@ class Daemon:
         statuses.append(status_of(hb))
         alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
         table = discovery.read_table(ctx.procfs, self._exec_cache)
+        self._parents = {pid: info.ppid for pid, info in table.items()}
         self._heartbeats = hb.data if hb.ok else None
         if self._host is None or self._tick % 60 == 0:
             if self.config.probe_on("host"):
@@ -110,7 +108,9 @@ class Daemon:
 
     def _snapshot(self, ctx, job, statuses, stacks=None) -> Snapshot:
         pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-        results = {"process": run_probe("process", ctx, pids)}
+        # discovery read every parent this tick: the process probe need not again
+        with_parents = dataclasses.replace(ctx, parents=self._parents)
+        results = {"process": run_probe("process", with_parents, pids)}
         if self.config.probe_on("sockets"):
             results["sockets"] = run_probe("sockets", ctx, job.rank_pids)
         statuses.extend(status_of(r) for r in results.values())

@@ -219,6 +219,15 @@ def _rule(node, path: str) -> Rule:
                 evidence=str(raw.get("evidence", "")), remedy=str(raw.get("remedy", "")))
 
 
+def load_default(extra_files=()) -> list[Rule]:
+    """The shipped rules, then each extra file on top (by id: add or override)."""
+    from .resources import shipped
+    rules = load(shipped("rules", "default.yaml"))
+    for path in extra_files or ():
+        rules = merge(rules, load(path))
+    return rules
+
+
 def merge(base: list[Rule], extra: list[Rule]) -> list[Rule]:
     """`extra` adds rules; a rule with an existing id replaces it."""
     by_id = {r.id: r for r in base}

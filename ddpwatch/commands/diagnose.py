@@ -9,17 +9,9 @@ import time
 from .. import classify, discovery, errors, report, rules as rules_mod
 from ..probes import ProbeContext, run_probe
 from ..probes.heartbeats import run as read_heartbeats
-from ..resources import shipped
 from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
 
 CHEAP = ("process", "sockets", "heartbeats")
-
-
-def load_rules(extra_files) -> list:
-    rules = rules_mod.load(shipped("rules", "default.yaml"))
-    for path in extra_files or ():
-        rules = rules_mod.merge(rules, rules_mod.load(path))
-    return rules
 
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
@@ -103,7 +95,7 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool) -> 
 
 
 def main(args) -> int:
-    rules = load_rules(args.rules)
+    rules = rules_mod.load_default(args.rules)
     if args.replay:
         history = load(args.replay)
     else:

@@ -24,6 +24,7 @@ class ProbeContext:
     native_stacks: bool = False  # stacks probe: also native frames (only on running pids)
     socket_info: bool = True     # sockets probe: also run `ss -ti` (bytes, idle times);
                                  # the daemon's every-tick pass reads /proc only
+    parents: dict | None = None  # pid -> ppid, when the caller has just read them all
 
 
 @dataclass(frozen=True)

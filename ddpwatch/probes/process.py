@@ -336,7 +336,7 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = ()) -> Proce
 @register("process", help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
     taken_at = ctx.clock()
-    parents = ppid_map(ctx.procfs)
+    parents = ctx.parents if ctx.parents is not None else ppid_map(ctx.procfs)
     kids: dict[int, list[int]] = {}
     for child, parent in parents.items():
         kids.setdefault(parent, []).append(child)
