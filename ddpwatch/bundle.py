@@ -13,7 +13,8 @@ from .heartbeat.paths import default_dir, record_path
 
 
 def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | None) -> str:
-    """state_dir/incidents/<id>/: report.json (verdicts, evidence), snapshots.json
+    """state_dir/incidents/<id>/ (rewritten if the incident's judgement changes):
+    report.json (verdicts, evidence), snapshots.json
     (everything observed: processes, sockets, stacks, heartbeat rings), records/
     (the ranks' raw heartbeat files). Returns the directory."""
     root = os.path.join(state_dir, "incidents")
@@ -32,7 +33,13 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | N
             shutil.copy(record_path, os.path.join(work, "records"))
         with open(os.path.join(work, "report.txt"), "w") as f:
             f.write(report.as_text(view.judgement, view.last) + "\n")
-        os.rename(work, final)  # appears whole or not at all
+        if os.path.isdir(final):  # the judgement changed: the newer evidence replaces it
+            old = final + ".old"
+            os.rename(final, old)
+            os.rename(work, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(work, final)  # appears whole or not at all
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -170,7 +170,7 @@ class Daemon:
             incident = event.incident
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
                         incident.verdict, list(incident.culprits))
-            if event.kind == "opened":
+            if event.kind in ("opened", "changed"):
                 view = next(v for v in views if v.key == incident.job)
                 path = self._guard("bundle", lambda: write_bundle(
                     self.config.effective_state_dir(), incident, view, self._history[view.key],

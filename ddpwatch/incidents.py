@@ -11,11 +11,14 @@ from .view import Incident, IncidentState
 # Job verdicts that are not a problem: nothing to open an incident for.
 CALM = frozenset(("healthy", "warming_up", "unknown"))
 KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
+OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
+                          # one tick may see the victims before the culprit, or a rank
+                          # between two states; the second confirms (and costs one tick)
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str          # "opened" | "resolved"
+    kind: str          # "opened" | "changed" (verdict or culprits) | "resolved"
     incident: Incident
 
 
@@ -24,6 +27,7 @@ class IncidentBook:
         self.resolve_after_s = resolve_after_s
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
+        self._troubled: dict[str, int] = {}      # job key -> problem ticks in a row
         self._resolved: list[Incident] = []
         self._counter = 0
         self.opened_total: dict[str, int] = {}
@@ -36,8 +40,12 @@ class IncidentBook:
         for key, (verdict, culprits, summary) in verdicts.items():
             current = self._open.get(key)
             if verdict in CALM:
+                self._troubled.pop(key, None)
                 continue
             self._calm_since.pop(key, None)
+            self._troubled[key] = self._troubled.get(key, 0) + 1
+            if current is None and self._troubled[key] < OPEN_AFTER_TICKS:
+                continue
             if current is None:
                 self._counter += 1
                 incident = Incident(f"{key}-{int(now)}-{self._counter}", key, IncidentState.OPEN,
@@ -46,9 +54,16 @@ class IncidentBook:
                 self.opened_total[verdict] = self.opened_total.get(verdict, 0) + 1
                 events.append(Event("opened", incident))
             else:
-                self._open[key] = dataclasses.replace(
+                updated = dataclasses.replace(
                     current, state=IncidentState.ONGOING, verdict=verdict,
                     culprits=culprits or current.culprits, summary=summary, updated_at=now)
+                self._open[key] = updated
+                if (updated.verdict, updated.culprits) != (current.verdict, current.culprits):
+                    # A first tick may see the victims before the culprit: the
+                    # evidence and the alert follow the judgement, not its first draft.
+                    events.append(Event("changed", updated))
+        for key in set(self._troubled) - set(verdicts):
+            del self._troubled[key]  # the job is gone
         for key in list(self._open):
             verdict = verdicts.get(key, ("gone", (), ""))[0]
             if verdict not in CALM and verdict != "gone":

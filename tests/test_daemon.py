@@ -157,8 +157,10 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     stalled = wait_until(lambda: (lambda s: s if s["job"]["culprits"] == [1] else None)(
         our_status(daemon, trainer)), 60, what="culprit in /status")
     assert stalled["job"]["verdict"] == "stopped"
-    incident = next(i for i in daemon.status()["incidents"]
-                    if i["state"] != "resolved" and i["job"] == stalled["key"])
+    # the incident opens once the problem is confirmed on a second tick
+    incident = wait_until(lambda: next((i for i in daemon.status()["incidents"]
+                                        if i["state"] != "resolved" and i["job"] == stalled["key"]),
+                                       None), 30, what="the incident")
     assert incident["culprits"] == [1] and os.path.isdir(incident["bundle"])
     bundle = json.load(open(os.path.join(incident["bundle"], "report.json")))
     assert bundle["job"]["culprits"] == [1]
