@@ -162,11 +162,12 @@ def cost_8_ranks(env, hb_dir, state, seconds) -> str:
         time.sleep(seconds)  # measuring over a fixed window is the point here
         share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
         rss = proc.memory_info().rss
+        verdict = json.loads(get(url + "/status"))["job"]["verdict"]
     finally:
         stop(job)
         stop(daemon)
-    return (f"daemon watching 8 healthy ranks: {share:.2%} of a core, RSS {rss / 2**20:.0f} MiB "
-            f"over {seconds:.0f} s (target <= 1%, <= 80 MB)")
+    return (f"daemon watching 8 ranks (job verdict at the end: {verdict}): {share:.2%} of a "
+            f"core, RSS {rss / 2**20:.0f} MiB over {seconds:.0f} s (target <= 1%, <= 80 MB)")
 
 
 RECORD_WRITER = """

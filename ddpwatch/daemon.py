@@ -43,6 +43,8 @@ class Daemon:
         self._host = None
         self._requested_now = False
         self._parents: dict[int, int] = {}
+        self._exec_info: dict[int, tuple] = {}  # pid -> (cmdline, env), read by discovery
+        self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
@@ -98,6 +100,7 @@ class Daemon:
         alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
         table = discovery.read_table(ctx.procfs, self._exec_cache)
         self._parents = {pid: info.ppid for pid, info in table.items()}
+        self._exec_info = {pid: (info.cmdline, info.env) for pid, info in table.items()}
         self._heartbeats = hb.data if hb.ok else None
         if self._host is None or self._tick % 60 == 0:
             if self.config.probe_on("host"):
@@ -106,17 +109,24 @@ class Daemon:
                 self._host = host.data if host.ok else self._host
         return discovery.all_jobs(table, alive)
 
-    def _snapshot(self, ctx, job, statuses, stacks=None) -> Snapshot:
+    def _snapshot(self, ctx, job, statuses, detailed: bool) -> Snapshot:
+        """A snapshot of the job. Not detailed (a job healthy last tick), it skips
+        what no rule needs while the heartbeats advance: the sockets table and
+        thread states (a third of the /proc reads); rules still get CPU and
+        run-queue waits, so a straggler is still seen."""
         pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-        # discovery read every parent this tick: the process probe need not again
-        with_parents = dataclasses.replace(ctx, parents=self._parents)
-        results = {"process": run_probe("process", with_parents, pids)}
-        if self.config.probe_on("sockets"):
+        # discovery read every parent, command line and environment this tick
+        known = dataclasses.replace(ctx, parents=self._parents, exec_info=self._exec_info,
+                                    thread_detail=detailed)
+        results = {"process": run_probe("process", known, pids)}
+        # an orphan rank's finding needs its listening sockets
+        orphan = any(self._parents.get(pid) == 1 for pid in job.rank_pids)
+        if self.config.probe_on("sockets") and (detailed or orphan):
             results["sockets"] = run_probe("sockets", ctx, job.rank_pids)
         statuses.extend(status_of(r) for r in results.values())
         data = {k: (r.data if r.ok else None) for k, r in results.items()}
         return Snapshot(SNAPSHOT_VERSION, self.clock(), time.time(), job, data["process"],
-                        data.get("sockets"), stacks, self._host, self._heartbeats,
+                        data.get("sockets"), None, self._host, self._heartbeats,
                         tuple(status_of(r) for r in results.values()))
 
     def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
@@ -128,9 +138,14 @@ class Daemon:
 
     def _judge_job(self, ctx, job, statuses) -> JobView:
         key = discovery.job_key(job)
-        snap = self._snapshot(ctx, job, statuses)
-        first, last = self._window(key, snap)
+        detailed = self._verdicts.get(key) != "healthy" or self._requested_now
+        first, last = self._window(key, self._snapshot(ctx, job, statuses, detailed))
         judgement = classify.judge((first, last), self.rules)
+        if not detailed and judgement.job.verdict != "healthy":
+            # Something changed since the last tick: look again, in detail.
+            last = self._history[key][-1] = self._snapshot(ctx, job, statuses, True)
+            judgement = classify.judge((first, last), self.rules)
+        self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in ("healthy", "warming_up")
         if (suspicious or self._requested_now) and self.config.probe_on("stacks"):
             # Suspicion (rate-limited) or a person's request: look at the stacks,
@@ -162,6 +177,7 @@ class Daemon:
         for key in set(self._history) - keys:
             del self._history[key]
             self._stacks.pop(key, None)
+            self._verdicts.pop(key, None)
 
     def _incidents(self, ctx, views: list) -> None:
         verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,

@@ -164,6 +164,13 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     assert incident["culprits"] == [1] and os.path.isdir(incident["bundle"])
     bundle = json.load(open(os.path.join(incident["bundle"], "report.json")))
     assert bundle["job"]["culprits"] == [1]
+    # Watched lean while healthy (schedstat only, no sockets), the evidence is
+    # read in detail once the job is suspect: thread states, wchan, sockets.
+    history = json.load(open(os.path.join(incident["bundle"], "snapshots.json")))["history"]
+    newest = history[-1]
+    culprit = next(p for p in newest["processes"]["procs"] if p["pid"] == victim_pid)
+    assert {t["state"] for t in culprit["threads"]} == {"T"}
+    assert newest["sockets"] is not None
     metrics = daemon.metrics()
     assert 'ddpwatch_job_culprit{' in metrics and 'rank="1"' in metrics
     key = stalled["key"]

@@ -2,6 +2,7 @@
 a few live processes (a SIGSTOPped sleep must read as state T)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -168,6 +169,38 @@ def test_missing_files_degrade_per_thread(tmp_path):
     assert obs.threads[1].sched == P.NO_SCHEDSTAT
     (tmp_path / "5072" / "stat").write_text("garbage")
     assert P.read_process(str(tmp_path), 5072).error.startswith("unparsable")
+
+
+def test_lean_read_keeps_schedstat_and_takes_exec_data_from_the_caller():
+    """The daemon's pass over a healthy job: thread schedstat only (the straggler
+    rules' run-queue wait), command line and environment as discovery read them."""
+    detailed = P.run(CTX, (5072,)).procs[0]
+    lean_ctx = dataclasses.replace(CTX, thread_detail=False,
+                                   exec_info={5072: (("python3", "x.py"), {"RANK": "7"})})
+    lean = P.run(lean_ctx, (5072,)).procs[0]
+    assert [t.sched for t in lean.threads] == [t.sched for t in detailed.threads]
+    assert {(t.state, t.wchan, t.cpu_seconds, t.processor) for t in lean.threads} == {
+        ("", "", -1.0, -1)}  # unknown, never a made-up "running"
+    assert lean.cmdline == ("python3", "x.py") and lean.env == {"RANK": "7"}
+    assert (lean.state, lean.cpu_seconds) == (detailed.state, detailed.cpu_seconds)
+
+
+def test_lean_read_degrades_per_thread(tmp_path, monkeypatch):
+    shutil.copytree(os.path.join(FX, "5072"), tmp_path / "5072", symlinks=True)
+    (tmp_path / "5072" / "task" / "5075" / "schedstat").unlink()  # no CONFIG_SCHED_INFO
+    (tmp_path / "5072" / "task" / "5078" / "schedstat").write_text("garbage")
+    listdir = os.listdir
+
+    def listdir_then_thread_exits(path):
+        names = listdir(path)
+        if str(path).endswith("/task"):
+            shutil.rmtree(tmp_path / "5072" / "task" / "5076")
+        return names
+    monkeypatch.setattr(P.os, "listdir", listdir_then_thread_exits)
+    obs = P.read_process(str(tmp_path), 5072, thread_detail=False)
+    assert [t.tid for t in obs.threads] == [5072, 5075, 5078]
+    assert obs.threads[1].sched == obs.threads[2].sched == P.NO_SCHEDSTAT
+    assert obs.threads[0].sched.timeslices == 223
 
 
 def test_json_round_trip():

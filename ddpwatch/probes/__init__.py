@@ -25,6 +25,13 @@ class ProbeContext:
     socket_info: bool = True     # sockets probe: also run `ss -ti` (bytes, idle times);
                                  # the daemon's every-tick pass reads /proc only
     parents: dict | None = None  # pid -> ppid, when the caller has just read them all
+    # pid -> (cmdline, allow-listed env), when the caller has just read them (they
+    # change only at exec): the process probe then need not read them again
+    exec_info: dict | None = None
+    # process probe: every thread's state, wchan and CPU too. Off, only the
+    # thread's schedstat is read (run-queue wait, which straggler rules use): the
+    # daemon's pass over a healthy job, a third of the files of the detailed one
+    thread_detail: bool = True
 
 
 @dataclass(frozen=True)

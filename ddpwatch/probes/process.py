@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .. import codec
 from . import ProbeContext, register
@@ -248,7 +247,12 @@ def env_from_cmdline(cmdline: tuple[str, ...]) -> dict[str, str]:
 # ---------------------------------------------------------------- READ (impure)
 
 def _read(path: str, binary: bool = False):
-    return Path(path).read_bytes() if binary else Path(path).read_text(errors="replace")
+    # Plain open(): pathlib's object per path costs more than the small read itself.
+    if binary:
+        with open(path, "rb") as f:
+            return f.read()
+    with open(path, errors="replace") as f:
+        return f.read()
 
 
 def all_pids(procfs: str = "/proc") -> tuple[int, ...]:
@@ -274,8 +278,16 @@ def read_state(procfs: str, pid: int) -> str:
         return ""
 
 
-def _read_thread(procfs: str, pid: int, tid: int) -> ThreadObs | None:
+def _read_thread(procfs: str, pid: int, tid: int, detail: bool = True) -> ThreadObs | None:
     base = f"{procfs}/{pid}/task/{tid}"
+    if not detail:  # schedstat only: state, wchan and CPU stay unknown
+        try:
+            sched = parse_schedstat(_read(f"{base}/schedstat"))
+        except (OSError, ValueError):
+            if not os.path.isdir(base):
+                return None  # thread exited between listdir and read
+            sched = NO_SCHEDSTAT  # a kernel without CONFIG_SCHED_INFO has no file
+        return ThreadObs(tid, "", "", "", -1.0, -1, sched)
     try:
         st = parse_stat(_read(f"{base}/stat"))
     except (OSError, ValueError, IndexError):
@@ -292,8 +304,11 @@ def _read_thread(procfs: str, pid: int, tid: int) -> ThreadObs | None:
                      st.cpu_seconds, st.processor, sched)
 
 
-def read_process(procfs: str, pid: int, children: tuple[int, ...] = ()) -> ProcessObs:
-    """Everything about one pid; per-pid failures become `error`, never raise."""
+def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
+                 exec_info: tuple | None = None, thread_detail: bool = True) -> ProcessObs:
+    """Everything about one pid; per-pid failures become `error`, never raise.
+
+    exec_info: the pid's (cmdline, allow-listed env) when the caller already has them."""
     base = f"{procfs}/{pid}"
     try:
         st = parse_stat(_read(f"{base}/stat"))
@@ -304,15 +319,19 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = ()) -> Proce
         return ProcessObs(pid, error=f"denied: {err.strerror}")
     except (ValueError, IndexError) as err:  # torn or foreign file
         return ProcessObs(pid, error=f"unparsable stat: {err}")
-    try:
-        cmdline = parse_cmdline(_read(f"{base}/cmdline", binary=True))
-    except OSError:
-        cmdline = ()
-    try:  # zombies answer ESRCH, other users' processes EACCES
-        env = parse_environ(_read(f"{base}/environ", binary=True))
+    if exec_info is not None:
+        cmdline, env = exec_info
         source = "environ" if env else ""
-    except OSError:
-        env, source = {}, ""
+    else:
+        try:
+            cmdline = parse_cmdline(_read(f"{base}/cmdline", binary=True))
+        except OSError:
+            cmdline = ()
+        try:  # zombies answer ESRCH, other users' processes EACCES
+            env = parse_environ(_read(f"{base}/environ", binary=True))
+            source = "environ" if env else ""
+        except OSError:
+            env, source = {}, ""
     if not env:
         env = env_from_cmdline(cmdline)
         source = "cmdline" if env else "none"
@@ -320,7 +339,8 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = ()) -> Proce
         tids = sorted(int(t) for t in os.listdir(f"{base}/task") if t.isdigit())
     except OSError:
         tids = []
-    threads = tuple(t for t in (_read_thread(procfs, pid, tid) for tid in tids) if t)
+    threads = tuple(t for t in (_read_thread(procfs, pid, tid, thread_detail)
+                           for tid in tids) if t)
     uid = status.get("Uid", "-1").split()[0]
     rss_kb = status.get("VmRSS", "").split()
     return ProcessObs(
@@ -344,7 +364,9 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
         uptime = float(_read(f"{ctx.procfs}/uptime").split()[0])
     except (OSError, ValueError, IndexError):
         uptime = -1.0
-    procs = tuple(read_process(ctx.procfs, pid, tuple(sorted(kids.get(pid, ()))))
+    known = ctx.exec_info or {}
+    procs = tuple(read_process(ctx.procfs, pid, tuple(sorted(kids.get(pid, ()))),
+                               known.get(pid), ctx.thread_detail)
                   for pid in pids)
     return Processes(taken_at, uptime, CLK_TCK, procs)
 
