@@ -116,34 +116,41 @@ def set_identity(**fields) -> None:
 
 
 # --- collectives ---------------------------------------------------------------
+_Tensor = torch.Tensor
+
+
 def _payload_bytes(args, kwargs) -> int:
     """Bytes of the first tensor argument (or list of tensors)."""
+    if args and isinstance(args[0], _Tensor):  # all_reduce(t), broadcast(t, src)...
+        return args[0].nbytes
     for value in (*args[:2], *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.numel() * value.element_size()
-        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-            return sum(t.numel() * t.element_size() for t in value)
+        if isinstance(value, _Tensor):
+            return value.nbytes
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], _Tensor):
+            return sum(t.nbytes for t in value)
     return 0
 
 
 def _wrap(name: str, original):
     op_code = OP_CODE[name]
+    state = _state
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        if getattr(_state, "depth", 0):  # a collective calling another: count the outer
+        if state.__dict__.get("depth"):  # a collective calling another: count the outer
             return original(*args, **kwargs)
-        token = _writer.enter(op_code, _payload_bytes(args, kwargs))
-        _state.depth = 1
+        writer = _writer
+        token = writer.enter(op_code, _payload_bytes(args, kwargs))
+        state.depth = True
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            _writer.exit(token)
+            writer.exit(token)
             raise
         finally:
-            _state.depth = 0
+            state.depth = False
         if result is None or token is None:
-            _writer.exit(token)
+            writer.exit(token)
             return result
         return _on_completion(result, token)
 
@@ -305,13 +312,15 @@ _BUCKET_OP = OP_CODE["ddp_bucket_all_reduce"]
 def _bucket_hook(group, bucket):
     """DDP's default all-reduce (average), plus a heartbeat with the bucket's bytes."""
     tensor = bucket.buffer()
-    token = _writer.enter(_BUCKET_OP, tensor.numel() * tensor.element_size())
+    writer = _writer
+    token = writer.enter(_BUCKET_OP, tensor.nbytes)
     tensor.div_(group.size())
-    all_reduce = c10d.all_reduce.__ddpwatch_original__
-    future = all_reduce(tensor, group=group, async_op=True).get_future()
+    # What DDP's built-in path calls (ProcessGroup.allreduce on the bucket), not
+    # the Python c10d.all_reduce with its argument checks: this runs per bucket.
+    future = group.allreduce([tensor]).get_future()
 
     def finished(fut):
-        _writer.exit(token)
+        writer.exit(token)
         return fut.value()[0]
     return future.then(finished)
 

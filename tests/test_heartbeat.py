@@ -84,7 +84,7 @@ def test_unwritable_directory_turns_writer_off_with_one_warning(tmp_path):
     (b"", "truncated"),
     (b"DDPWHB01" + struct.pack("<II", LAYOUT_VERSION, 10), "truncated"),
     (b"garbage!" * 500, "not a ddpwatch heartbeat record"),
-    (b"DDPWHB01" + struct.pack("<II", LAYOUT_VERSION + 1, 9999) + b"\0" * 4000, "layout version 2"),
+    (b"DDPWHB01" + struct.pack("<II", LAYOUT_VERSION + 1, 9999) + b"\0" * 4000, f"layout version {LAYOUT_VERSION + 1}"),
 ], ids=["empty", "short", "garbage", "future-version"])
 def test_bad_record_files_are_skipped_with_a_reason(tmp_path, content, reason):
     path = tmp_path / "rank0-pid1.hb"

@@ -12,6 +12,9 @@ without trusting wall clocks.
 
 Layout version history:
   1 - first layout.
+  2 - progress fields all 8 bytes and reordered, so that a collective's entry
+      and its exit each rewrite one contiguous run of fields (the hot path
+      packs 7 and 6 fields instead of all 17).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"DDPWHB01"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 RING_SLOTS = 64
 FILE_SUFFIX = ".hb"
 
@@ -78,40 +81,45 @@ SEQ = struct.Struct("<Q")
 SEQ_OFFSET = HEADER.size  # seq lives right after the identity, 8-aligned
 assert SEQ_OFFSET % 8 == 0
 
-# Progress + counters: rewritten at every heartbeat, in one pack_into, while seq
-# is odd. seq itself is never written with struct.pack_into: CPython zero-fills
-# the target before packing, which would show readers a transient even seq 0.
+# Progress + counters, every field 8 bytes. seq itself is never written with
+# struct.pack_into: CPython zero-fills the target before packing, which would show
+# readers a transient even seq 0. The order is the hot path's: a collective's
+# entry rewrites fields [0, ENTRY_END), its exit [EXIT_START, EXIT_END), a step
+# or a phase change all of them.
 PROGRESS_FIELDS = (
-    # The first HOT_FIELDS are all a collective's entry changes: entry packs only them.
     ("collective_seq", "q"),         # collectives entered so far; the current one's number
-    ("op", "H"),                     # current / last op code
-    ("phase", "B"),                  # Phase
-    ("outstanding", "I"),            # collectives entered and not complete (async ops)
+    ("op", "q"),                     # current / last op code
     ("bytes", "q"),                  # bytes of the current / last collective
     ("entered_at", "d"),             # when the current / last collective began
+    ("phase", "q"),                  # Phase
+    ("outstanding", "q"),            # collectives entered and not complete (async ops)
     ("updated_at", "d"),             # last heartbeat
-    ("step", "q"),                   # current step (= steps completed)
-    ("step_started_at", "d"),
     ("collectives_completed", "q"),
     ("collective_seconds", "d"),     # wall time with a collective outstanding (overlapping
                                      # async bucket all-reduces are not counted twice)
+    ("bytes_total", "q"),            # bytes moved by completed collectives
+    ("step", "q"),                   # current step (= steps completed)
+    ("step_started_at", "d"),
     ("steps_completed", "q"),
     ("step_seconds", "d"),           # seconds in completed steps
     ("last_step_seconds", "d"),
     ("tokens", "q"),                 # tokens processed
     ("last_step_tokens", "q"),
-    ("bytes_total", "q"),            # bytes moved by completed collectives
 )
-HOT_FIELDS = 7
-HOT = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS[:HOT_FIELDS]))
+ENTRY_END = 7      # collective_seq .. updated_at
+EXIT_START = 4     # phase ..
+EXIT_END = 10      # .. bytes_total
 PROGRESS = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS))
+ENTRY = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS[:ENTRY_END]))
+EXIT = struct.Struct("<" + "".join(code for _, code in PROGRESS_FIELDS[EXIT_START:EXIT_END]))
 # Index of each field in a progress tuple (the writer keeps its state as a list).
 P = type("P", (), {name.upper(): i for i, (name, _) in enumerate(PROGRESS_FIELDS)})
 PROGRESS_OFFSET = SEQ_OFFSET + SEQ.size
+EXIT_OFFSET = PROGRESS_OFFSET + 8 * EXIT_START
 # The ring of recent collectives: collective number n lives in slot (n - 1) % 64,
 # written when it completes, so peers' rings can be lined up by seq.
-RING_SLOT = struct.Struct("<qHxxxxxxqdd")  # seq, op, bytes, start, end
-RING_OFFSET = PROGRESS_OFFSET + PROGRESS.size + (-(PROGRESS_OFFSET + PROGRESS.size) % 8)
+RING_SLOT = struct.Struct("<qqqdd")  # seq, op, bytes, start, end
+RING_OFFSET = PROGRESS_OFFSET + PROGRESS.size
 RECORD_SIZE = RING_OFFSET + RING_SLOT.size * RING_SLOTS
 
 

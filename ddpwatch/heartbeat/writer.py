@@ -29,12 +29,23 @@ from .paths import record_path, prepare_dir
 
 _monotonic = time.monotonic
 _pack_progress = layout.PROGRESS.pack_into
-_pack_hot = layout.HOT.pack_into
+_pack_entry = layout.ENTRY.pack_into
+_pack_exit = layout.EXIT.pack_into
 _pack_ring = layout.RING_SLOT.pack_into
 _PROGRESS_OFFSET = layout.PROGRESS_OFFSET
+_EXIT_OFFSET = layout.EXIT_OFFSET
+_RING_OFFSET = layout.RING_OFFSET
+_RING_SLOT_SIZE = layout.RING_SLOT.size
+_RING_SLOTS = layout.RING_SLOTS
 P = layout.P
 INSIDE = layout.Phase.INSIDE
 OUTSIDE = layout.Phase.OUTSIDE
+# State list indices the hot path uses, as constants (P.X is an attribute lookup).
+_SEQ, _OUTSTANDING, _COMPLETED, _COLL_S, _BYTES_TOTAL = (
+    P.COLLECTIVE_SEQ, P.OUTSTANDING, P.COLLECTIVES_COMPLETED, P.COLLECTIVE_SECONDS,
+    P.BYTES_TOTAL)
+_ENTRY_END, _EXIT_START, _EXIT_END = layout.ENTRY_END, layout.EXIT_START, layout.EXIT_END
+assert (P.PHASE, P.UPDATED_AT) == (_EXIT_START, _EXIT_START + 2)
 
 
 class HeartbeatWriter:
@@ -111,18 +122,18 @@ class HeartbeatWriter:
         try:
             now = _monotonic()
             st = self._state
-            seq = st[0] = st[0] + 1  # P.COLLECTIVE_SEQ
-            outstanding = st[3] + 1  # P.OUTSTANDING
+            seq = st[_SEQ] + 1
+            outstanding = st[_OUTSTANDING] + 1
             if outstanding == 1:
                 self._busy_since = now
-            # The hot fields, in layout order (layout.HOT_FIELDS); the rest of
-            # the state is unchanged by an entry and stays as last published.
-            st[:7] = hot = (seq, op_code, INSIDE, outstanding, nbytes, now, now)
+            # All an entry changes, in layout order: collective_seq, op, bytes,
+            # entered_at, phase, outstanding, updated_at (layout.ENTRY).
+            st[:_ENTRY_END] = entry = (seq, op_code, nbytes, now, INSIDE, outstanding, now)
             if not self.closed:
                 cell = self._seq_cell
                 odd = self._seq + 1
                 cell.value = odd
-                _pack_hot(self._mem, _PROGRESS_OFFSET, *hot)
+                _pack_entry(self._mem, _PROGRESS_OFFSET, *entry)
                 self._seq = cell.value = odd + 1
             return (seq, now, op_code, nbytes)
         finally:
@@ -135,15 +146,24 @@ class HeartbeatWriter:
         try:
             now = _monotonic()
             st = self._state
-            st[P.OUTSTANDING] -= 1
-            st[P.COLLECTIVES_COMPLETED] += 1
-            st[P.BYTES_TOTAL] += nbytes
-            st[P.UPDATED_AT] = now
-            if st[P.OUTSTANDING] <= 0:
-                st[P.OUTSTANDING] = 0
-                st[P.COLLECTIVE_SECONDS] += now - self._busy_since
-                st[P.PHASE] = OUTSIDE
-            self._publish_state((seq, op_code, nbytes, start, now))
+            outstanding = st[_OUTSTANDING] - 1
+            if outstanding <= 0:
+                outstanding = 0
+                st[_COLL_S] += now - self._busy_since
+            # phase, outstanding, updated_at, collectives_completed,
+            # collective_seconds, bytes_total (layout.EXIT)
+            st[_EXIT_START:_EXIT_END] = exit_ = (
+                OUTSIDE if outstanding == 0 else INSIDE, outstanding, now,
+                st[_COMPLETED] + 1, st[_COLL_S], st[_BYTES_TOTAL] + nbytes)
+            if not self.closed:
+                mem = self._mem
+                cell = self._seq_cell
+                odd = self._seq + 1
+                cell.value = odd
+                _pack_ring(mem, _RING_OFFSET + ((seq - 1) % _RING_SLOTS) * _RING_SLOT_SIZE,
+                           seq, op_code, nbytes, start, now)
+                _pack_exit(mem, _EXIT_OFFSET, *exit_)
+                self._seq = cell.value = odd + 1
         finally:
             self._lock.release()
 
@@ -175,15 +195,13 @@ class HeartbeatWriter:
         self._state[P.UPDATED_AT] = now
         self._publish_state()
 
-    def _publish_state(self, ring_entry=None) -> None:
-        """Write the state under the seqlock. Caller holds the lock."""
+    def _publish_state(self) -> None:
+        """Write the whole state under the seqlock. Caller holds the lock."""
         if self.closed:
             return
         cell = self._seq_cell
         seq = self._seq + 1
         cell.value = seq
-        if ring_entry is not None:
-            _pack_ring(self._mem, layout.ring_offset(ring_entry[0]), *ring_entry)
         _pack_progress(self._mem, _PROGRESS_OFFSET, *self._state)
         self._seq = seq + 1
         cell.value = seq + 1
