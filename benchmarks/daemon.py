@@ -29,6 +29,7 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from pairs import ratio_summary, run_pairs  # benchmarks/pairs.py, beside this script
 
 
 def free_port() -> int:
@@ -98,17 +99,16 @@ def tokens_per_s(env, steps) -> float:
 
 
 def overhead(env, hb_dir, state, pairs, steps) -> str:
-    on, off = [], []
-    for _ in range(pairs):
-        off.append(tokens_per_s(env, steps))
+    def watched():
         daemon, _ = start_daemon(env, hb_dir, state)
         try:
-            on.append(tokens_per_s(env, steps))
+            return tokens_per_s(env, steps)
         finally:
             stop(daemon)
-    return (f"trainer tokens/s with the daemon watching / without: "
-            f"{statistics.mean(on) / statistics.mean(off):.3f} ({statistics.mean(on):.0f} vs "
-            f"{statistics.mean(off):.0f}; {pairs} alternating pairs; target >= 0.99)")
+    off, on = run_pairs(pairs, lambda: tokens_per_s(env, steps), watched)
+    return (f"trainer tokens/s with the daemon watching / without: {ratio_summary(off, on)}"
+            f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f}; {pairs} pairs of "
+            f"{steps}-step runs; target >= 0.99)")
 
 
 def time_to_culprit(env, hb_dir, state) -> str:
@@ -214,11 +214,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as hb_dir, tempfile.TemporaryDirectory() as state:
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where records live in production
+    with tempfile.TemporaryDirectory(dir=shm) as hb_dir, tempfile.TemporaryDirectory() as state:
         env = dict(os.environ, DDPWATCH_DIR=hb_dir, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
         runs = {
-            "overhead": lambda: overhead(env, hb_dir, state, 1 if args.quick else 3,
-                                         20 if args.quick else 60),
+            "overhead": lambda: overhead(env, hb_dir, state, 2 if args.quick else 8,
+                                         20 if args.quick else 100),
             "stall": lambda: time_to_culprit(env, hb_dir, state),
             "cost": lambda: cost_8_ranks(env, hb_dir, state, 10 if args.quick else 30),
             "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20),

@@ -3,9 +3,15 @@
 1. the median cost of one heartbeat (a collective's entry, its exit, and both)
    - target <= 1 us;
 2. a loop of 1-element all-reduces on 2 Gloo ranks, instrumented / bare, taken
-   in alternating rounds inside one torchrun job - target <= 1.01;
+   in alternating rounds inside one torchrun job - target <= 1.01. The same rounds
+   also time the bare loop with 1 us of busy CPU before each call: on a machine
+   where two ranks' main and Gloo threads share few cores, that calibrates what
+   a microsecond of CPU on the critical path costs the loop;
 3. trainer tokens/s instrumented / not (--no-ddpwatch), alternating runs of the
-   bundled trainer on 2 CPU ranks - target >= 0.99.
+   bundled trainer on 2 CPU ranks (ABBA order, so a drift cancels) - the mean
+   of the pairs' ratios with a 90% bootstrap interval - target >= 0.99.
+
+Records go where they go in production: a fresh directory under /dev/shm.
 
     python benchmarks/heartbeat.py [--quick]
 """
@@ -22,6 +28,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from pairs import ratio_summary, run_pairs  # benchmarks/pairs.py, beside this script
 
 
 def heartbeat_cost(n: int) -> tuple[float, float, float]:
@@ -49,7 +56,8 @@ def heartbeat_cost(n: int) -> tuple[float, float, float]:
 
 
 def allreduce_worker(rounds: int, per_round: int) -> None:
-    """Runs on each rank under torchrun: alternate bare and instrumented rounds."""
+    """Runs on each rank under torchrun: alternate bare, instrumented and
+    calibration rounds."""
     import torch
     import torch.distributed as dist
 
@@ -59,21 +67,56 @@ def allreduce_worker(rounds: int, per_round: int) -> None:
     dist.init_process_group("gloo")
     wrapped = dist.all_reduce
     bare = wrapped.__ddpwatch_original__
+    clock = time.perf_counter_ns
+
+    def busy_1us_then_bare(tensor):
+        until = clock() + 1000
+        while clock() < until:
+            pass
+        bare(tensor)
     t = torch.ones(1)
-    times = {"bare": 0.0, "instrumented": 0.0}
+    arms = {"bare": bare, "instrumented": wrapped, "busy_1us": busy_1us_then_bare}
+    times = dict.fromkeys(arms, 0.0)
+    names = list(arms)
     for r in range(rounds):
-        for name, fn in (("bare", bare), ("instrumented", wrapped))[:: 1 if r % 2 else -1]:
+        for name in names[:: 1 if r % 2 else -1]:
+            fn = arms[name]
             dist.barrier()
             start = time.perf_counter()
             for _ in range(per_round):
                 fn(t)
             times[name] += time.perf_counter() - start
     if dist.get_rank() == 0:
+        us = {k: v / (rounds * per_round) * 1e6 for k, v in times.items()}
         print(f"RATIO {times['instrumented'] / times['bare']:.4f} "
-              f"bare_us={times['bare'] / (rounds * per_round) * 1e6:.1f} "
-              f"instrumented_us={times['instrumented'] / (rounds * per_round) * 1e6:.1f}",
-              flush=True)
+              f"bare_us={us['bare']:.1f} instrumented_us={us['instrumented']:.1f} "
+              f"bare+1us_busy_us={us['busy_1us']:.1f}", flush=True)
     dist.destroy_process_group()
+
+
+def wrapper_cpu_us(n: int) -> float:
+    """CPU cost of the instrumented wrapper alone: around a collective that does nothing."""
+    import torch
+
+    from ddpwatch import instrumentation as ins
+    from ddpwatch.heartbeat import open_writer
+    with tempfile.TemporaryDirectory(dir=shm_base()) as d:
+        ins._writer = open_writer(d, rank=0)
+        def nothing(tensor, op=None, group=None, async_op=False):
+            return None
+        wrapped, t = ins._wrap("all_reduce", nothing), torch.ones(1)
+        best = []
+        for fn in (nothing, wrapped, nothing, wrapped):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn(t)
+            best.append((time.perf_counter() - start) / n)
+        ins._writer.close()
+    return (min(best[1], best[3]) - min(best[0], best[2])) * 1e6
+
+
+def shm_base() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 def torchrun(nproc: int, *args: str) -> list[str]:
@@ -93,7 +136,7 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
     if not instrumented:
         cmd.append("--no-ddpwatch")
     out = run(cmd, env)
-    rates = [float(m) for m in re.findall(r"tok/s (\d+(?:\.\d+)?)", out)]
+    rates = [float(m) for m in re.findall(r"\[rank 0\].*tok/s (\d+(?:\.\d+)?)", out)]
     steady = rates[len(rates) // 5:]  # leave out warm-up steps
     if not steady:
         sys.exit(f"benchmark: no per-step tok/s in trainer output:\n{out[-2000:]}")
@@ -103,6 +146,7 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--pairs", type=int, help="trainer run pairs (default 16, quick 2)")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -110,26 +154,26 @@ def main() -> None:
         return
     quick = args.quick
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory() as hb:
+    with tempfile.TemporaryDirectory(dir=shm_base()) as hb:
         env["DDPWATCH_DIR"] = hb
         enter, leave, both = heartbeat_cost(50_000 if quick else 300_000)
         print(f"heartbeat cost, median: entry {enter:.2f} us, exit {leave:.2f} us, "
               f"any heartbeat {both:.2f} us (target <= 1 us)")
+        print(f"instrumented wrapper around a collective, CPU: "
+              f"{wrapper_cpu_us(50_000 if quick else 200_000):.2f} us per call (entry + exit "
+              f"heartbeats included)")
         rounds, per_round = (6, 500) if quick else (20, 2000)
         out = run(torchrun(2, os.path.abspath(__file__), "--worker", str(rounds), str(per_round)), env)
         line = next(l for l in out.splitlines() if l.startswith("RATIO"))
         ratio, *detail = line.split()[1:]
         print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare: {ratio} "
               f"({' '.join(detail)}; target <= 1.01)")
-        pairs, steps = (1, 20) if quick else (5, 60)
-        on, off = [], []
-        for _ in range(pairs):
-            off.append(trainer_tokens_per_s(env, False, steps))
-            on.append(trainer_tokens_per_s(env, True, steps))
-        print(f"trainer tokens/s on 2 CPU ranks, instrumented / not: "
-              f"{statistics.mean(on) / statistics.mean(off):.3f} "
-              f"({statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s, "
-              f"{pairs} alternating pair(s); target >= 0.99)")
+        pairs, steps = (args.pairs or (2 if quick else 16)), (20 if quick else 100)
+        off, on = run_pairs(pairs, lambda: trainer_tokens_per_s(env, False, steps),
+                            lambda: trainer_tokens_per_s(env, True, steps))
+        print(f"trainer tokens/s on 2 CPU ranks, instrumented / not: {ratio_summary(off, on)}"
+              f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s; {pairs} pairs of "
+              f"{steps}-step runs; target >= 0.99)")
 
 
 if __name__ == "__main__":
