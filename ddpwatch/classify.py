@@ -63,9 +63,17 @@ class Judgement:
     ranks: tuple[RankVerdict, ...]
 
 
+# A dead rank of this job was alive when the job's live ranks started: its last
+# heartbeat is not older than their start, give or take this much.
+MEMBER_SLACK_S = 5.0
+
+
 def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     """Heartbeat records that belong to the job: live ranks' and the dead ones of
-    the same run (same run id, started around the same time)."""
+    the same run. A dead record of the same run id is left out when a live rank
+    holds its rank or it went quiet before the live ranks started: that is an
+    earlier launch (torchrun's run id is "none" unless --rdzv-id or --standalone
+    sets one), and judging it with this job would call a healthy relaunch dead."""
     if snap.heartbeats is None:
         return []
     pairs = list(zip(snap.heartbeats.records, snap.heartbeats.alive))
@@ -73,12 +81,16 @@ def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     if not live:
         return []
     run_ids = {r.run_id for r in live}
+    live_ranks = {r.rank for r in live}
+    worlds = {r.world_size for r in live}
     earliest = min(r.started_at for r in live)
     chosen = []
     for rec, alive in pairs:
         if rec.pid in snap.job.rank_pids:
             chosen.append((rec, alive))
-        elif not alive and rec.run_id in run_ids and rec.started_at >= earliest - 120:
+        elif (not alive and rec.run_id in run_ids and rec.world_size in worlds
+              and rec.rank not in live_ranks and rec.started_at >= earliest - 120
+              and rec.updated_at >= earliest - MEMBER_SLACK_S):
             chosen.append((rec, False))
     return chosen
 

@@ -133,6 +133,44 @@ def test_compiled_code_on_the_stack_is_not_warm_up(default_rules):
     assert not any(v.verdict == "warming_up" for v in j.ranks)
 
 
+def _with_dead_records(name: str, tmp_path, **changes) -> str:
+    """The fixture plus, in every snapshot, dead copies of its records (other
+    pids) with `changes` applied: what an earlier launch leaves in the directory."""
+    with open(fixture_path(name)) as f:
+        data = json.load(f)
+    for snap in data["history"]:
+        hb = snap["heartbeats"]
+        ghosts = []
+        for rec in hb["records"]:
+            ghost = dict(rec, pid=rec["pid"] + 100_000, phase="inside")
+            ghost.update({k: (v(rec) if callable(v) else v) for k, v in changes.items()})
+            ghosts.append(ghost)
+        hb["records"] += ghosts
+        hb["alive"] += [False] * len(ghosts)
+    path = tmp_path / f"{name}_with_ghosts.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_an_earlier_launch_with_the_same_run_id_is_not_this_jobs_dead(default_rules, tmp_path):
+    """Regression: torchrun's run id is "none" without --rdzv-id, so a relaunch's
+    live ranks share it with the records the last launch left: those held the same
+    ranks and went quiet before the relaunch started. Judged with the job, a
+    healthy relaunch was called dead."""
+    quit_before = lambda rec: rec["started_at"] - 30  # noqa: E731
+    earlier = _with_dead_records("trainer_healthy", tmp_path,
+                                 started_at=lambda rec: rec["started_at"] - 60,
+                                 updated_at=quit_before)
+    j = classify.judge(load(earlier), default_rules)
+    assert j.job.verdict == "healthy" and len(j.ranks) == 2
+    # The same ranks dying during this launch (a rank number no live rank holds,
+    # quiet only since after the start) are this job's dead: judged so.
+    during = _with_dead_records("trainer_healthy", tmp_path, rank=lambda rec: rec["rank"] + 2,
+                                world_size=2, updated_at=lambda rec: rec["updated_at"])
+    j = classify.judge(load(during), default_rules)
+    assert j.job.verdict == "dead" and len(j.ranks) == 4
+
+
 def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
     covered = set()
     finding_rules = [r for r in default_rules if r.finding]
