@@ -24,6 +24,11 @@ from .view import DaemonView, JobView
 
 log = logging.getLogger("ddpwatch")
 
+# A job no rule can judge yet in its first seconds is starting (importing torch,
+# meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
+# pay. Problems at start-up have verdicts of their own (sockets are still read).
+STARTUP_GRACE_S = 10.0
+
 
 def load_rules(config: Config) -> list:
     return rules_mod.load_default(config.rules)
@@ -45,6 +50,7 @@ class Daemon:
         self._parents: dict[int, int] = {}
         self._exec_info: dict[int, tuple] = {}  # pid -> (cmdline, env), read by discovery
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
+        self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
@@ -138,6 +144,7 @@ class Daemon:
 
     def _judge_job(self, ctx, job, statuses) -> JobView:
         key = discovery.job_key(job)
+        first_seen = self._first_seen.setdefault(key, self.clock())
         detailed = self._verdicts.get(key) != "healthy" or self._requested_now
         first, last = self._window(key, self._snapshot(ctx, job, statuses, detailed))
         judgement = classify.judge((first, last), self.rules)
@@ -147,6 +154,8 @@ class Daemon:
             judgement = classify.judge((first, last), self.rules)
         self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in ("healthy", "warming_up")
+        if judgement.job.verdict == "unknown":
+            suspicious = self.clock() - first_seen >= STARTUP_GRACE_S
         if (suspicious or self._requested_now) and self.config.probe_on("stacks"):
             # Suspicion (rate-limited) or a person's request: look at the stacks,
             # and judge again with them.
@@ -178,6 +187,7 @@ class Daemon:
             del self._history[key]
             self._stacks.pop(key, None)
             self._verdicts.pop(key, None)
+            self._first_seen.pop(key, None)
 
     def _incidents(self, ctx, views: list) -> None:
         verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,

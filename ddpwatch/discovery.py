@@ -49,7 +49,7 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
                 cmdline, env = cache[key]
             else:
                 cmdline, env = _read_exec(procfs, pid)
-                if key is not None and cmdline:
+                if key is not None:  # empty too: kernel threads, zombies
                     cache[key] = (cmdline, env)
         except (OSError, IndexError, ValueError):
             continue

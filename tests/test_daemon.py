@@ -329,3 +329,30 @@ def test_stacks_on_request_for_a_healthy_job(start_job, tmp_path, hb_dir):
                                       and len(s["ranks"]) == 2 else None)(
         our_status(daemon, trainer)), 30, what="stacks after the request")
     assert with_stacks["job"]["verdict"] == "healthy"
+
+
+def test_no_stacks_for_a_starting_job_until_the_grace_ends(start_job, tmp_path, hb_dir,
+                                                            need_py_spy):
+    """A job no rule can judge in its first seconds is starting: py-spy waits out
+    daemon.STARTUP_GRACE_S (real /proc and py-spy; the daemon's clock is ours)."""
+    from ddpwatch.config import load
+    from ddpwatch.daemon import STARTUP_GRACE_S, Daemon, load_rules
+    port = free_port()
+    job = start_job([sys.executable, "-c", "import time; time.sleep(120)"],
+                    env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    key = f"127.0.0.1:{port}"
+    now = [1000.0]
+    cfg = load(None, {"state_dir": str(tmp_path / "state"), "heartbeat_dir": hb_dir})
+    daemon = Daemon(cfg, load_rules(cfg), clock=lambda: now[0])
+
+    def stacks_taken(at: float):
+        now[0] = 1000.0 + at
+        view = daemon.tick()
+        mine = next((j for j in view.jobs if j.key == key), None)
+        return mine, mine is not None and mine.last.stacks is not None
+    mine = wait_until(lambda: stacks_taken(0.0)[0], 60, what="the job discovered")
+    assert mine.judgement.job.verdict == "unknown", "the test needs a job no rule judges"
+    assert not stacks_taken(STARTUP_GRACE_S - 1)[1]
+    assert stacks_taken(STARTUP_GRACE_S + 1)[1]
+    assert job.proc.poll() is None
