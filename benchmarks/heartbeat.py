@@ -76,7 +76,7 @@ def allreduce_worker(rounds: int, per_round: int) -> None:
         bare(tensor)
     t = torch.ones(1)
     arms = {"bare": bare, "instrumented": wrapped, "busy_1us": busy_1us_then_bare}
-    times = dict.fromkeys(arms, 0.0)
+    times: dict[str, list[float]] = {name: [] for name in arms}
     names = list(arms)
     for r in range(rounds):
         for name in names[:: 1 if r % 2 else -1]:
@@ -85,11 +85,12 @@ def allreduce_worker(rounds: int, per_round: int) -> None:
             start = time.perf_counter()
             for _ in range(per_round):
                 fn(t)
-            times[name] += time.perf_counter() - start
+            times[name].append(time.perf_counter() - start)
     if dist.get_rank() == 0:
-        us = {k: v / (rounds * per_round) * 1e6 for k, v in times.items()}
-        print(f"RATIO {times['instrumented'] / times['bare']:.4f} "
-              f"bare_us={us['bare']:.1f} instrumented_us={us['instrumented']:.1f} "
+        us = {k: sum(v) / (rounds * per_round) * 1e6 for k, v in times.items()}
+        print(f"RATIO {ratio_summary(times['bare'], times['instrumented'])}"
+              f"{rounds} paired rounds) bare_us={us['bare']:.1f} "
+              f"instrumented_us={us['instrumented']:.1f} "
               f"bare+1us_busy_us={us['busy_1us']:.1f}", flush=True)
     dist.destroy_process_group()
 
@@ -162,12 +163,11 @@ def main() -> None:
         print(f"instrumented wrapper around a collective, CPU: "
               f"{wrapper_cpu_us(50_000 if quick else 200_000):.2f} us per call (entry + exit "
               f"heartbeats included)")
-        rounds, per_round = (6, 500) if quick else (20, 2000)
+        rounds, per_round = (6, 500) if quick else (40, 1000)
         out = run(torchrun(2, os.path.abspath(__file__), "--worker", str(rounds), str(per_round)), env)
         line = next(l for l in out.splitlines() if l.startswith("RATIO"))
-        ratio, *detail = line.split()[1:]
-        print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare: {ratio} "
-              f"({' '.join(detail)}; target <= 1.01)")
+        print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare: "
+              f"{line.removeprefix('RATIO ')}; target <= 1.01")
         pairs, steps = (args.pairs or (2 if quick else 16)), (20 if quick else 100)
         off, on = run_pairs(pairs, lambda: trainer_tokens_per_s(env, False, steps),
                             lambda: trainer_tokens_per_s(env, True, steps))
