@@ -52,6 +52,7 @@ class Daemon:
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
         self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
+        self._dead_records: dict = {}  # records of gone writers: probes/heartbeats.py
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
         # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
@@ -66,7 +67,8 @@ class Daemon:
     def ctx(self) -> ProbeContext:
         # Every tick reads /proc only; `ss` (a fork and exec) waits for suspicion.
         return ProbeContext(heartbeat_dir=self.config.heartbeat_dir or None, clock=self.clock,
-                            timeout_s=self.config.probe_timeout_s, socket_info=False)
+                            timeout_s=self.config.probe_timeout_s, socket_info=False,
+                            dead_records=self._dead_records)
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> DaemonView:

@@ -5,9 +5,12 @@ import multiprocessing
 import os
 import stat
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
+from conftest import REPO
 
 from ddpwatch.heartbeat import LAYOUT_VERSION, OP_CODE, Skipped, layout, open_writer, read_dir, read_file
 from ddpwatch.heartbeat.writer import NullWriter
@@ -149,3 +152,29 @@ def test_torn_reads_never_happen(tmp_path):
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
+    """The daemon's probe keeps records of exited writers (real processes): read
+    again while their writer might still have published its last word, then
+    reused until the file changes or goes away."""
+    from ddpwatch.probes import ProbeContext
+    from ddpwatch.probes import heartbeats as probe
+    script = ("import sys; sys.path.insert(0, %r); from ddpwatch.heartbeat import open_writer; "
+              "w = open_writer(%r, rank=0); w.step(5); w.close()" % (REPO, str(tmp_path)))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    (path,) = [str(p) for p in tmp_path.iterdir()]
+    reads = []
+    real_read = probe.read_file
+    monkeypatch.setattr(probe, "read_file", lambda p: reads.append(p) or real_read(p))
+    ctx = ProbeContext(heartbeat_dir=str(tmp_path), dead_records={})
+    for _ in range(4):
+        obs = probe.run(ctx, ())
+        assert obs.alive == (False,) and obs.records[0].phase == "exited"
+        assert obs.records[0].tokens == 5
+    assert reads == [path, path]  # dead twice in a row: final, then reused
+    os.utime(path, ns=(1, 1))  # rewritten (a new writer truncates it): read again
+    probe.run(ctx, ())
+    assert len(reads) == 3
+    os.unlink(path)
+    assert probe.run(ctx, ()).records == () and ctx.dead_records == {}

@@ -32,6 +32,11 @@ class ProbeContext:
     # thread's schedstat is read (run-queue wait, which straggler rules use): the
     # daemon's pass over a healthy job, a third of the files of the detailed one
     thread_detail: bool = True
+    # heartbeats probe: path -> (file identity, Record, final) of records whose
+    # process is gone, kept by a caller that reads every second. Such a record no longer
+    # changes: it is not read again while the file stays the same (finished runs'
+    # records pile up in the directory; reading them all every tick adds up)
+    dead_records: dict | None = None
 
 
 @dataclass(frozen=True)

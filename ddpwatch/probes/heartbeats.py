@@ -7,9 +7,11 @@ no later than the record was created.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from ..heartbeat import Record, Skipped, read_dir
+from ..heartbeat import Record, Skipped, read_file
+from ..heartbeat.reader import list_records
 from . import ProbeContext, register
 from .process import parse_stat
 
@@ -32,6 +34,41 @@ def record_alive(record: Record, procfs: str = "/proc") -> bool:
 
 @register("heartbeats", help="heartbeat records the ranks write (ddpwatch.instrument)")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
-    records, skipped = read_dir(ctx.heartbeat_dir)
-    return HeartbeatObs(tuple(records), tuple(record_alive(r, ctx.procfs) for r in records),
-                        tuple(skipped))
+    dead = ctx.dead_records
+    records, alive, skipped = [], [], []
+    paths = list_records(ctx.heartbeat_dir)
+    for path in paths:
+        identity = _file_identity(path) if dead is not None else None
+        cached = dead.get(path) if dead is not None else None
+        if cached is not None and cached[2] and identity is not None and cached[0] == identity:
+            records.append(cached[1])
+            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
+            continue
+        result = read_file(path)
+        if isinstance(result, Skipped):
+            skipped.append(result)
+            continue
+        is_alive = record_alive(result, ctx.procfs)
+        records.append(result)
+        alive.append(is_alive)
+        if dead is not None:
+            if is_alive or identity is None:
+                dead.pop(path, None)
+            else:
+                # Reused only once read with its writer already gone a tick
+                # before: a read that raced the writer's last publish (EXITED,
+                # at exit) is not final, and mmap stores leave mtime alone.
+                dead[path] = (identity, result, path in dead)
+    if dead is not None:
+        for path in set(dead) - set(paths):  # files removed since
+            del dead[path]
+    return HeartbeatObs(tuple(records), tuple(alive), tuple(skipped))
+
+
+def _file_identity(path: str) -> tuple | None:
+    """What changes when a record file is rewritten or replaced."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
