@@ -71,9 +71,10 @@ MEMBER_SLACK_S = 5.0
 def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     """Heartbeat records that belong to the job: live ranks' and the dead ones of
     the same run. A dead record of the same run id is left out when a live rank
-    holds its rank or it went quiet before the live ranks started: that is an
-    earlier launch (torchrun's run id is "none" unless --rdzv-id or --standalone
-    sets one), and judging it with this job would call a healthy relaunch dead."""
+    holds its rank, when it went quiet before the live ranks started, or when a
+    later-started dead record holds its rank: each is an earlier launch (torchrun's
+    run id is "none" unless --rdzv-id or --standalone sets one, and ranks started by
+    hand have none), and judging it with this job would call a relaunch dead."""
     if snap.heartbeats is None:
         return []
     pairs = list(zip(snap.heartbeats.records, snap.heartbeats.alive))
@@ -84,15 +85,17 @@ def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     live_ranks = {r.rank for r in live}
     worlds = {r.world_size for r in live}
     earliest = min(r.started_at for r in live)
-    chosen = []
+    dead: dict[int, Record] = {}  # rank -> its latest-started dead record
     for rec, alive in pairs:
-        if rec.pid in snap.job.rank_pids:
-            chosen.append((rec, alive))
-        elif (not alive and rec.run_id in run_ids and rec.world_size in worlds
-              and rec.rank not in live_ranks and rec.started_at >= earliest - 120
-              and rec.updated_at >= earliest - MEMBER_SLACK_S):
-            chosen.append((rec, False))
-    return chosen
+        if (not alive and rec.pid not in snap.job.rank_pids and rec.run_id in run_ids
+                and rec.world_size in worlds and rec.rank not in live_ranks
+                and rec.started_at >= earliest - 120
+                and rec.updated_at >= earliest - MEMBER_SLACK_S):
+            if rec.rank not in dead or rec.started_at > dead[rec.rank].started_at:
+                dead[rec.rank] = rec
+    members = {id(r) for r in dead.values()}
+    return [(rec, alive if rec.pid in snap.job.rank_pids else False) for rec, alive in pairs
+            if rec.pid in snap.job.rank_pids or id(rec) in members]
 
 
 def _stall_bound(record: Record) -> float:

@@ -169,6 +169,20 @@ def test_an_earlier_launch_with_the_same_run_id_is_not_this_jobs_dead(default_ru
                                 world_size=2, updated_at=lambda rec: rec["updated_at"])
     j = classify.judge(load(during), default_rules)
     assert j.job.verdict == "dead" and len(j.ranks) == 4
+    # Ranks started by hand share run id "": an earlier attempt's killed rank 2
+    # and this attempt's are both dead and both recent; only the later one counts.
+    with open(during) as f:
+        data = json.load(f)
+    for snap in data["history"]:
+        hb = snap["heartbeats"]
+        older = [dict(r, pid=r["pid"] + 1, started_at=r["started_at"] - 20)
+                 for r, alive in zip(hb["records"], hb["alive"]) if not alive]
+        hb["records"] += older
+        hb["alive"] += [False] * len(older)
+    retried = tmp_path / "retried.json"
+    retried.write_text(json.dumps(data))
+    j = classify.judge(load(str(retried)), default_rules)
+    assert j.job.verdict == "dead" and sorted(v.rank for v in j.ranks) == [0, 1, 2, 3]
 
 
 def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
