@@ -94,7 +94,7 @@ def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
             if rec.rank not in dead or rec.started_at > dead[rec.rank].started_at:
                 dead[rec.rank] = rec
     members = {id(r) for r in dead.values()}
-    return [(rec, alive if rec.pid in snap.job.rank_pids else False) for rec, alive in pairs
+    return [(rec, alive) for rec, alive in pairs
             if rec.pid in snap.job.rank_pids or id(rec) in members]
 
 

@@ -160,6 +160,7 @@ class HeartbeatWriter:
                 cell = self._seq_cell
                 odd = self._seq + 1
                 cell.value = odd
+                # layout.ring_offset(seq), inlined: this is the hot path
                 _pack_ring(mem, _RING_OFFSET + ((seq - 1) % _RING_SLOTS) * _RING_SLOT_SIZE,
                            seq, op_code, nbytes, start, now)
                 _pack_exit(mem, _EXIT_OFFSET, *exit_)

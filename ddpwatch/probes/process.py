@@ -279,27 +279,25 @@ def read_state(procfs: str, pid: int) -> str:
 
 
 def _read_thread(procfs: str, pid: int, tid: int, detail: bool = True) -> ThreadObs | None:
+    """One thread; without `detail` only its schedstat (state, wchan, CPU unknown)."""
     base = f"{procfs}/{pid}/task/{tid}"
-    if not detail:  # schedstat only: state, wchan and CPU stay unknown
+    if detail:
         try:
-            sched = parse_schedstat(_read(f"{base}/schedstat"))
-        except (OSError, ValueError):
-            if not os.path.isdir(base):
-                return None  # thread exited between listdir and read
-            sched = NO_SCHEDSTAT  # a kernel without CONFIG_SCHED_INFO has no file
-        return ThreadObs(tid, "", "", "", -1.0, -1, sched)
-    try:
-        st = parse_stat(_read(f"{base}/stat"))
-    except (OSError, ValueError, IndexError):
-        return None  # thread exited between listdir and read
-    try:
-        wchan = _read(f"{base}/wchan").strip()
-    except OSError:
-        wchan = ""
+            st = parse_stat(_read(f"{base}/stat"))
+        except (OSError, ValueError, IndexError):
+            return None  # thread exited between listdir and read
+        try:
+            wchan = _read(f"{base}/wchan").strip()
+        except OSError:
+            wchan = ""
     try:
         sched = parse_schedstat(_read(f"{base}/schedstat"))
     except (OSError, ValueError):
-        sched = NO_SCHEDSTAT
+        if not detail and not os.path.isdir(base):
+            return None  # thread exited between listdir and read
+        sched = NO_SCHEDSTAT  # a kernel without CONFIG_SCHED_INFO has no file
+    if not detail:
+        return ThreadObs(tid, "", "", "", -1.0, -1, sched)
     return ThreadObs(tid, st.comm, st.state, "" if wchan == "0" else wchan,
                      st.cpu_seconds, st.processor, sched)
 
