@@ -1,24 +1,29 @@
 """What watching costs a rank. Prints three figures, each taken within this one run:
 
-1. the median cost of one heartbeat (a collective's entry, its exit, and both)
-   - target <= 1 us;
-2. a loop of 1-element all-reduces on 2 Gloo ranks, instrumented / bare, taken
-   in alternating rounds inside one torchrun job - target <= 1.01. The same rounds
-   also time the bare loop with 1 us of busy CPU before each call: on a machine
-   where two ranks' main and Gloo threads share few cores, that calibrates what
-   a microsecond of CPU on the critical path costs the loop;
+1. the median cost of one heartbeat (a collective's entry, its exit, and both),
+   for the C core and the pure-Python one - target <= 1 us; and the CPU of the
+   whole wrapper around a collective, for both;
+2. a loop of 1-element all-reduces on 2 Gloo ranks, instrumented / bare, inside
+   one torchrun job - target <= 1.01. The arms take turns call by call (see
+   allreduce_worker); the figure is the ratio of the per-call medians, with a 90%
+   bootstrap interval over blocks of the run and the ratio of the means beside
+   it. Two more arms run in the same loop: the pure-Python wrapper, and the bare
+   call after 1 us of busy CPU, which calibrates what a microsecond on the
+   critical path costs this loop when two ranks' threads share few cores;
 3. trainer tokens/s instrumented / not (--no-ddpwatch), alternating runs of the
-   bundled trainer on 2 CPU ranks (ABBA order, so a drift cancels) - the mean
-   of the pairs' ratios with a 90% bootstrap interval - target >= 0.99.
+   bundled trainer on 2 CPU ranks (ABBA order, so a drift cancels) - the ratio
+   of the totals with a 90% bootstrap interval over the pairs - target >= 0.99.
 
 Records go where they go in production: a fresh directory under /dev/shm.
 
-    python benchmarks/heartbeat.py [--quick]
+    python benchmarks/heartbeat.py [--quick] [--only cost|loop|trainer]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -31,9 +36,23 @@ sys.path.insert(0, REPO)
 from pairs import ratio_summary, run_pairs  # benchmarks/pairs.py, beside this script
 
 
-def heartbeat_cost(n: int) -> tuple[float, float, float]:
+@contextlib.contextmanager
+def pure_python(on: bool):
+    """Writers opened inside use the pure-Python core (and so get Python wrappers)."""
+    old = os.environ.get("DDPWATCH_PURE_PYTHON")
+    os.environ["DDPWATCH_PURE_PYTHON"] = "1" if on else ""
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DDPWATCH_PURE_PYTHON"]
+        else:
+            os.environ["DDPWATCH_PURE_PYTHON"] = old
+
+
+def heartbeat_cost(n: int, python: bool) -> tuple[float, float, float]:
     from ddpwatch.heartbeat import OP_CODE, open_writer
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(dir=shm_base()) as d, pure_python(python):
         w = open_writer(d, rank=0)
         enter, leave, clock = w.enter, w.exit, time.perf_counter_ns
         op = OP_CODE["all_reduce"]
@@ -55,18 +74,29 @@ def heartbeat_cost(n: int) -> tuple[float, float, float]:
     return e / 1e3, x / 1e3, both / 1e3
 
 
-def allreduce_worker(rounds: int, per_round: int) -> None:
-    """Runs on each rank under torchrun: alternate bare, instrumented and
-    calibration rounds."""
+def allreduce_worker(calls: int, blocks: int) -> None:
+    """Runs on each rank under torchrun. The arms take turns call by call, in
+    ABCD DCBA order, and each call is timed from its start to the next call's
+    start (so an arm's exit work counts against it). Interleaving call by call
+    matters here: this loop's speed drifts between modes tens of percent apart
+    as the scheduler moves the ranks' threads, and only arms that share every
+    mode compare."""
     import torch
     import torch.distributed as dist
 
     import ddpwatch
-    import ddpwatch.instrumentation  # noqa: F401
+    from ddpwatch import instrumentation as ins
+    from ddpwatch.heartbeat import open_writer
     ddpwatch.instrument()
     dist.init_process_group("gloo")
-    wrapped = dist.all_reduce
-    bare = wrapped.__ddpwatch_original__
+    c_wrapped = dist.all_reduce
+    bare = c_wrapped.__ddpwatch_original__
+    # The pure-Python reference, writing its own record, for comparison in this run.
+    c_writer = ins._writer
+    with tempfile.TemporaryDirectory(dir=shm_base()) as d, pure_python(True):
+        ins._writer = open_writer(d, rank=dist.get_rank())
+        py_wrapped = ins._wrap("all_reduce", bare)
+        py_writer, ins._writer = ins._writer, c_writer
     clock = time.perf_counter_ns
 
     def busy_1us_then_bare(tensor):
@@ -74,34 +104,56 @@ def allreduce_worker(rounds: int, per_round: int) -> None:
         while clock() < until:
             pass
         bare(tensor)
+    arms = {"bare": bare, "instrumented": c_wrapped, "python": py_wrapped,
+            "busy_1us": busy_1us_then_bare}
+    cycle = list(arms.values())
+    cycle += cycle[::-1]
+    order = cycle * (calls // len(cycle))
     t = torch.ones(1)
-    arms = {"bare": bare, "instrumented": wrapped, "busy_1us": busy_1us_then_bare}
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
-    for r in range(rounds):
-        for name in names[:: 1 if r % 2 else -1]:
-            fn = arms[name]
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(per_round):
-                fn(t)
-            times[name].append(time.perf_counter() - start)
+    stamps = [0] * (len(order) + 1)
+    dist.barrier()
+    for i, fn in enumerate(order):
+        stamps[i] = clock()
+        fn(t)
+    stamps[-1] = clock()
+    py_writer.close()
     if dist.get_rank() == 0:
-        us = {k: sum(v) / (rounds * per_round) * 1e6 for k, v in times.items()}
-        print(f"RATIO {ratio_summary(times['bare'], times['instrumented'])}"
-              f"{rounds} paired rounds) bare_us={us['bare']:.1f} "
-              f"instrumented_us={us['instrumented']:.1f} "
-              f"bare+1us_busy_us={us['busy_1us']:.1f}", flush=True)
+        us = {name: [] for name in arms}
+        names = {fn: name for name, fn in arms.items()}
+        for i, fn in enumerate(order):
+            us[names[fn]].append((stamps[i + 1] - stamps[i]) / 1e3)
+        report_loop(us, blocks)
     dist.destroy_process_group()
 
 
-def wrapper_cpu_us(n: int) -> float:
+def report_loop(us: dict[str, list[float]], blocks: int) -> None:
+    med = {name: statistics.median(v) for name, v in us.items()}
+    mean = {name: statistics.mean(v) for name, v in us.items()}
+
+    def block_ratios(name):
+        n = len(us[name]) // blocks
+        return [statistics.median(us[name][k * n:(k + 1) * n])
+                / statistics.median(us["bare"][k * n:(k + 1) * n]) for k in range(blocks)]
+
+    def summary(name):
+        ratios = block_ratios(name)
+        rng = random.Random(0)
+        means = sorted(statistics.mean(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        return (f"{med[name] / med['bare']:.3f} (90% interval {means[100]:.3f}-{means[1900]:.3f} "
+                f"over {blocks} blocks; mean ratio {mean[name] / mean['bare']:.3f})")
+    print(f"RATIO {summary('instrumented')}; pure-Python wrapper {summary('python')}; "
+          f"per-call median bare {med['bare']:.1f} us, C {med['instrumented']:.1f} us, "
+          f"Python {med['python']:.1f} us, bare+1us busy CPU {med['busy_1us']:.1f} us; "
+          f"{len(us['bare'])} calls per arm", flush=True)
+
+
+def wrapper_cpu_us(n: int, python: bool) -> float:
     """CPU cost of the instrumented wrapper alone: around a collective that does nothing."""
     import torch
 
     from ddpwatch import instrumentation as ins
     from ddpwatch.heartbeat import open_writer
-    with tempfile.TemporaryDirectory(dir=shm_base()) as d:
+    with tempfile.TemporaryDirectory(dir=shm_base()) as d, pure_python(python):
         ins._writer = open_writer(d, rank=0)
         def nothing(tensor, op=None, group=None, async_op=False):
             return None
@@ -148,6 +200,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--pairs", type=int, help="trainer run pairs (default 16, quick 2)")
+    parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -157,23 +210,29 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(dir=shm_base()) as hb:
         env["DDPWATCH_DIR"] = hb
-        enter, leave, both = heartbeat_cost(50_000 if quick else 300_000)
-        print(f"heartbeat cost, median: entry {enter:.2f} us, exit {leave:.2f} us, "
-              f"any heartbeat {both:.2f} us (target <= 1 us)")
-        print(f"instrumented wrapper around a collective, CPU: "
-              f"{wrapper_cpu_us(50_000 if quick else 200_000):.2f} us per call (entry + exit "
-              f"heartbeats included)")
-        rounds, per_round = (6, 500) if quick else (40, 1000)
-        out = run(torchrun(2, os.path.abspath(__file__), "--worker", str(rounds), str(per_round)), env)
-        line = next(l for l in out.splitlines() if l.startswith("RATIO"))
-        print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare: "
-              f"{line.removeprefix('RATIO ')}; target <= 1.01")
-        pairs, steps = (args.pairs or (2 if quick else 16)), (20 if quick else 100)
-        off, on = run_pairs(pairs, lambda: trainer_tokens_per_s(env, False, steps),
-                            lambda: trainer_tokens_per_s(env, True, steps))
-        print(f"trainer tokens/s on 2 CPU ranks, instrumented / not: {ratio_summary(off, on)}"
-              f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s; {pairs} pairs of "
-              f"{steps}-step runs; target >= 0.99)")
+        if args.only in (None, "cost"):
+            for python in (False, True):
+                which = "pure Python" if python else "C"
+                enter, leave, both = heartbeat_cost(50_000 if quick else 300_000, python)
+                print(f"heartbeat cost ({which}), median: entry {enter:.2f} us, exit {leave:.2f} us, "
+                      f"any heartbeat {both:.2f} us (target <= 1 us)")
+            for python in (False, True):
+                cost = wrapper_cpu_us(50_000 if quick else 200_000, python)
+                print(f"instrumented wrapper around a collective ({'pure Python' if python else 'C'}), "
+                      f"CPU: {cost:.2f} us per call (entry + exit heartbeats included)")
+        if args.only in (None, "loop"):
+            calls, blocks = (40_000, 10) if quick else (160_000, 40)
+            out = run(torchrun(2, os.path.abspath(__file__), "--worker", str(calls), str(blocks)), env)
+            line = next(l for l in out.splitlines() if l.startswith("RATIO"))
+            print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
+                  f"medians: {line.removeprefix('RATIO ')}; target <= 1.01")
+        if args.only in (None, "trainer"):
+            pairs, steps = (args.pairs or (2 if quick else 16)), (20 if quick else 100)
+            off, on = run_pairs(pairs, lambda: trainer_tokens_per_s(env, False, steps),
+                                lambda: trainer_tokens_per_s(env, True, steps))
+            print(f"trainer tokens/s on 2 CPU ranks, instrumented / not: {ratio_summary(off, on)}"
+                  f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s; {pairs} pairs of "
+                  f"{steps}-step runs; target >= 0.99)")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,14 @@ def torchrun(nproc: int, *args: str) -> list[str]:
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
 
 
+def need_c_core():
+    try:
+        from ddpwatch import _hotpath  # noqa: F401
+    except ImportError as err:
+        need(False, f"the C hot path is not built ({err}): pip install -e . "
+                    "or python setup.py build_ext --inplace")
+
+
 @pytest.fixture
 def need_py_spy():
     from ddpwatch.probes.stacks import find_py_spy

@@ -10,10 +10,23 @@ import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, need_c_core
 
 from ddpwatch.heartbeat import LAYOUT_VERSION, OP_CODE, Skipped, layout, open_writer, read_dir, read_file
 from ddpwatch.heartbeat.writer import NullWriter
+
+CORES = ("c", "python")
+
+
+@pytest.fixture(params=CORES, autouse=True)
+def core(request, monkeypatch):
+    """Every test here runs against both writer cores (children inherit the choice)."""
+    if request.param == "c":
+        need_c_core()
+        monkeypatch.delenv("DDPWATCH_PURE_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("DDPWATCH_PURE_PYTHON", "1")
+    return request.param
 
 
 def test_round_trip_identity_progress_and_ring(tmp_path):
@@ -119,6 +132,11 @@ def _hammer(directory, ready, stop):
             # up as fields that disagree with each other.
             w.exit(w.enter(OP_CODE["all_reduce"], n))
             w.step(tokens=n)
+            # A rank publishes at most every few microseconds (a collective takes
+            # longer): without a pause the C core would keep every read busy.
+            until = time.perf_counter_ns() + 2000
+            while time.perf_counter_ns() < until:
+                pass
 
 
 def test_torn_reads_never_happen(tmp_path):

@@ -7,9 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from ddpwatch.heartbeat import read_dir
 
-from conftest import REPO, torchrun
+from conftest import REPO, need_c_core, torchrun
 
 JOB = os.path.join(REPO, "tests", "jobs", "instrumented_ops.py")
 EXPECTED_OPS = ["all_reduce", "all_reduce", None, "barrier",
@@ -17,8 +18,12 @@ EXPECTED_OPS = ["all_reduce", "all_reduce", None, "barrier",
                 "ddp_bucket_all_reduce", "ddp_bucket_all_reduce", "barrier"]
 
 
-def test_every_collective_kind_is_a_heartbeat_and_rings_agree(start_job, hb_dir):
-    job = start_job(torchrun(2, JOB))
+@pytest.mark.parametrize("hot_path", ["c", "python"])
+def test_every_collective_kind_is_a_heartbeat_and_rings_agree(start_job, hb_dir, hot_path):
+    """Once with the C wrappers and core, once with the pure-Python reference."""
+    if hot_path == "c":
+        need_c_core()
+    job = start_job(torchrun(2, JOB), env={"DDPWATCH_PURE_PYTHON": "1" if hot_path == "python" else ""})
     assert job.wait(timeout=300) == 0, job.output()
     # the two ranks share one log, and their lines may interleave
     said = {d["rank"]: d for d in map(json.loads, re.findall(r'\{"rank"[^{}]*\}', job.output()))}
@@ -28,6 +33,8 @@ def test_every_collective_kind_is_a_heartbeat_and_rings_agree(start_job, hb_dir)
     assert sorted(by_rank) == [0, 1]
     for rank, rec in by_rank.items():
         assert rec.pid == said[rank]["pid"]
+        assert (said[rank]["wrapper"], said[rank]["core"]) == (
+            ("Wrapper", "Core") if hot_path == "c" else ("function", "PyCore"))
         assert (rec.world_size, rec.backend, rec.device_type) == (2, "gloo", "cpu")
         assert rec.compute_dtype == "float32"       # observed at DDP's first forward
         assert rec.step == 3                          # optimizer post-hook counted steps

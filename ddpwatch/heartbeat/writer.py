@@ -1,9 +1,14 @@
 """The rank side of the heartbeat channel: one mmap'd record, written in place.
 
 A rank must never be slowed, blocked or crashed by being watched. So the hot
-path (`enter`, `exit`, `step`) is a couple of `struct.pack_into` calls on a
-shared-memory mapping: no syscall, no allocation beyond the packed values, and
-no exception can escape (set-up problems turn the writer off with one warning).
+path (`enter`, `exit`, `step`) only stores a few fields into a shared-memory
+mapping: no syscall, no allocation beyond the values, and no exception can
+escape (set-up problems turn the writer off with one warning).
+
+Two implementations of the record's state machine, one behaviour:
+`ddpwatch._hotpath.Core` (C, used when it was built: about a tenth of the CPU
+per collective) and `PyCore` below (the reference, and the fallback where no
+compiler was found or DDPWATCH_PURE_PYTHON=1). The tests run against both.
 
 The seqlock: every publish stores `seq` odd (one aligned 8-byte store through
 ctypes), packs the new values, then stores `seq` even. x86 keeps stores in
@@ -11,7 +16,8 @@ program order (TSO), so a reader that sees the same even seq before and after
 its copy has a consistent record. (The torn-read test caught the first version,
 which packed seq with struct.pack_into: that zero-fills before it writes.) Several threads of
 one rank may publish (async-op completion callbacks run on backend threads),
-so publishes take an uncontended lock; it is never held across anything slow.
+so PyCore's publishes take an uncontended lock; it is never held across
+anything slow. (The C Core needs none: it never releases the GIL mid-write.)
 """
 from __future__ import annotations
 
@@ -48,72 +54,52 @@ _ENTRY_END, _EXIT_START, _EXIT_END = layout.ENTRY_END, layout.EXIT_START, layout
 assert (P.PHASE, P.UPDATED_AT) == (_EXIT_START, _EXIT_START + 2)
 
 
-class HeartbeatWriter:
-    """Owns this process's heartbeat record. Create it with `open_writer()`."""
+class PyCore:
+    """One record's progress state and its publishing, in Python. The C
+    `_hotpath.Core` mirrors this class method for method."""
 
-    def __init__(self, path: str, fd: int, mem: mmap.mmap, identity: dict):
-        self.path = path
-        self._fd = fd
+    def __init__(self, mem: mmap.mmap, seq_offset: int, progress_offset: int,
+                 ring_offset: int, ring_slots: int, header: bytes):
         self._mem = mem
         # One aligned 8-byte store per seq update (see layout: never pack_into).
-        self._seq_cell = ctypes.c_uint64.from_buffer(mem, layout.SEQ_OFFSET)
+        self._seq_cell = ctypes.c_uint64.from_buffer(mem, seq_offset)
         self._lock = threading.Lock()
-        self._identity = identity
-        # Progress state, in layout.PROGRESS_FIELDS order, packed whole at each
-        # publish (a list indexed by layout.P: fewer attribute look-ups on the
-        # hot path than one attribute per field).
+        # Progress state, in layout.PROGRESS_FIELDS order, packed at each publish
+        # (a list indexed by layout.P: fewer attribute look-ups on the hot path
+        # than one attribute per field).
         self._state = [0] * len(layout.PROGRESS_FIELDS)
         self._state[P.PHASE] = layout.Phase.INIT
-        self._seq = 0
+        self._seq = self._seq_cell.value & ~1
         self._busy_since = 0.0
         self.closed = False
-        self._write_header()
+        self.write_header(header)
         # The first step is timed from here (or from the end of rendezvous).
         now = _monotonic()
         self._state[P.STEP_STARTED_AT] = now
-        self._publish(now)
-
-    # --- identity ------------------------------------------------------------
-    def set_identity(self, **fields) -> None:
-        """Update identity fields (rank after init_process_group, dtype, data...)."""
-        unknown = set(fields) - set(self._identity)
-        if unknown:
-            raise TypeError(f"unknown heartbeat identity field(s): {', '.join(sorted(unknown))}")
+        self._state[P.UPDATED_AT] = now
         with self._lock:
-            old_rank = self._identity["rank"]
-            self._identity.update({k: v for k, v in fields.items() if v is not None})
-            self._write_header()
-            if self._identity["rank"] != old_rank and not self.closed:
-                # Keep the file name telling: ranks are often known only after
-                # init_process_group. The mapping survives a rename.
-                new_path = record_path(os.path.dirname(self.path), self._identity["rank"],
-                                       self._identity["pid"])
-                try:
-                    os.rename(self.path, new_path)
-                    self.path = new_path
-                except OSError:
-                    pass
+            self._publish_state()
 
-    def identity(self) -> dict:
-        return dict(self._identity)
+    def write_header(self, header: bytes) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self._seq += 1
+            self._seq_cell.value = self._seq
+            self._mem[0:len(header)] = header
+            self._seq += 1
+            self._seq_cell.value = self._seq
+
+    def state(self) -> tuple:
+        return tuple(self._state)
 
     def counters(self) -> tuple[float, int]:
-        """(seconds with a collective outstanding, collectives completed) so far."""
         with self._lock:
             st = self._state
             busy = st[P.COLLECTIVE_SECONDS]
             if st[P.OUTSTANDING]:
                 busy += _monotonic() - self._busy_since
             return busy, st[P.COLLECTIVES_COMPLETED]
-
-    def _write_header(self) -> None:
-        if self.closed:
-            return
-        self._seq += 1
-        self._seq_cell.value = self._seq
-        self._mem[0:layout.HEADER.size] = layout.pack_header(**self._identity)
-        self._seq += 1
-        self._seq_cell.value = self._seq
 
     # --- the hot path ----------------------------------------------------------
     def enter(self, op_code: int, nbytes: int) -> tuple[int, float, int, int]:
@@ -139,8 +125,10 @@ class HeartbeatWriter:
         finally:
             self._lock.release()
 
-    def exit(self, token: tuple[int, float, int, int]) -> None:
+    def exit(self, token: tuple[int, float, int, int] | None) -> None:
         """The collective of `token` completed (or failed)."""
+        if token is None:
+            return
         seq, start, op_code, nbytes = token
         self._lock.acquire()
         try:
@@ -168,7 +156,7 @@ class HeartbeatWriter:
         finally:
             self._lock.release()
 
-    def step(self, tokens: int = 0) -> None:
+    def step(self, tokens: int) -> None:
         """A training step ended (optimizer stepped); `tokens` it processed."""
         with self._lock:
             now = _monotonic()
@@ -190,11 +178,8 @@ class HeartbeatWriter:
                 st[P.PHASE] = phase
             if phase == layout.Phase.OUTSIDE and not st[P.STEPS_COMPLETED]:
                 st[P.STEP_STARTED_AT] = now  # training starts after rendezvous
-            self._publish(now)
-
-    def _publish(self, now: float) -> None:
-        self._state[P.UPDATED_AT] = now
-        self._publish_state()
+            st[P.UPDATED_AT] = now
+            self._publish_state()
 
     def _publish_state(self) -> None:
         """Write the whole state under the seqlock. Caller holds the lock."""
@@ -208,19 +193,93 @@ class HeartbeatWriter:
         cell.value = seq + 1
 
     def close(self, *, exited: bool = True) -> None:
-        """Mark the record EXITED and unmap it. The file stays as evidence."""
+        """Publish EXITED (if asked) and let go of the mapping."""
         with self._lock:
             if self.closed:
                 return
             if exited:
                 self._state[P.PHASE] = layout.Phase.EXITED
-                self._publish(_monotonic())
+                self._state[P.UPDATED_AT] = _monotonic()
+                self._publish_state()
             self.closed = True
+            del self._seq_cell  # releases its export of the mapping
+
+
+def core_class():
+    """The C Core when it was built for this layout, else PyCore."""
+    if os.environ.get("DDPWATCH_PURE_PYTHON", "") not in ("", "0"):
+        return PyCore
+    try:
+        from .. import _hotpath
+    except ImportError:
+        return PyCore
+    fields = tuple((name, code) for name, code in layout.PROGRESS_FIELDS)
+    if (_hotpath.LAYOUT_VERSION, _hotpath.FIELDS, _hotpath.RING_SLOT_SIZE) != (
+            layout.LAYOUT_VERSION, fields, layout.RING_SLOT.size):
+        return PyCore  # a stale build of an older layout: never write a wrong record
+    return _hotpath.Core
+
+
+class HeartbeatWriter:
+    """Owns this process's heartbeat record. Create it with `open_writer()`."""
+
+    def __init__(self, path: str, fd: int, mem: mmap.mmap, identity: dict, core_cls=None):
+        self.path = path
+        self._fd = fd
+        self._mem = mem
+        self._lock = threading.Lock()  # identity changes only; the core guards its state
+        self._identity = identity
+        self.core = (core_cls or core_class())(
+            mem, layout.SEQ_OFFSET, layout.PROGRESS_OFFSET, layout.RING_OFFSET,
+            layout.RING_SLOTS, layout.pack_header(**identity))
+        # The hot path goes straight to the core: no Python frame of ours between.
+        self.enter = self.core.enter
+        self.exit = self.core.exit
+        self.set_phase = self.core.set_phase
+        self.counters = self.core.counters
+
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
+
+    # --- identity ------------------------------------------------------------
+    def set_identity(self, **fields) -> None:
+        """Update identity fields (rank after init_process_group, dtype, data...)."""
+        unknown = set(fields) - set(self._identity)
+        if unknown:
+            raise TypeError(f"unknown heartbeat identity field(s): {', '.join(sorted(unknown))}")
+        with self._lock:
+            old_rank = self._identity["rank"]
+            self._identity.update({k: v for k, v in fields.items() if v is not None})
+            self.core.write_header(layout.pack_header(**self._identity))
+            if self._identity["rank"] != old_rank and not self.closed:
+                # Keep the file name telling: ranks are often known only after
+                # init_process_group. The mapping survives a rename.
+                new_path = record_path(os.path.dirname(self.path), self._identity["rank"],
+                                       self._identity["pid"])
+                try:
+                    os.rename(self.path, new_path)
+                    self.path = new_path
+                except OSError:
+                    pass
+
+    def identity(self) -> dict:
+        return dict(self._identity)
+
+    def step(self, tokens: int = 0) -> None:
+        """A training step ended (optimizer stepped); `tokens` it processed."""
+        self.core.step(tokens)
+
+    def close(self, *, exited: bool = True) -> None:
+        """Mark the record EXITED and unmap it. The file stays as evidence."""
+        with self._lock:
+            if self.closed:
+                return
+            self.core.close(exited=exited)
             try:
-                del self._seq_cell  # releases its export of the mapping
                 self._mem.close()
                 os.close(self._fd)
-            except (OSError, ValueError):
+            except (OSError, ValueError, BufferError):
                 pass
 
 
@@ -286,13 +345,19 @@ def open_writer(directory: str | None = None, **identity) -> HeartbeatWriter | N
         path = record_path(directory, ident["rank"], ident["pid"])
         # O_NOFOLLOW: a symlink planted in the run directory must not redirect us.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        mem = None
         try:
             os.ftruncate(fd, layout.RECORD_SIZE)
             mem = mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError:
+            return HeartbeatWriter(path, fd, mem, ident)
+        except BaseException:
+            if mem is not None:
+                try:
+                    mem.close()
+                except BufferError:  # a half-made core still holds it; the GC frees both
+                    pass
             os.close(fd)
             raise
-        return HeartbeatWriter(path, fd, mem, ident)
     except (OSError, struct.error, TypeError, ValueError) as err:
         warnings.warn(f"ddpwatch: heartbeats off, cannot write a record in "
                       f"{directory!r}: {err}", RuntimeWarning, stacklevel=2)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ddpwatch
+import ddpwatch.instrumentation
 
 ddpwatch.instrument()
 dist.init_process_group("gloo")
@@ -37,6 +38,8 @@ for _ in range(3):
     model(torch.randn(4, 64)).sum().backward()
     opt.step()
 params = sum(p.numel() * p.element_size() for p in model.parameters())
-print(json.dumps({"rank": rank, "param_bytes": params, "pid": os.getpid()}), flush=True)
+print(json.dumps({"rank": rank, "param_bytes": params, "pid": os.getpid(),
+                  "wrapper": type(dist.all_reduce).__name__,
+                  "core": type(ddpwatch.instrumentation.writer().core).__name__}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
