@@ -75,12 +75,13 @@ def heartbeat_cost(n: int, python: bool) -> tuple[float, float, float]:
 
 
 def allreduce_worker(calls: int, blocks: int) -> None:
-    """Runs on each rank under torchrun. The arms take turns call by call, in
-    ABCD DCBA order, and each call is timed from its start to the next call's
-    start (so an arm's exit work counts against it). Interleaving call by call
-    matters here: this loop's speed drifts between modes tens of percent apart
-    as the scheduler moves the ranks' threads, and only arms that share every
-    mode compare."""
+    """Runs on each rank under torchrun. The arms take turns call by call, in an
+    order shuffled afresh every four calls (the same on both ranks), and each
+    call is timed from its start to the next call's start, so an arm's exit work
+    counts against it. Why so: this loop's speed drifts between modes tens of
+    percent apart as the scheduler moves the ranks' threads, and only arms that
+    share every mode compare. Why shuffled: a call also waits for the peer's
+    exit work of the call before, so every arm must follow every arm equally."""
     import torch
     import torch.distributed as dist
 
@@ -106,45 +107,59 @@ def allreduce_worker(calls: int, blocks: int) -> None:
         bare(tensor)
     arms = {"bare": bare, "instrumented": c_wrapped, "python": py_wrapped,
             "busy_1us": busy_1us_then_bare}
-    cycle = list(arms.values())
-    cycle += cycle[::-1]
-    order = cycle * (calls // len(cycle))
+    rng, order = random.Random(0), []
+    for _ in range(calls // len(arms)):
+        cycle = list(arms)
+        rng.shuffle(cycle)
+        order += cycle
+    fns = [arms[name] for name in order]
     t = torch.ones(1)
-    stamps = [0] * (len(order) + 1)
+    stamps = [0] * (len(fns) + 1)
     dist.barrier()
-    for i, fn in enumerate(order):
+    for i, fn in enumerate(fns):
         stamps[i] = clock()
         fn(t)
     stamps[-1] = clock()
     py_writer.close()
     if dist.get_rank() == 0:
         us = {name: [] for name in arms}
-        names = {fn: name for name, fn in arms.items()}
-        for i, fn in enumerate(order):
-            us[names[fn]].append((stamps[i + 1] - stamps[i]) / 1e3)
+        for i, name in enumerate(order):
+            us[name].append((stamps[i + 1] - stamps[i]) / 1e3)
         report_loop(us, blocks)
     dist.destroy_process_group()
 
 
-def report_loop(us: dict[str, list[float]], blocks: int) -> None:
+def report_loop(us: dict[str, list[float]], blocks: int, draws: int = 400) -> None:
+    """Ratios of per-call medians to bare, each with a 90% bootstrap interval
+    over consecutive blocks of the run (blocks, not calls: neighbouring calls
+    share a scheduler mode, so they are not independent)."""
+    n = len(us["bare"]) // blocks
+    split = {name: [v[k * n:(k + 1) * n] for k in range(blocks)] for name, v in us.items()}
     med = {name: statistics.median(v) for name, v in us.items()}
     mean = {name: statistics.mean(v) for name, v in us.items()}
+    rng = random.Random(0)
+    boot = {(stat, name): [] for stat in ("median", "mean") for name in us if name != "bare"}
+    for _ in range(draws):
+        picked = [rng.randrange(blocks) for _ in range(blocks)]
+        pooled = {name: [x for k in picked for x in split[name][k]] for name in us}
+        base_median, base_mean = statistics.median(pooled["bare"]), statistics.mean(pooled["bare"])
+        for stat, name in boot:
+            value = statistics.median(pooled[name]) / base_median if stat == "median" else \
+                statistics.mean(pooled[name]) / base_mean
+            boot[stat, name].append(value)
 
-    def block_ratios(name):
-        n = len(us[name]) // blocks
-        return [statistics.median(us[name][k * n:(k + 1) * n])
-                / statistics.median(us["bare"][k * n:(k + 1) * n]) for k in range(blocks)]
+    def interval(stat, name):
+        ratios = sorted(boot[stat, name])
+        return f"{ratios[int(0.05 * draws)]:.3f}-{ratios[int(0.95 * draws)]:.3f}"
 
     def summary(name):
-        ratios = block_ratios(name)
-        rng = random.Random(0)
-        means = sorted(statistics.mean(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
-        return (f"{med[name] / med['bare']:.3f} (90% interval {means[100]:.3f}-{means[1900]:.3f} "
-                f"over {blocks} blocks; mean ratio {mean[name] / mean['bare']:.3f})")
+        return (f"{med[name] / med['bare']:.3f} (90% interval {interval('median', name)} over "
+                f"{blocks} blocks; ratio of means {mean[name] / mean['bare']:.3f}, "
+                f"{interval('mean', name)})")
     print(f"RATIO {summary('instrumented')}; pure-Python wrapper {summary('python')}; "
-          f"per-call median bare {med['bare']:.1f} us, C {med['instrumented']:.1f} us, "
-          f"Python {med['python']:.1f} us, bare+1us busy CPU {med['busy_1us']:.1f} us; "
-          f"{len(us['bare'])} calls per arm", flush=True)
+          f"bare after 1 us busy CPU {summary('busy_1us')}; per-call medians: bare "
+          f"{med['bare']:.1f} us, C {med['instrumented']:.1f} us, Python {med['python']:.1f} us, "
+          f"busy {med['busy_1us']:.1f} us; {len(us['bare'])} calls per arm", flush=True)
 
 
 def wrapper_cpu_us(n: int, python: bool) -> float:
