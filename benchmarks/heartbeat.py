@@ -10,9 +10,11 @@
    it. Two more arms run in the same loop: the pure-Python wrapper, and the bare
    call after 1 us of busy CPU, which calibrates what a microsecond on the
    critical path costs this loop when two ranks' threads share few cores;
-3. trainer tokens/s instrumented / not (--no-ddpwatch), alternating runs of the
-   bundled trainer on 2 CPU ranks (ABBA order, so a drift cancels) - the ratio
-   of the totals with a 90% bootstrap interval over the pairs - target >= 0.99.
+3. trainer tokens/s instrumented / not (--no-ddpwatch): runs of the bundled
+   trainer on 2 CPU ranks in rounds of three (instrumented, not, and not again,
+   in shuffled order) - the ratio of the totals with a 90% bootstrap interval
+   over the rounds - target >= 0.99. The second uninstrumented arm is a
+   control: its ratio to the first shows this machine's run-to-run noise.
 
 Records go where they go in production: a fresh directory under /dev/shm.
 
@@ -33,7 +35,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from pairs import ratio_summary, run_pairs  # benchmarks/pairs.py, beside this script
+from pairs import ratio_summary, run_rounds  # benchmarks/pairs.py, beside this script
 
 
 @contextlib.contextmanager
@@ -214,7 +216,7 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--pairs", type=int, help="trainer run pairs (default 16, quick 2)")
+    parser.add_argument("--pairs", type=int, help="trainer rounds (default 12, quick 2)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -242,13 +244,17 @@ def main() -> None:
             print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
                   f"medians: {line.removeprefix('RATIO ')}; target <= 1.01")
         if args.only in (None, "trainer"):
-            pairs, steps = (args.pairs or (2 if quick else 16)), (20 if quick else 100)
-            off, on = run_pairs(pairs, lambda: trainer_tokens_per_s(env, False, steps),
-                                lambda: trainer_tokens_per_s(env, True, steps))
+            rounds, steps = (args.pairs or (2 if quick else 12)), (20 if quick else 100)
+            runs = run_rounds(rounds, {
+                "off": lambda: trainer_tokens_per_s(env, False, steps),
+                "off_again": lambda: trainer_tokens_per_s(env, False, steps),
+                "on": lambda: trainer_tokens_per_s(env, True, steps)})
+            off, on = runs["off"], runs["on"]
             print(f"trainer tokens/s on 2 CPU ranks, instrumented / not: {ratio_summary(off, on)}"
-                  f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s; {pairs} pairs of "
+                  f"{statistics.mean(on):.0f} vs {statistics.mean(off):.0f} tok/s; {rounds} rounds of "
                   f"{steps}-step runs; target >= 0.99)")
-
+            print(f"  control, a second uninstrumented arm in the same rounds / not: "
+                  f"{ratio_summary(off, runs['off_again'])}the noise floor of the line above)")
 
 if __name__ == "__main__":
     main()

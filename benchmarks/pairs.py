@@ -20,6 +20,19 @@ def run_pairs(pairs: int, baseline, treatment) -> tuple[list[float], list[float]
     return base, treat
 
 
+def run_rounds(rounds: int, arms: dict, seed: int = 0) -> dict[str, list[float]]:
+    """Call every arm once per round, in an order shuffled afresh each round (with
+    more than two arms ABBA cannot give every arm every position)."""
+    rng = random.Random(seed)
+    results: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        order = list(arms)
+        rng.shuffle(order)
+        for name in order:
+            results[name].append(arms[name]())
+    return results
+
+
 def ratio_summary(base: list[float], treat: list[float], draws: int = 4000) -> str:
     """'0.995 (90% interval 0.985-1.004, ': sum(treat) / sum(base); the caller
     finishes the parenthesis."""
