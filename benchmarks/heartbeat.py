@@ -12,7 +12,7 @@
    critical path costs this loop when two ranks' threads share few cores;
 3. trainer tokens/s instrumented / not (--no-ddpwatch): runs of the bundled
    trainer on 2 CPU ranks in rounds of three (instrumented, not, and not again,
-   in shuffled order) - the ratio of the totals with a 90% bootstrap interval
+   each round in another order: benchmarks/pairs.py) - the ratio of the totals with a 90% bootstrap interval
    over the rounds - target >= 0.99. The second uninstrumented arm is a
    control: its ratio to the first shows this machine's run-to-run noise.
 
@@ -216,7 +216,8 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--pairs", type=int, help="trainer rounds (default 12, quick 2)")
+    parser.add_argument("--pairs", type=int, help="trainer rounds (default 18: every order "
+                        "of the three arms three times; quick 2)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,7 +245,7 @@ def main() -> None:
             print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
                   f"medians: {line.removeprefix('RATIO ')}; target <= 1.01")
         if args.only in (None, "trainer"):
-            rounds, steps = (args.pairs or (2 if quick else 12)), (20 if quick else 100)
+            rounds, steps = (args.pairs or (2 if quick else 18)), (20 if quick else 100)
             runs = run_rounds(rounds, {
                 "off": lambda: trainer_tokens_per_s(env, False, steps),
                 "off_again": lambda: trainer_tokens_per_s(env, False, steps),

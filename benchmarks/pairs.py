@@ -4,6 +4,7 @@ sees how far the figure can be trusted. (Totals, not the mean of per-pair
 ratios: one pair hit by a hiccup would pull a mean of ratios far off.)"""
 from __future__ import annotations
 
+import itertools
 import random
 
 
@@ -20,15 +21,15 @@ def run_pairs(pairs: int, baseline, treatment) -> tuple[list[float], list[float]
     return base, treat
 
 
-def run_rounds(rounds: int, arms: dict, seed: int = 0) -> dict[str, list[float]]:
-    """Call every arm once per round, in an order shuffled afresh each round (with
-    more than two arms ABBA cannot give every arm every position)."""
-    rng = random.Random(seed)
+def run_rounds(rounds: int, arms: dict) -> dict[str, list[float]]:
+    """Call every arm once per round. The rounds cycle through every order of the
+    arms, so with a multiple of that many rounds each arm runs equally often
+    first, second... and after each other arm (a run is slowed or sped up by
+    what ran just before it; ABBA does this for two arms)."""
+    orders = list(itertools.permutations(arms))
     results: dict[str, list[float]] = {name: [] for name in arms}
-    for _ in range(rounds):
-        order = list(arms)
-        rng.shuffle(order)
-        for name in order:
+    for r in range(rounds):
+        for name in orders[r % len(orders)]:
             results[name].append(arms[name]())
     return results
 
