@@ -48,6 +48,7 @@ class RankVerdict:
     findings: tuple[Finding, ...]
     stack: str
     signals: dict[str, object]
+    remote: bool = False  # on another node: judged here from its daemon's signals
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class JobVerdict:
 class Judgement:
     job: JobVerdict
     ranks: tuple[RankVerdict, ...]
+    # this node's ranks' signals before the peers' were added, JSON scalars only:
+    # what the daemon serves its peers at /peer
+    local: tuple[dict, ...] = ()
 
 
 # A dead rank of this job was alive when the job's live ranks started: its last
@@ -103,8 +107,26 @@ def _stall_bound(record: Record) -> float:
     return max(STALL_FLOOR_S, STALL_FACTOR * max(durations, default=0.0))
 
 
-def measure(history: tuple[Snapshot, ...]) -> list[dict]:
-    """Per-rank signals, completed with the cross-rank ones."""
+def measure(history: tuple[Snapshot, ...], remote: tuple[dict, ...] = ()) -> list[dict]:
+    """Per-rank signals, completed with the cross-rank ones. `remote`: the local
+    signals of this job's ranks on other nodes, as their daemons measured them
+    (the peer view); they join before the cross-rank step, so a culprit on
+    another node is named here too."""
+    return _with_peers(local_signals(history), remote)
+
+
+def _with_peers(local: list[dict], remote: tuple[dict, ...]) -> list[dict]:
+    ranks = [dict(s) for s in local]  # _cross adds to them; `local` stays as measured
+    held = {s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0}
+    ranks += [dict(s, remote=True) for s in remote if s.get("rank") not in held]
+    _cross(ranks)
+    return ranks
+
+
+def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
+    """Per-rank signals from what this node saw: every value a rule needs that
+    does not depend on the peers. Clock-free (ratios, ages, flags), so another
+    node's daemon can judge with them (see measure)."""
     last = history[-1]
     host_cores = last.host.cpu.logical_cores if last.host else None
     flags = set(last.host.cpu.flags) if last.host else None
@@ -155,7 +177,8 @@ def measure(history: tuple[Snapshot, ...]) -> list[dict]:
             and s.get("hb_phase") != "rendezvous"))
         s["device_type"] = rec.device_type if rec is not None else None
         s["waiting_in"] = _waiting_in(s)
-    _cross(ranks)
+        s["local_rank"] = _local_rank(last, s["pid"])
+        s["node"] = last.host.hostname if last.host else ""
     return ranks
 
 
@@ -251,20 +274,20 @@ def _cross(ranks: list[dict]) -> None:
                                       for fp, n in fingerprints.most_common())
 
 
-def judge(history: tuple[Snapshot, ...], rules: list[Rule]) -> Judgement:
+def judge(history: tuple[Snapshot, ...], rules: list[Rule],
+          remote: tuple[dict, ...] = ()) -> Judgement:
     verdict_rules = sorted((r for r in rules if r.verdict), key=lambda r: -r.priority)
     finding_rules = [r for r in rules if r.finding]
-    last = history[-1]
-    host = last.host.hostname if last.host else ""
     verdicts = []
-    for s in measure(history):
+    local = local_signals(history)
+    for s in _with_peers(local, remote):
         rule = next((r for r in verdict_rules if r.matches(s)), None)
         findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
                          for r in finding_rules if r.matches(s))
-        proc = _local_rank(last, s["pid"])
         verdicts.append(RankVerdict(
             pid=s["pid"], rank=s.get("rank", -1) if s.get("rank") is not None else -1,
-            local_rank=proc, host=host,
+            local_rank=s.get("local_rank", -1), host=s.get("node", ""),
+            remote=bool(s.get("remote")),
             verdict=rule.verdict if rule else "unknown",
             role=rule.role if rule else "none",
             confidence=rule.confidence if rule else 0.0,
@@ -275,7 +298,12 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule]) -> Judgement:
             findings=findings, stack=s.get("stack_top", ""),
             signals={k: v for k, v in sorted(s.items()) if isinstance(v, (int, float, str, bool))}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
-    return Judgement(_job(verdicts), tuple(verdicts))
+    return Judgement(_job(verdicts), tuple(verdicts),
+                     tuple({k: v for k, v in sorted(s.items()) if _scalar(v)} for s in local))
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (int, float, str, bool))
 
 
 def _local_rank(snap: Snapshot, pid: int) -> int:
@@ -297,7 +325,8 @@ def _blind(s: dict) -> str:
 
 
 def _name(v: RankVerdict) -> str:
-    return f"rank {v.rank}" if v.rank >= 0 else f"pid {v.pid}"
+    name = f"rank {v.rank}" if v.rank >= 0 else f"pid {v.pid}"
+    return f"{name} (on {v.host or 'a peer node'})" if v.remote else name
 
 
 def _job(verdicts: list[RankVerdict]) -> JobVerdict:
@@ -318,7 +347,8 @@ def _job(verdicts: list[RankVerdict]) -> JobVerdict:
         return JobVerdict(verdict, tuple(c.rank for c in culprits), " ".join(parts))
     worst = min(verdicts, key=lambda v: SEVERITY.index(v.verdict))
     if worst.verdict == "healthy":
-        summary = f"All {len(verdicts)} local rank(s) are making progress."
+        where = "" if any(v.remote for v in verdicts) else " local"
+        summary = f"All {len(verdicts)}{where} rank(s) are making progress."
     else:
         who = [v for v in verdicts if v.verdict == worst.verdict]
         summary = (f"{', '.join(_name(v) for v in who)}: {worst.verdict.replace('_', ' ')}: "

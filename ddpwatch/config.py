@@ -17,11 +17,16 @@ present). Strict: an unknown key is an error naming file and line (exit 78).
     rules: []                    # extra rule files (add or override by id)
     webhooks: []                 # [{type: generic|slack|alertmanager, url, secret, timeout_s}]
     log_format: text             # text | json
+    peers: []                    # other nodes' daemons, e.g. [http://node2:19500]: their
+                                 # ranks' signals join this node's judgement (the peer view)
+    peer_token: ""               # bearer token for the peers' /peer; default: token
+    peer_max_age_s: 5.0          # a peer's answer older than this is not used
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -31,6 +36,7 @@ from .errors import ConfigError
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
 SWITCHABLE_PROBES = ("sockets", "stacks", "host")
+_PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")  # a daemon's base URL
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class Config:
     rules: tuple[str, ...] = ()
     webhooks: tuple[dict, ...] = ()
     log_format: str = "text"
+    peers: tuple[str, ...] = ()
+    peer_token: str = ""
+    peer_max_age_s: float = 5.0
     source: str = "defaults"
 
     @property
@@ -69,7 +78,8 @@ class Config:
 ENV = {  # environment overrides, applied after the file
     "DDPWATCH_LISTEN": "listen", "DDPWATCH_TOKEN": "token", "DDPWATCH_TICK_S": "tick_s",
     "DDPWATCH_DIR": "heartbeat_dir", "DDPWATCH_STATE_DIR": "state_dir",
-    "DDPWATCH_LOG_FORMAT": "log_format",
+    "DDPWATCH_LOG_FORMAT": "log_format", "DDPWATCH_PEERS": "peers",
+    "DDPWATCH_PEER_TOKEN": "peer_token",
 }
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
 
@@ -143,14 +153,22 @@ def _coerce(key: str, value, where: str):
                 raise ConfigError(f"{where}: probes: unknown probe(s) {sorted(unknown)} "
                                   f"(switchable: {', '.join(SWITCHABLE_PROBES)})")
             return dict(value)
-        if key in ("rules", "webhooks"):
+        if key == "peers" and isinstance(value, str):  # $DDPWATCH_PEERS: comma-separated
+            value = [u.strip() for u in value.split(",") if u.strip()]
+        if key in ("rules", "webhooks", "peers"):
             if value is None:
                 return ()
             if not isinstance(value, list):
                 raise TypeError
+            if key == "peers":
+                for url in value:
+                    if not (isinstance(url, str) and _PEER_URL.fullmatch(url)):
+                        raise ConfigError(f"{where}: peers: {url!r} is not a daemon's base URL "
+                                          f"(http://HOST:PORT)")
             return tuple(value)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where}: {key}: {value!r} is not a valid {kind}") from err
+        wanted = "list" if kind.startswith("tuple") else "mapping" if kind.startswith("dict") else kind
+        raise ConfigError(f"{where}: {key}: {value!r} is not a valid {wanted}") from err
     return value
 
 
@@ -164,6 +182,8 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"{where}: listen: {c.listen!r} is not HOST:PORT") from err
     if c.tick_s <= 0 or c.window_s <= 0:
         raise ConfigError(f"{where}: tick_s and window_s must be positive")
+    if c.peer_max_age_s <= 0:
+        raise ConfigError(f"{where}: peer_max_age_s must be positive")
     if c.log_format not in ("text", "json"):
         raise ConfigError(f"{where}: log_format: {c.log_format!r} (text or json)")
     if not is_loopback(host) and not c.token:

@@ -35,8 +35,10 @@ def load_rules(config: Config) -> list:
 
 
 class Daemon:
-    def __init__(self, config: Config, rules: list, dispatcher=None, clock=time.monotonic):
+    def __init__(self, config: Config, rules: list, dispatcher=None, clock=time.monotonic,
+                 peers=None):
         self.config = config
+        self.peers = peers  # peers.PeerPoller when peers are configured (the peer view)
         self.rules = rules
         self.dispatcher = dispatcher
         self.clock = clock
@@ -91,7 +93,8 @@ class Daemon:
             node=self.node, tick=self._tick, wall_time=time.time(),
             tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
             incidents=self.incidents.all(), probes=tuple(statuses),
-            incidents_opened_total=dict(self.incidents.opened_total), ready=True)
+            incidents_opened_total=dict(self.incidents.opened_total), ready=True,
+            peers=self.peers.states() if self.peers else ())
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -148,12 +151,14 @@ class Daemon:
         key = discovery.job_key(job)
         first_seen = self._first_seen.setdefault(key, self.clock())
         detailed = self._verdicts.get(key) != "healthy" or self._requested_now
+        # the peer view: this job's ranks on other nodes, as their daemons see them
+        remote = self.peers.remote_signals(key) if self.peers else ()
         first, last = self._window(key, self._snapshot(ctx, job, statuses, detailed))
-        judgement = classify.judge((first, last), self.rules)
+        judgement = classify.judge((first, last), self.rules, remote)
         if not detailed and judgement.job.verdict != "healthy":
             # Something changed since the last tick: look again, in detail.
             last = self._history[key][-1] = self._snapshot(ctx, job, statuses, True)
-            judgement = classify.judge((first, last), self.rules)
+            judgement = classify.judge((first, last), self.rules, remote)
         self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in ("healthy", "warming_up")
         if judgement.job.verdict == "unknown":
@@ -171,7 +176,7 @@ class Daemon:
                     if detail.ok:
                         last = dataclasses.replace(last, sockets=detail.data)
                 self._history[key][-1] = last
-                judgement = classify.judge((first, last), self.rules)
+                judgement = classify.judge((first, last), self.rules, remote)
         return JobView(key, judgement, last)
 
     def _fresh_stacks(self, ctx, key, job, statuses, force=False):

@@ -1,20 +1,22 @@
-"""HTTP for the daemon: /metrics, /status, /healthz, /readyz; 404 elsewhere.
+"""HTTP for the daemon: /metrics, /status, /peer, /healthz, /readyz; 404 elsewhere.
+`/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
 otherwise only on suspicion).
 
-Only reads the latest published DaemonView. /status needs `Authorization:
-Bearer <token>` when a token is configured (it must be, off loopback: config.py).
+Only reads the latest published DaemonView. /status and /peer need
+`Authorization: Bearer <token>` when a token is configured (it must be, off loopback: config.py).
 """
 from __future__ import annotations
 
 import hmac
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from . import __version__, report
+from . import __version__, peers, report
 from .codec import to_json
 
 
@@ -24,9 +26,13 @@ def status_document(view) -> dict:
     jobs = [dict(key=j.key, **report.as_json(j.judgement, j.last)) for j in view.jobs]
     first = jobs[0] if jobs else {"job": {"verdict": "healthy", "culprits": [],
                                           "summary": "No DDP job on this node."}, "ranks": []}
+    now = time.monotonic()
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__, "job": first["job"], "ranks": first["ranks"], "jobs": jobs,
-            "incidents": [to_json(i) for i in view.incidents]}
+            "incidents": [to_json(i) for i in view.incidents],
+            "peers": [{"url": p.url, "node": p.node, "error": p.error,
+                       "age_s": round(now - p.fetched_at, 1) if p.fetched_at else None}
+                      for p in view.peers]}
 
 
 class Server:
@@ -72,13 +78,17 @@ class Server:
             ready = view is not None and view.ready
             self._send(req, 200 if ready else 503, b"ready\n" if ready else b"no tick yet\n",
                        "text/plain")
-        elif path == "/status":
+        elif path in ("/status", "/peer"):
             if self.token and not self._authorized(req):
                 self._send(req, 401, b'{"error": "bearer token required"}\n', "application/json",
                            {"WWW-Authenticate": 'Bearer realm="ddpwatch"'})
             elif view is None:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
             else:
+                if path == "/peer":
+                    body = json.dumps(peers.document(view)).encode()
+                    self._send(req, 200, body, "application/json")
+                    return
                 if "stacks=1" in req.path.partition("?")[2].split("&"):
                     self.request_stacks()  # the next tick dumps every job's stacks
                 body = json.dumps(status_document(view), indent=1).encode()

@@ -49,3 +49,4 @@ class DaemonView:
     probes: tuple[ProbeStatus, ...]      # this tick's probe runs (stacks only when run)
     incidents_opened_total: dict[str, int]  # by verdict, since start
     ready: bool                           # a first tick has completed
+    peers: tuple = ()                     # peers.PeerState of each configured peer

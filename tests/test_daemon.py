@@ -259,6 +259,9 @@ def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     ("tick_s: 1\nnot_a_key: 2\n", ":2: unknown key 'not_a_key'"),
     ("listen: 0.0.0.0:19999\n", "not loopback: set a token"),
     ("tick_s: fast\n", "tick_s"),
+    ("tick_s: 1\npeers: [node2:19500]\n", ":2: peers: 'node2:19500' is not a daemon's base URL"),
+    ("peers: {node2: 19500}\n", ":1: peers: {'node2': 19500} is not a valid list"),
+    ("peer_max_age_s: 0\n", "peer_max_age_s must be positive"),
 ])
 def test_bad_config_exits_78_naming_file_and_line(tmp_path, content, message):
     path = tmp_path / "c.yaml"

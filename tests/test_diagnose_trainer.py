@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import uuid
 
 import psutil
 import pytest
@@ -205,35 +203,6 @@ def python_pid(job) -> int:
                 continue
         return None
     return wait_until(found, TIMEOUT, what="the rank's python process")
-
-
-@pytest.fixture
-def netns():
-    """A network namespace joined by a veth pair: a second node on this host."""
-    need(os.geteuid() == 0 and shutil.which("ip") and shutil.which("iptables"),
-         "needs root, ip and iptables for a network namespace")
-    tag = uuid.uuid4().hex[:6]
-    ns = {"name": f"ddpw{tag}", "host_if": f"dwa{tag}", "peer_if": f"dwb{tag}"}
-    net = 1 + int(tag, 16) % 250
-    ns.update(host_addr=f"10.231.{net}.1", peer_addr=f"10.231.{net}.2",
-              exec=["ip", "netns", "exec", ns["name"]])
-    try:
-        for cmd in (["ip", "netns", "add", ns["name"]],
-                    ["ip", "link", "add", ns["host_if"], "type", "veth", "peer", "name",
-                     ns["peer_if"]],
-                    ["ip", "link", "set", ns["peer_if"], "netns", ns["name"]],
-                    ["ip", "addr", "add", f"{ns['host_addr']}/24", "dev", ns["host_if"]],
-                    ["ip", "link", "set", ns["host_if"], "up"],
-                    [*ns["exec"], "ip", "addr", "add", f"{ns['peer_addr']}/24", "dev",
-                     ns["peer_if"]],
-                    [*ns["exec"], "ip", "link", "set", ns["peer_if"], "up"],
-                    [*ns["exec"], "ip", "link", "set", "lo", "up"]):
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            need(done.returncode == 0, f"cannot set up a network namespace: {done.stderr}")
-        yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns["name"]], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", ns["host_if"]], capture_output=True, check=False)
 
 
 def test_killed_rank_whose_node_goes_silent(start_job, hb_dir, netns):

@@ -41,6 +41,14 @@ def build_dispatcher(cfg):
     return Dispatcher(build_sinks(list(cfg.webhooks), cfg.source))
 
 
+def build_poller(cfg):
+    if not cfg.peers:
+        return None
+    from ..peers import PeerPoller
+    return PeerPoller(cfg.peers, cfg.peer_token or cfg.token, interval_s=cfg.tick_s,
+                      timeout_s=cfg.probe_timeout_s, max_age_s=cfg.peer_max_age_s)
+
+
 def load_all(args):
     overrides = {"listen": args.listen, "log_format": args.log_format}
     cfg = config_mod.load(config_mod.find_file(args.config), overrides)
@@ -51,7 +59,8 @@ def main(args) -> int:
     cfg, rules = load_all(args)  # ConfigError -> exit 78 at the CLI boundary
     setup_logging(cfg.log_format)
     dispatcher = build_dispatcher(cfg)
-    daemon = Daemon(cfg, rules, dispatcher)
+    poller = build_poller(cfg)
+    daemon = Daemon(cfg, rules, dispatcher, peers=poller)
     from ..exporters.metrics import make_registry, render
     registry = make_registry(lambda: daemon.view)
     host, port = cfg.host_port
@@ -61,6 +70,9 @@ def main(args) -> int:
     except OSError as err:
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
     server.start()
+    if poller is not None:
+        poller.start()
+        log.info("peer view: asking %s", ", ".join(poller.urls))
     stop = threading.Event()
     reload_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -84,6 +96,8 @@ def main(args) -> int:
             next_tick = now
         stop.wait(next_tick - now)
     notify("STOPPING=1")
+    if daemon.peers is not None:
+        daemon.peers.stop()
     left = dispatcher.close(timeout_s=5.0) if dispatcher is not None else 0
     server.stop()
     log.info("ddpwatch run: stopped (%d alert(s) left undelivered)", left)
@@ -101,6 +115,13 @@ def _reload(args, daemon, dispatcher, server):
         return dispatcher
     if cfg.listen != daemon.config.listen:
         log.warning("reload: listen changes only on restart (still %s)", daemon.config.listen)
+    if (cfg.peers, cfg.peer_token, cfg.peer_max_age_s) != (
+            daemon.config.peers, daemon.config.peer_token, daemon.config.peer_max_age_s):
+        if daemon.peers is not None:
+            daemon.peers.stop()
+        daemon.peers = build_poller(cfg)
+        if daemon.peers is not None:
+            daemon.peers.start()
     if new_dispatcher is not dispatcher:
         if dispatcher is not None:
             dispatcher.close(timeout_s=2.0)

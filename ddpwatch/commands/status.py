@@ -8,7 +8,7 @@ import urllib.request
 
 from .. import errors
 
-COLUMNS = ("JOB", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
+COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
 
 
 def fetch(url: str, token: str | None) -> dict:
@@ -32,7 +32,8 @@ def table(doc: dict) -> str:
     rows = [COLUMNS]
     for job in doc.get("jobs", []):
         for r in job["ranks"]:
-            rows.append((job["key"], str(r["rank"]), str(r["pid"]), r["verdict"], r["role"],
+            rows.append((job["key"], r.get("host") or "-", str(r["rank"]), str(r["pid"]),
+                         r["verdict"], r["role"],
                          f"{r['confidence']:.0%}", ",".join(f["id"] for f in r["findings"]) or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [f"node {doc['node']}  tick {doc['tick']}  "
@@ -44,6 +45,10 @@ def table(doc: dict) -> str:
                      f"{list(i['culprits'])}; evidence in {i['bundle'] or '-'}")
     if not doc.get("jobs"):
         lines.append("no DDP job on this node")
+    for peer in doc.get("peers", []):
+        state = f"error: {peer['error']}" if peer["error"] else "ok"
+        age = f", last answer {peer['age_s']}s ago" if peer["age_s"] is not None else ""
+        lines.append(f"peer {peer['url']} ({peer['node'] or '?'}): {state}{age}")
     return "\n".join(lines)
 
 

@@ -136,7 +136,10 @@ def _job_rows(jv: JobView) -> list[Row]:
     hb = snap.heartbeats
     records = {r.pid: (r, alive) for r, alive in zip(hb.records, hb.alive)} if hb else {}
     procs = {p.pid: p for p in snap.processes.procs if not p.error} if snap.processes else {}
-    rows: list[Row] = [("ddpwatch_job_ranks", (key,), len(jv.judgement.ranks))]
+    # Ranks judged here from a peer's signals are exported by their own node's
+    # daemon; the job's verdict and culprits here include them.
+    local = [rv for rv in jv.judgement.ranks if not rv.remote]
+    rows: list[Row] = [("ddpwatch_job_ranks", (key,), len(local))]
     rows += [("ddpwatch_job_state", (key, v), float(v == job.verdict)) for v in VERDICTS]
     rows += [("ddpwatch_job_culprit", (key, str(rank)), 1.0) for rank in sorted(set(job.culprits))]
     seen: set[str] = set()
@@ -147,7 +150,7 @@ def _job_rows(jv: JobView) -> list[Row]:
     # Two processes may claim one rank (a restarted rank next to its dead
     # predecessor's record) or several be unidentified (rank -1): a second series
     # would be a duplicate Prometheus rejects. The live one speaks for the rank.
-    for rv in sorted(jv.judgement.ranks, key=lambda rv: not alive_of(rv)):
+    for rv in sorted(local, key=lambda rv: not alive_of(rv)):
         rank = str(rv.rank)
         if rank in seen:
             continue

@@ -1,0 +1,130 @@
+"""The peer view: this daemon asks the other nodes' daemons what their ranks do.
+
+For people without Prometheus (two machines on a home LAN): a job spread over
+nodes has its culprit on one node and its waiting ranks on the others, and no
+daemon alone can tell who the waiting ranks wait for. Each daemon serves its own
+ranks' signals at `/peer` (measured there, clock-free: classify.local_signals);
+a daemon with `peers:` configured fetches them in the background and judges its
+jobs with the remote ranks added (classify.judge(..., remote=...)).
+
+The fetching never blocks a tick: a thread polls every peer once per interval,
+with a timeout, and keeps the last answer. A tick takes only answers younger than
+`max_age_s`; a peer that stops answering drops out of the judgement (its ranks are
+not judged from stale data) and shows with its error in /status.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+log = logging.getLogger("ddpwatch")
+
+
+@dataclass(frozen=True)
+class PeerState:
+    url: str
+    node: str = ""
+    fetched_at: float = 0.0        # monotonic; 0.0 until a first good answer
+    jobs: dict = field(default_factory=dict)  # job key -> tuple of signal dicts
+    error: str = ""                 # the last attempt's failure ("" if it succeeded)
+
+
+class PeerDocumentError(ValueError):
+    pass
+
+
+def parse(doc) -> tuple[str, dict]:
+    """(node, {job key: (signal dict, ...)}) from a /peer answer; PeerDocumentError
+    names the first field that is wrong."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+        raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, dict):
+        raise PeerDocumentError("'jobs' is not a mapping")
+    out = {}
+    for key, ranks in jobs.items():
+        if not isinstance(ranks, list):
+            raise PeerDocumentError(f"jobs[{key!r}] is not a list")
+        checked = []
+        for i, s in enumerate(ranks):
+            if not isinstance(s, dict) or not isinstance(s.get("rank"), int) or not all(
+                    v is None or isinstance(v, (int, float, str, bool)) for v in s.values()):
+                raise PeerDocumentError(f"jobs[{key!r}][{i}] is not a rank's signals")
+            checked.append(dict(s, node=s.get("node") or doc["node"]))
+        out[key] = tuple(checked)
+    return doc["node"], out
+
+
+def document(view) -> dict:
+    """What this daemon serves at /peer: its own ranks' signals, per job."""
+    return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
+            "jobs": {j.key: list(j.judgement.local) for j in view.jobs}}
+
+
+class PeerPoller:
+    def __init__(self, urls, token: str = "", interval_s: float = 1.0, timeout_s: float = 2.0,
+                 max_age_s: float = 5.0, clock=time.monotonic):
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        self.token = token
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_age_s = max_age_s
+        self.clock = clock
+        # url -> PeerState, replaced whole by the polling thread (readers see one or the other)
+        self._states = {u: PeerState(u) for u in self.urls}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddpwatch-peers", daemon=True)
+
+    def start(self) -> None:
+        if self.urls:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def states(self) -> tuple[PeerState, ...]:
+        return tuple(self._states[u] for u in self.urls)
+
+    def remote_signals(self, key: str) -> tuple[dict, ...]:
+        """The ranks of job `key` that fresh peers report."""
+        now = self.clock()
+        out: list[dict] = []
+        for state in self.states():
+            if state.fetched_at and now - state.fetched_at <= self.max_age_s:
+                out += state.jobs.get(key, ())
+        return tuple(out)
+
+    def poll_once(self) -> None:
+        for url in self.urls:
+            self._states[url] = self._fetch(url, self._states[url])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self.clock()
+            self.poll_once()
+            self._stop.wait(max(0.0, self.interval_s - (self.clock() - started)))
+
+    def _fetch(self, url: str, old: PeerState) -> PeerState:
+        request = urllib.request.Request(url + "/peer")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                node, jobs = parse(json.load(response))
+            if old.error:
+                log.info("peer %s answers again", url)
+            return PeerState(url, node, self.clock(), jobs, "")
+        except urllib.error.HTTPError as err:
+            error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else "")
+        except (urllib.error.URLError, OSError) as err:
+            error = f"no answer ({getattr(err, 'reason', err)})"
+        except (ValueError, PeerDocumentError) as err:  # JSON errors are ValueErrors
+            error = f"bad answer: {err}"
+        if error != old.error:
+            log.warning("peer %s: %s", url, error)
+        return PeerState(url, old.node, old.fetched_at, old.jobs, error)

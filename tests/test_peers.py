@@ -1,0 +1,115 @@
+"""The peer view with real parts: two "nodes" on this host, each a PID, mount,
+UTS (and for node B, network) namespace with its own heartbeat directory, one
+rank of a 2-rank Gloo job and its own `ddpwatch run`. Neither daemon can see the
+other node's rank; each asks the other's /peer."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import urllib.error
+import urllib.request
+
+from conftest import free_port, need, wait_until
+
+TIMEOUT = 240
+TOKEN = "peer-test-token"
+
+
+def need_namespaces():
+    need(os.geteuid() == 0 and shutil.which("unshare") is not None,
+         "needs root and unshare for PID and UTS namespaces")
+
+
+def get_json(url: str):
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url: str,
+               master: tuple[str, int], ifname: str, prefix=(), faults=()):
+    """A node: a shell (pid 2 of its own PID namespace; pid 1 stays a plain
+    shell so no rank looks orphaned) running one rank by hand and a daemon."""
+    root = tmp_path / name
+    (root / "hb").mkdir(parents=True)
+    config = root / "config.yaml"
+    config.write_text(f"listen: {listen}\ntoken: {TOKEN}\ntick_s: 0.5\n"
+                      f"state_dir: {root / 'state'}\nheartbeat_dir: {root / 'hb'}\n"
+                      f"peers: [{peer_url}]\n")
+    rank_env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "WORLD_SIZE": "2",
+                "RANK": str(rank), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "GLOO_SOCKET_IFNAME": ifname}
+    # the rank's variables on the rank only: the daemon is a python process too
+    trainer = ["env", *(f"{k}={v}" for k, v in rank_env.items()), sys.executable, "-m",
+               "trainer", "--steps=0", *(f"--fault={f}" for f in faults)]
+    daemon = [sys.executable, "-m", "ddpwatch", "run", "--config", str(config)]
+    script = (f"hostname {name}; sh -c '{' '.join(trainer)} > {root / 'rank.log'} 2>&1 & "
+              f"{' '.join(daemon)} > {root / 'daemon.log'} 2>&1 & wait'; true")
+    env = {"DDPWATCH_DIR": str(root / "hb")}
+    argv = [*prefix, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "sh", "-c", script]
+    return start_job(argv, env=env, name=name), root
+
+
+def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, netns):
+    need_namespaces()
+    port_a, port_b, master_port = free_port(), free_port(), free_port()
+    url_a = f"http://{netns['host_addr']}:{port_a}"
+    url_b = f"http://{netns['peer_addr']}:{port_b}"
+    master = (netns["host_addr"], master_port)
+    node_a, root_a = start_node(start_job, tmp_path, "node-a", 0, f"{netns['host_addr']}:{port_a}",
+                                url_b, master, netns["host_if"])
+    node_b, root_b = start_node(start_job, tmp_path, "node-b", 1, f"{netns['peer_addr']}:{port_b}",
+                                url_a, master, netns["peer_if"], prefix=netns["exec"],
+                                faults=["hang:rank=1:step=150"])
+
+    def ranks_seen(doc):
+        job = next((j for j in (doc or {}).get("jobs", []) if j["key"] == f"{master[0]}:{master[1]}"),
+                   None)
+        return {(r["rank"], r["host"]): (r["verdict"], r["role"]) for r in job["ranks"]} if job else {}
+
+    def logs():
+        return "\n".join(f"--- {p}:\n" + (p.read_text()[-3000:] if p.exists() else "(none)")
+                         for p in (root_a / "daemon.log", root_b / "daemon.log",
+                                   root_a / "rank.log", root_b / "rank.log"))
+
+    # Both ranks train; each daemon judges its own rank with the other node's.
+    both = {(0, "node-a"), (1, "node-b")}
+    wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == both
+               and set(ranks_seen(get_json(url_b + "/status"))) == both, TIMEOUT,
+               what=f"both daemons seeing both ranks\n{logs()}")
+    peer_doc = get_json(url_a + "/peer")
+    assert peer_doc["node"] == "node-a"
+    assert [s["rank"] for job in peer_doc["jobs"].values() for s in job] == [0]  # its own only
+
+    # Rank 1 hangs outside collectives at step 150: both daemons name it.
+    culprit = {(0, "node-a"): ("blocked_in_collective", "victim"),
+               (1, "node-b"): ("hung_outside_collective", "culprit")}
+    for url in (url_a, url_b):
+        wait_until(lambda: ranks_seen(get_json(url + "/status")) == culprit, TIMEOUT,
+                   what=f"{url} naming rank 1 on node-b\n{logs()}")
+    status_a = get_json(url_a + "/status")
+    assert status_a["node"] == "node-a" and status_a["job"]["culprits"] == [1]
+    assert "rank 1 (on node-b) is the culprit" in status_a["job"]["summary"]
+    assert status_a["peers"][0]["node"] == "node-b" and status_a["peers"][0]["error"] == ""
+    # Node A exports its own rank's series only; rank 1's come from node B.
+    request = urllib.request.Request(url_a + "/metrics")
+    metrics = urllib.request.urlopen(request, timeout=10).read().decode()
+    assert 'ddpwatch_job_culprit{ddp_job="%s:%d",rank="1"} 1.0' % master in metrics
+    assert 'rank="1",verdict="hung_outside_collective"' not in metrics
+    assert 'rank="0",verdict="blocked_in_collective"} 1.0' in metrics
+
+    # Node B's daemon goes away: node A says so and stops judging rank 1 from old news.
+    for proc in node_b.processes():
+        if "ddpwatch" in " ".join(proc.cmdline()) and "run" in proc.cmdline():
+            proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: (get_json(url_a + "/status") or {}).get("peers", [{}])[0].get("error"),
+               TIMEOUT, what=f"node A noticing its peer is gone\n{logs()}")
+    wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == {(0, "node-a")}, TIMEOUT,
+               what="rank 1 dropped once the peer's answer is too old")
+    assert get_json(url_a + "/status")["job"]["culprits"] == []

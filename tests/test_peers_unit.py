@@ -1,0 +1,150 @@
+"""The peer view without processes. Judging: a 2-rank job split across two
+"nodes" (replayed snapshots cut in two); alone, neither node can name the
+culprit, with the other node's signals (as /peer serves them, through JSON)
+both do. Polling: fresh answers are used, old ones dropped, bad ones named."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from conftest import REPO
+
+from ddpwatch import classify, rules as rules_mod
+from ddpwatch.peers import PeerPoller
+from ddpwatch.snapshot import load
+
+SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return rules_mod.load(os.path.join(REPO, "rules", "default.yaml"))
+
+
+def node_view(history, rank: int, node: str):
+    """What a daemon on a node holding only `rank` would have seen."""
+    out = []
+    for snap in history:
+        keep = [i for i, r in enumerate(snap.heartbeats.records) if r.rank == rank]
+        pids = tuple(snap.heartbeats.records[i].pid for i in keep)
+        hb = dataclasses.replace(snap.heartbeats,
+                                 records=tuple(snap.heartbeats.records[i] for i in keep),
+                                 alive=tuple(snap.heartbeats.alive[i] for i in keep))
+        job = dataclasses.replace(snap.job, rank_pids=tuple(p for p in snap.job.rank_pids
+                                                            if p in pids))
+        # one rank per node: the master is on another address, one local rank
+        procs = tuple(dataclasses.replace(p, env={**p.env, "MASTER_ADDR": "10.0.0.1",
+                                                  "LOCAL_WORLD_SIZE": "1"})
+                      for p in snap.processes.procs)
+        out.append(dataclasses.replace(
+            snap, heartbeats=hb, job=job, host=dataclasses.replace(snap.host, hostname=node),
+            processes=dataclasses.replace(snap.processes, procs=procs)))
+    return tuple(out)
+
+
+def over_the_wire(judgement):
+    return tuple(json.loads(json.dumps(judgement.local)))
+
+
+@pytest.mark.parametrize("fixture, culprit_verdict", [
+    ("trainer_hang", "hung_outside_collective"),
+    ("trainer_stop", "stopped"),
+])
+def test_each_node_names_the_culprit_on_the_other_node(rules, fixture, culprit_verdict):
+    history = load(os.path.join(SNAPSHOTS, f"{fixture}.json"))
+    a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
+    alone_a, alone_b = classify.judge(a, rules), classify.judge(b, rules)
+    assert alone_a.job.culprits == ()          # rank 0 waits, for someone it cannot see
+    assert [r.rank for r in alone_a.ranks] == [0]
+    assert "another node" in alone_a.job.summary
+    with_b = classify.judge(a, rules, remote=over_the_wire(alone_b))
+    with_a = classify.judge(b, rules, remote=over_the_wire(alone_a))
+    for j in (with_b, with_a):
+        assert j.job.culprits == (1,) and j.job.verdict == culprit_verdict
+        by_rank = {r.rank: r for r in j.ranks}
+        assert by_rank[1].role == "culprit" and by_rank[0].role == "victim"
+        assert (by_rank[0].host, by_rank[1].host) == ("node-a", "node-b")
+    assert [r.remote for r in with_b.ranks] == [False, True]
+    assert [r.remote for r in with_a.ranks] == [True, False]
+    assert "rank 1 (on node-b) is the culprit" in with_b.job.summary
+    # what a node serves its peers is its own ranks only, as measured there
+    assert [s["rank"] for s in with_b.local] == [0] and "peers_blocked" not in with_b.local[0]
+
+
+def test_a_rank_held_here_is_not_taken_from_a_peer(rules):
+    """A peer that also reports a rank this node holds (a misconfigured peer list,
+    two daemons on one host) does not double it: the local observation wins."""
+    history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
+    whole = classify.judge(history, rules)
+    again = classify.judge(history, rules, remote=over_the_wire(whole))
+    assert [(r.rank, r.verdict, r.remote) for r in again.ranks] == [
+        (r.rank, r.verdict, False) for r in whole.ranks]
+
+
+class _Peer:
+    """A local HTTP server answering /peer with `doc` (or `code`)."""
+
+    def __init__(self, doc, code=200):
+        self.doc, self.code = doc, code
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps(peer.doc).encode() if peer.code == 200 else b"{}"
+                self.send_response(peer.code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_poller_keeps_fresh_answers_and_drops_old_ones():
+    now = [100.0]
+    peer = _Peer({"node": "node-b", "tick": 3, "jobs": {"run-1": [{"rank": 1, "alive": True}]}})
+    try:
+        poller = PeerPoller([peer.url], max_age_s=5.0, clock=lambda: now[0])
+        assert poller.remote_signals("run-1") == ()          # nothing fetched yet
+        poller.poll_once()
+        assert poller.remote_signals("run-1") == ({"rank": 1, "alive": True, "node": "node-b"},)
+        assert poller.remote_signals("other-job") == ()
+        peer.close()
+        now[0] += 2.0
+        poller.poll_once()                                    # the peer stopped answering
+        (state,) = poller.states()
+        assert state.error.startswith("no answer") and state.node == "node-b"
+        assert len(poller.remote_signals("run-1")) == 1       # still fresh enough
+        now[0] += 4.0
+        assert poller.remote_signals("run-1") == ()           # 6 s old: not judged from it
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("doc, code, error", [
+    ({"jobs": {}}, 200, "bad answer: not a ddpwatch /peer document"),
+    ({"node": "b", "jobs": {"j": [{"rank": "1"}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({"node": "b", "jobs": {"j": [{"rank": 1, "x": [1]}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({}, 401, "HTTP 401 (wrong or missing peer_token)"),
+])
+def test_poller_says_what_is_wrong_with_a_peer(doc, code, error):
+    peer = _Peer(doc, code)
+    try:
+        poller = PeerPoller([peer.url])
+        poller.poll_once()
+        (state,) = poller.states()
+        assert state.error.startswith(error) and state.fetched_at == 0.0
+    finally:
+        peer.close()
