@@ -28,7 +28,9 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | N
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
         os.mkdir(os.path.join(work, "records"))
         hb = view.last.heartbeats
-        pids = set(view.last.job.rank_pids) | {r.pid for r in view.judgement.ranks}
+        # (a peer's rank's pid is another node's: it names no file here)
+        pids = set(view.last.job.rank_pids) | {r.pid for r in view.judgement.ranks
+                                               if not r.remote}
         for record_path in _record_files(hb, pids, heartbeat_dir):
             shutil.copy(record_path, os.path.join(work, "records"))
         with open(os.path.join(work, "report.txt"), "w") as f:

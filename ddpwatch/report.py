@@ -42,8 +42,9 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     for r in judgement.ranks:
         who = f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid else "rank ?"
         lines.append("")
+        where = f" on {r.host or 'a peer node'} (peer view)" if r.remote else ""
         lines.append(f"{who:<8} pid {r.pid:<8} {r.verdict.upper().replace('_', ' ')}"
-                     f"  ({r.role}, confidence {r.confidence:.0%})")
+                     f"  ({r.role}, confidence {r.confidence:.0%}){where}")
         lines.append(_wrap(f"evidence: {r.evidence}", "  "))
         lines.append(_wrap(f"remedy:   {r.remedy}", "  "))
         if r.stack:

@@ -97,6 +97,13 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     assert status_a["node"] == "node-a" and status_a["job"]["culprits"] == [1]
     assert "rank 1 (on node-b) is the culprit" in status_a["job"]["summary"]
     assert status_a["peers"][0]["node"] == "node-b" and status_a["peers"][0]["error"] == ""
+    # Node A's incident bundle holds the whole judgement, and only its own record.
+    incident = wait_until(lambda: next((i for i in get_json(url_a + "/status")["incidents"]
+                                        if i["culprits"] == [1] and i["bundle"]), None),
+                          TIMEOUT, what="an incident with a bundle on node A")
+    report = open(os.path.join(incident["bundle"], "report.txt")).read()
+    assert "rank 1" in report and "on node-b (peer view)" in report
+    assert [r.startswith("rank0") for r in os.listdir(os.path.join(incident["bundle"], "records"))] == [True]
     # Node A exports its own rank's series only; rank 1's come from node B.
     request = urllib.request.Request(url_a + "/metrics")
     metrics = urllib.request.urlopen(request, timeout=10).read().decode()
