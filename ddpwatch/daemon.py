@@ -94,7 +94,9 @@ class Daemon:
             tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
             incidents=self.incidents.all(), probes=tuple(statuses),
             incidents_opened_total=dict(self.incidents.opened_total), ready=True,
-            peers=self.peers.states() if self.peers else ())
+            peers=self.peers.views() if self.peers else (),
+            alert_stats=self._guard("alerts", self.dispatcher.stats, None)
+            if self.dispatcher is not None else None)
         return self.view
 
     def _guard(self, stage: str, fn, default):

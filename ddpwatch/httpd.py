@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -26,13 +25,10 @@ def status_document(view) -> dict:
     jobs = [dict(key=j.key, **report.as_json(j.judgement, j.last)) for j in view.jobs]
     first = jobs[0] if jobs else {"job": {"verdict": "healthy", "culprits": [],
                                           "summary": "No DDP job on this node."}, "ranks": []}
-    now = time.monotonic()
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__, "job": first["job"], "ranks": first["ranks"], "jobs": jobs,
             "incidents": [to_json(i) for i in view.incidents],
-            "peers": [{"url": p.url, "node": p.node, "error": p.error,
-                       "age_s": round(now - p.fetched_at, 1) if p.fetched_at else None}
-                      for p in view.peers]}
+            "peers": [to_json(p) for p in view.peers]}
 
 
 class Server:

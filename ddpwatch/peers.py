@@ -90,6 +90,16 @@ class PeerPoller:
     def states(self) -> tuple[PeerState, ...]:
         return tuple(self._states[u] for u in self.urls)
 
+    def views(self) -> tuple:
+        """Each peer as of now, for /status and /metrics."""
+        from .view import PeerView
+        now, out = self.clock(), []
+        for st in self.states():
+            age = round(now - st.fetched_at, 3) if st.fetched_at else None
+            out.append(PeerView(st.url, st.node, st.error, age,
+                                age is not None and age <= self.max_age_s))
+        return tuple(out)
+
     def remote_signals(self, key: str) -> tuple[dict, ...]:
         """The ranks of job `key` that fresh peers report."""
         now = self.clock()

@@ -39,6 +39,16 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class PeerView:
+    """A configured peer daemon as of this tick (the peer view, peers.py)."""
+    url: str
+    node: str               # "" until it first answered
+    error: str              # the last attempt's failure, "" if it answered
+    age_s: float | None     # since its last good answer; None if it never answered
+    fresh: bool             # its ranks were part of this tick's judgement
+
+
+@dataclass(frozen=True)
 class DaemonView:
     node: str
     tick: int
@@ -49,4 +59,5 @@ class DaemonView:
     probes: tuple[ProbeStatus, ...]      # this tick's probe runs (stacks only when run)
     incidents_opened_total: dict[str, int]  # by verdict, since start
     ready: bool                           # a first tick has completed
-    peers: tuple = ()                     # peers.PeerState of each configured peer
+    peers: tuple[PeerView, ...] = ()       # each configured peer, when the peer view is on
+    alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)

@@ -205,6 +205,13 @@ def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(
     elapsed = time.monotonic() - started
     ticks = daemon.status()["tick"] - ticks_before
     assert elapsed > 1.5 and ticks >= elapsed / 3, (ticks, elapsed)
+    # and /metrics tells operators how delivery went (the next tick publishes it)
+    def delivered(outcome):
+        line = next((line for line in daemon.metrics().splitlines() if line.startswith(
+            f'ddpwatch_webhook_alerts_total{{outcome="{outcome}",sink=')), "x 0")
+        return float(line.rsplit(" ", 1)[1])
+    wait_until(lambda: delivered("sent") >= 1, 30, what="a sent alert in /metrics")
+    assert delivered("retried") >= 3
 
 
 def test_bad_config_on_sighup_keeps_the_running_one(start_job, tmp_path, hb_dir):

@@ -7,6 +7,7 @@ Golden file: tests/fixtures/metrics/golden.prom is what operators see for
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from ddpwatch.probes.heartbeats import HeartbeatObs
 from ddpwatch.probes.process import Processes, ProcessObs
 from ddpwatch.rules import FINDINGS, ROLES, VERDICTS
 from ddpwatch.snapshot import Job, ProbeStatus, Snapshot
-from ddpwatch.view import DaemonView, Incident, JobView
+from ddpwatch.view import DaemonView, Incident, JobView, PeerView
 
 GOLDEN = os.path.join(REPO, "tests", "fixtures", "metrics", "golden.prom")
 NOW = 1000.0          # monotonic seconds of the last snapshot
@@ -108,12 +109,19 @@ def dead_rank_job() -> JobView:
     return JobView("pid300", Judgement(JobVerdict("dead", (1,), "rank 1 died"), ranks), snap)
 
 
-def daemon_view(jobs, tick: int = 7, incidents=(), opened=None) -> DaemonView:
+def daemon_view(jobs, tick: int = 7, incidents=(), opened=None, peers=(),
+                alert_stats=None) -> DaemonView:
     probes = (ProbeStatus("heartbeats", True, 0.001), ProbeStatus("process", True, 0.004),
               ProbeStatus("process", True, 0.003), ProbeStatus("sockets", False, 0.02, "ss: boom"))
     return DaemonView(node="node-a", tick=tick, wall_time=WALL + tick, tick_duration_s=0.05,
                       jobs=tuple(jobs), incidents=tuple(incidents), probes=probes,
-                      incidents_opened_total=dict(opened or {}), ready=True)
+                      incidents_opened_total=dict(opened or {}), ready=True,
+                      peers=tuple(peers), alert_stats=alert_stats)
+
+
+PEERS = (PeerView("http://node-b:19500", "node-b", "", 0.4, True),
+         PeerView("http://node-c:19500", "", "no answer (timed out)", None, False))
+ALERT_STATS = {"generic-0": {"sent": 3, "failed": 1, "retried": 4, "dropped": 0, "pending": 2}}
 
 
 def golden_view() -> DaemonView:
@@ -122,7 +130,7 @@ def golden_view() -> DaemonView:
                  Incident("i0", "run-42", "resolved", "straggler", (1,), "s", WALL - 60,
                           WALL - 30, WALL - 30, ""))
     return daemon_view((straggler_job(), dead_rank_job()), incidents=incidents,
-                       opened={"dead": 1, "straggler": 2})
+                       opened={"dead": 1, "straggler": 2}, peers=PEERS, alert_stats=ALERT_STATS)
 
 
 # ------------------------------------------------------------------ reading /metrics
@@ -187,10 +195,17 @@ def test_families_and_labels():
     assert value(m, "ddpwatch_ticks_total") == 7
     assert value(m, "ddpwatch_tick_duration_seconds") == 0.05
     assert value(m, "ddpwatch_collect_errors") == 0
-    # Bounded labels only: no pid, no peer, and never Prometheus's own `job`.
+    assert value(m, "ddpwatch_webhook_alerts_total", sink="generic-0", outcome="sent") == 3
+    assert value(m, "ddpwatch_webhook_alerts_total", sink="generic-0", outcome="retried") == 4
+    assert value(m, "ddpwatch_webhook_alerts_pending", sink="generic-0") == 2
+    assert value(m, "ddpwatch_peer_up", peer="http://node-b:19500") == 1
+    assert value(m, "ddpwatch_peer_up", peer="http://node-c:19500") == 0
+    assert value(m, "ddpwatch_peer_answer_age_seconds", peer="http://node-b:19500") == 0.4
+    assert len(m["ddpwatch_peer_answer_age_seconds"]) == 1  # node-c never answered
+    # Bounded labels only: no pid, no socket peer, and never Prometheus's own `job`.
     allowed = {JOB, "rank", "local_rank", "host", "backend", "device_type", "compute_dtype",
                "torch_version", "data_fingerprint", "verdict", "role", "finding", "probe",
-               "version"}
+               "version", "sink", "outcome", "peer"}
     assert {k for samples in m.values() for s in samples for k in s.labels} <= allowed
 
 
@@ -312,3 +327,15 @@ def test_promtool_check_metrics(which):
                          timeout=60, check=False)
     assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), (
         out.stdout.decode() + out.stderr.decode())
+
+
+def test_a_rank_judged_from_a_peer_is_left_to_its_own_nodes_daemon():
+    """The peer view: node A names rank 1 on node B as the culprit (job series), but
+    rank 1's own series come only from node B's daemon (no duplicates across nodes)."""
+    job = dead_rank_job()
+    remote = dataclasses.replace(job.judgement.ranks[1], remote=True, host="node-b")
+    judgement = dataclasses.replace(job.judgement, ranks=(job.judgement.ranks[0], remote))
+    m = scrape(lambda: daemon_view([dataclasses.replace(job, judgement=judgement)]))
+    assert value(m, "ddpwatch_job_culprit", ddp_job="pid300", rank="1") == 1
+    assert value(m, "ddpwatch_job_ranks", ddp_job="pid300") == 1
+    assert {s.labels["rank"] for s in m["ddpwatch_rank_state"]} == {"0"}

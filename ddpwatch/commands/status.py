@@ -47,7 +47,7 @@ def table(doc: dict) -> str:
         lines.append("no DDP job on this node")
     for peer in doc.get("peers", []):
         state = f"error: {peer['error']}" if peer["error"] else "ok"
-        age = f", last answer {peer['age_s']}s ago" if peer["age_s"] is not None else ""
+        age = f", last answer {peer['age_s']:.1f}s ago" if peer["age_s"] is not None else ""
         lines.append(f"peer {peer['url']} ({peer['node'] or '?'}): {state}{age}")
     return "\n".join(lines)
 

@@ -5,7 +5,8 @@ global one), so a rank or job that leaves the view leaves /metrics with it.
 One job that cannot be exported never breaks the scrape (STYLE 4, 8): it is
 left out, logged, and counted in `ddpwatch_collect_errors`.
 
-Labels stay bounded: no pid, no peer. A DDP job is labelled `ddp_job`
+Labels stay bounded: no pid, no socket peer (`peer` is a configured daemon
+URL, `sink` a configured webhook). A DDP job is labelled `ddp_job`
 (JobView.key), never `job`: Prometheus owns `job` and `instance` as target
 labels and renames a scraped `job` to `exported_job` (honor_labels: false, its
 default), which would silently merge every run into the scrape job in the
@@ -57,6 +58,16 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
     "ddpwatch_incidents_opened_total": ("counter", ("verdict",), (
         "Incidents opened since the daemon started, by the verdict that opened them.")),
+    "ddpwatch_webhook_alerts_total": ("counter", ("sink", "outcome"), (
+        "Alerts per webhook sink since the daemon started, by outcome: sent, failed (given up "
+        "after retries), dropped (the sink's queue was full); retried counts extra attempts.")),
+    "ddpwatch_webhook_alerts_pending": ("gauge", ("sink",), (
+        "Alerts queued or in flight for the webhook sink.")),
+    "ddpwatch_peer_up": ("gauge", ("peer",), (
+        "1 if the peer daemon's last answer is recent enough that its ranks are judged here "
+        "(the peer view), else 0.")),
+    "ddpwatch_peer_answer_age_seconds": ("gauge", ("peer",), (
+        "Seconds since the peer daemon last answered /peer; absent until it has.")),
     "ddpwatch_job_ranks": ("gauge", (JOB,), (
         "Ranks of the job judged on this node (dead ones included).")),
     "ddpwatch_job_state": ("gauge", (JOB, "verdict"), (
@@ -220,6 +231,14 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
     # Every verdict from 0, so the first incident of a kind is an increase to rate().
     opened = dict.fromkeys(VERDICTS, 0) | dict(view.incidents_opened_total)
     rows += [("ddpwatch_incidents_opened_total", (v,), float(n)) for v, n in opened.items()]
+    for sink, counts in sorted((view.alert_stats or {}).items()):
+        rows += [("ddpwatch_webhook_alerts_total", (sink, outcome), float(counts[outcome]))
+                 for outcome in ("sent", "failed", "dropped", "retried")]
+        rows.append(("ddpwatch_webhook_alerts_pending", (sink,), float(counts["pending"])))
+    for peer in view.peers:
+        rows.append(("ddpwatch_peer_up", (peer.url,), float(peer.fresh)))
+        if peer.age_s is not None:
+            rows.append(("ddpwatch_peer_answer_age_seconds", (peer.url,), _num(peer.age_s)))
     return rows
 
 
