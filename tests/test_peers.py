@@ -110,6 +110,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     assert 'ddpwatch_job_culprit{ddp_job="%s:%d",rank="1"} 1.0' % master in metrics
     assert 'rank="1",verdict="hung_outside_collective"' not in metrics
     assert 'rank="0",verdict="blocked_in_collective"} 1.0' in metrics
+    assert f'ddpwatch_peer_up{{peer="{url_b}"}} 1.0' in metrics
 
     # Node B's daemon goes away: node A says so and stops judging rank 1 from old news.
     for proc in node_b.processes():
@@ -120,3 +121,5 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == {(0, "node-a")}, TIMEOUT,
                what="rank 1 dropped once the peer's answer is too old")
     assert get_json(url_a + "/status")["job"]["culprits"] == []
+    metrics = urllib.request.urlopen(url_a + "/metrics", timeout=10).read().decode()
+    assert f'ddpwatch_peer_up{{peer="{url_b}"}} 0.0' in metrics
