@@ -196,3 +196,32 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     assert len(reads) == 3
     os.unlink(path)
     assert probe.run(ctx, ()).records == () and ctx.dead_records == {}
+
+
+def _age_record(path: str, seconds: float) -> None:
+    """Make a record look last written `seconds` ago (its writer is not publishing)."""
+    with open(path, "r+b") as f:
+        f.seek(layout.PROGRESS_OFFSET + 8 * layout.P.UPDATED_AT)
+        f.write(struct.pack("<d", time.monotonic() - seconds))
+
+
+def test_a_new_writer_removes_old_records_of_gone_writers_only(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    script = ("import sys; sys.path.insert(0, %r); from ddpwatch.heartbeat import open_writer; "
+              "w = open_writer(%r, rank=int(sys.argv[1])); print(w.path); w.close()")
+    gone = {rank: subprocess.run([sys.executable, "-c", script % (REPO, d), str(rank)],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            for rank in (1, 2)}
+    monkeypatch.setenv("DDPWATCH_RECORD_TTL_S", "0")  # 0: keep everything
+    quiet = open_writer(d, rank=3)             # alive, silent for two days: kept
+    _age_record(quiet.path, 2 * 86400)
+    _age_record(gone[1], 2 * 86400)            # gone two days: removed
+    _age_record(gone[2], 3600)                 # gone an hour: kept (recent evidence)
+    open_writer(d, rank=4).close()
+    assert os.path.exists(gone[1])
+    monkeypatch.delenv("DDPWATCH_RECORD_TTL_S")
+    fresh = open_writer(d, rank=0)
+    assert not os.path.exists(gone[1])
+    assert all(os.path.exists(p) for p in (gone[2], quiet.path, fresh.path))
+    quiet.close()
+    fresh.close()

@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 
-from . import layout
+from . import layout, retention
 from .paths import record_path, prepare_dir
 
 _monotonic = time.monotonic
@@ -349,7 +349,7 @@ def open_writer(directory: str | None = None, **identity) -> HeartbeatWriter | N
         try:
             os.ftruncate(fd, layout.RECORD_SIZE)
             mem = mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            return HeartbeatWriter(path, fd, mem, ident)
+            writer = HeartbeatWriter(path, fd, mem, ident)
         except BaseException:
             if mem is not None:
                 try:
@@ -358,6 +358,11 @@ def open_writer(directory: str | None = None, **identity) -> HeartbeatWriter | N
                     pass
             os.close(fd)
             raise
+        try:
+            retention.prune(directory, retention.ttl_from_env(), keep=path)
+        except Exception:  # best effort, and never a reason to stop heartbeats
+            pass
+        return writer
     except (OSError, struct.error, TypeError, ValueError) as err:
         warnings.warn(f"ddpwatch: heartbeats off, cannot write a record in "
                       f"{directory!r}: {err}", RuntimeWarning, stacklevel=2)
