@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -97,6 +98,13 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     assert status_a["node"] == "node-a" and status_a["job"]["culprits"] == [1]
     assert "rank 1 (on node-b) is the culprit" in status_a["job"]["summary"]
     assert status_a["peers"][0]["node"] == "node-b" and status_a["peers"][0]["error"] == ""
+    table = subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", url_a,
+                            "--token", TOKEN], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    row = next(line.split() for line in table.stdout.splitlines()
+               if line.startswith(f"{master[0]}:{master[1]}") and "hung_outside" in line)
+    assert row[1:3] == ["node-b", "1"] and "culprit" in row
+    assert f"peer {url_b} (node-b): ok" in table.stdout
     # Node A's incident bundle holds the whole judgement, and only its own record.
     incident = wait_until(lambda: next((i for i in get_json(url_a + "/status")["incidents"]
                                         if i["culprits"] == [1] and i["bundle"]), None),
