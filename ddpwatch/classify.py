@@ -118,7 +118,10 @@ def measure(history: tuple[Snapshot, ...], remote: tuple[dict, ...] = ()) -> lis
 def _with_peers(local: list[dict], remote: tuple[dict, ...]) -> list[dict]:
     ranks = [dict(s) for s in local]  # _cross adds to them; `local` stays as measured
     held = {s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0}
-    ranks += [dict(s, remote=True) for s in remote if s.get("rank") not in held]
+    for s in remote:  # a rank held here, or already given by another peer, is not added
+        if s.get("rank") not in held:
+            held.add(s.get("rank"))
+            ranks.append(dict(s, remote=True))
     _cross(ranks)
     return ranks
 

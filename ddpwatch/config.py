@@ -182,6 +182,11 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"{where}: listen: {c.listen!r} is not HOST:PORT") from err
     if c.tick_s <= 0 or c.window_s <= 0:
         raise ConfigError(f"{where}: tick_s and window_s must be positive")
+    if c.peers and c.peer_max_age_s <= c.tick_s + c.probe_timeout_s:
+        # a peer is polled once per tick, each poll waiting up to probe_timeout_s
+        raise ConfigError(f"{where}: peer_max_age_s ({c.peer_max_age_s:g}) must exceed tick_s + "
+                          f"probe_timeout_s ({c.tick_s + c.probe_timeout_s:g}), or no peer's "
+                          f"answer is ever fresh")
     if c.peer_max_age_s <= 0:
         raise ConfigError(f"{where}: peer_max_age_s must be positive")
     if c.log_format not in ("text", "json"):

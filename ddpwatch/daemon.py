@@ -156,11 +156,11 @@ class Daemon:
         # the peer view: this job's ranks on other nodes, as their daemons see them
         remote = self.peers.remote_signals(key) if self.peers else ()
         first, last = self._window(key, self._snapshot(ctx, job, statuses, detailed))
-        judgement = classify.judge((first, last), self.rules, remote)
+        judgement, remote = self._judge(key, (first, last), remote)
         if not detailed and judgement.job.verdict != "healthy":
             # Something changed since the last tick: look again, in detail.
             last = self._history[key][-1] = self._snapshot(ctx, job, statuses, True)
-            judgement = classify.judge((first, last), self.rules, remote)
+            judgement, remote = self._judge(key, (first, last), remote)
         self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in ("healthy", "warming_up")
         if judgement.job.verdict == "unknown":
@@ -178,8 +178,21 @@ class Daemon:
                     if detail.ok:
                         last = dataclasses.replace(last, sockets=detail.data)
                 self._history[key][-1] = last
-                judgement = classify.judge((first, last), self.rules, remote)
+                judgement, remote = self._judge(key, (first, last), remote)
         return JobView(key, judgement, last)
+
+    def _judge(self, key: str, history, remote: tuple) -> tuple:
+        """(judgement, the remote signals it used). A peer's answer that breaks the
+        judgement (another ddpwatch version's signals, say) is dropped for this
+        job rather than let it hide the job's own ranks."""
+        if remote:
+            try:
+                return classify.judge(history, self.rules, remote), remote
+            except Exception as err:
+                self.stage_failures["peer_signals"] += 1
+                log.warning("job %s: judging with the peers' ranks failed (%r); judged "
+                            "without them", key, err)
+        return classify.judge(history, self.rules), ()
 
     def _fresh_stacks(self, ctx, key, job, statuses, force=False):
         taken, stacks = self._stacks.get(key, (-1e9, None))

@@ -7,8 +7,8 @@ ranks' signals at `/peer` (measured there, clock-free: classify.local_signals);
 a daemon with `peers:` configured fetches them in the background and judges its
 jobs with the remote ranks added (classify.judge(..., remote=...)).
 
-The fetching never blocks a tick: a thread polls every peer once per interval,
-with a timeout, and keeps the last answer. A tick takes only answers younger than
+The fetching never blocks a tick: one thread per peer polls it once per
+interval, with a timeout, and keeps the last answer. A tick takes only answers younger than
 `max_age_s`; a peer that stops answering drops out of the judgement (its ranks are
 not judged from stale data) and shows with its error in /status.
 """
@@ -22,7 +22,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from . import __version__
+
 log = logging.getLogger("ddpwatch")
+MAX_ANSWER_BYTES = 4 << 20  # a /peer answer of thousands of ranks is well under this
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,25 @@ def parse(doc) -> tuple[str, dict]:
             raise PeerDocumentError(f"jobs[{key!r}] is not a list")
         checked = []
         for i, s in enumerate(ranks):
-            if not isinstance(s, dict) or not isinstance(s.get("rank"), int) or not all(
+            if not isinstance(s, dict) or not all(
+                    _int(s.get(k)) for k in ("pid", "rank")) or not all(
                     v is None or isinstance(v, (int, float, str, bool)) for v in s.values()):
                 raise PeerDocumentError(f"jobs[{key!r}][{i}] is not a rank's signals")
+            if s["rank"] < 0:
+                continue  # a rank its own node could not identify: nothing to line up with
             checked.append(dict(s, node=s.get("node") or doc["node"]))
         out[key] = tuple(checked)
     return doc["node"], out
 
 
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def document(view) -> dict:
     """What this daemon serves at /peer: its own ranks' signals, per job."""
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
+            "version": __version__,
             "jobs": {j.key: list(j.judgement.local) for j in view.jobs}}
 
 
@@ -75,14 +86,20 @@ class PeerPoller:
         self.timeout_s = timeout_s
         self.max_age_s = max_age_s
         self.clock = clock
-        # url -> PeerState, replaced whole by the polling thread (readers see one or the other)
+        # url -> PeerState, replaced whole by that peer's thread (readers see one or the other)
         self._states = {u: PeerState(u) for u in self.urls}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddpwatch-peers", daemon=True)
+        # One thread per peer: a peer that times out must not age the others' answers.
+        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True,
+                                          name=f"ddpwatch-peer-{i}")
+                         for i, u in enumerate(self.urls)]
+        # No proxy and no redirects: the bearer token goes to the configured peer only.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   _NoRedirects())
 
     def start(self) -> None:
-        if self.urls:
-            self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -113,28 +130,41 @@ class PeerPoller:
         for url in self.urls:
             self._states[url] = self._fetch(url, self._states[url])
 
-    def _run(self) -> None:
+    def _run(self, url: str) -> None:
         while not self._stop.is_set():
             started = self.clock()
-            self.poll_once()
+            self._states[url] = self._fetch(url, self._states[url])
             self._stop.wait(max(0.0, self.interval_s - (self.clock() - started)))
 
     def _fetch(self, url: str, old: PeerState) -> PeerState:
+        """One poll; every failure becomes the peer's error (this thread must not die)."""
         request = urllib.request.Request(url + "/peer")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                node, jobs = parse(json.load(response))
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                body = response.read(MAX_ANSWER_BYTES + 1)
+            if len(body) > MAX_ANSWER_BYTES:
+                raise PeerDocumentError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+            node, jobs = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
             return PeerState(url, node, self.clock(), jobs, "")
         except urllib.error.HTTPError as err:
-            error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else "")
+            error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else
+                                          " (redirects are not followed)" if 300 <= err.code < 400
+                                          else "")
         except (urllib.error.URLError, OSError) as err:
             error = f"no answer ({getattr(err, 'reason', err)})"
         except (ValueError, PeerDocumentError) as err:  # JSON errors are ValueErrors
             error = f"bad answer: {err}"
+        except Exception as err:  # not HTTP at all (a wrong port), nesting too deep...
+            error = f"bad answer: {err!r}"
         if error != old.error:
             log.warning("peer %s: %s", url, error)
         return PeerState(url, old.node, old.fetched_at, old.jobs, error)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the 3xx is then raised as an HTTPError

@@ -269,6 +269,8 @@ def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     ("tick_s: 1\npeers: [node2:19500]\n", ":2: peers: 'node2:19500' is not a daemon's base URL"),
     ("peers: {node2: 19500}\n", ":1: peers: {'node2': 19500} is not a valid list"),
     ("peer_max_age_s: 0\n", "peer_max_age_s must be positive"),
+    ("peers: [http://node2:19500]\npeer_max_age_s: 2\n",
+     "peer_max_age_s (2) must exceed tick_s + probe_timeout_s (3)"),
 ])
 def test_bad_config_exits_78_naming_file_and_line(tmp_path, content, message):
     path = tmp_path / "c.yaml"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -114,12 +115,15 @@ class _Peer:
 
 def test_poller_keeps_fresh_answers_and_drops_old_ones():
     now = [100.0]
-    peer = _Peer({"node": "node-b", "tick": 3, "jobs": {"run-1": [{"rank": 1, "alive": True}]}})
+    peer = _Peer({"node": "node-b", "tick": 3, "jobs": {"run-1": [
+        {"pid": 7, "rank": 1, "alive": True},
+        {"pid": 8, "rank": -1, "alive": True}]}})   # unidentified there: left out here
     try:
         poller = PeerPoller([peer.url], max_age_s=5.0, clock=lambda: now[0])
         assert poller.remote_signals("run-1") == ()          # nothing fetched yet
         poller.poll_once()
-        assert poller.remote_signals("run-1") == ({"rank": 1, "alive": True, "node": "node-b"},)
+        assert poller.remote_signals("run-1") == ({"pid": 7, "rank": 1, "alive": True,
+                                                   "node": "node-b"},)
         assert poller.remote_signals("other-job") == ()
         peer.close()
         now[0] += 2.0
@@ -135,8 +139,12 @@ def test_poller_keeps_fresh_answers_and_drops_old_ones():
 
 @pytest.mark.parametrize("doc, code, error", [
     ({"jobs": {}}, 200, "bad answer: not a ddpwatch /peer document"),
-    ({"node": "b", "jobs": {"j": [{"rank": "1"}]}}, 200, "bad answer: jobs['j'][0] is not"),
-    ({"node": "b", "jobs": {"j": [{"rank": 1, "x": [1]}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({"node": "b", "jobs": {"j": [{"pid": 1, "rank": "1"}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({"node": "b", "jobs": {"j": [{"pid": 1, "rank": True}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({"node": "b", "jobs": {"j": [{"rank": 1}]}}, 200, "bad answer: jobs['j'][0] is not"),
+    ({"node": "b", "jobs": {"j": [{"pid": 1, "rank": 1, "x": [1]}]}}, 200,
+     "bad answer: jobs['j'][0] is not"),
+    ({}, 302, "HTTP 302 (redirects are not followed)"),
     ({}, 401, "HTTP 401 (wrong or missing peer_token)"),
 ])
 def test_poller_says_what_is_wrong_with_a_peer(doc, code, error):
@@ -148,3 +156,50 @@ def test_poller_says_what_is_wrong_with_a_peer(doc, code, error):
         assert state.error.startswith(error) and state.fetched_at == 0.0
     finally:
         peer.close()
+
+
+def test_a_peer_url_that_is_not_http_is_an_error_not_a_dead_poller():
+    """A wrong port (here an SSH-like greeting): the poll says so, and polls again."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def greet():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+            conn.close()
+    threading.Thread(target=greet, daemon=True).start()
+    try:
+        poller = PeerPoller([f"http://127.0.0.1:{server.getsockname()[1]}"])
+        for _ in range(2):
+            poller.poll_once()
+            (state,) = poller.states()
+            assert state.error.startswith("bad answer") or state.error.startswith("no answer")
+    finally:
+        server.close()
+
+
+def test_a_peer_answer_that_breaks_judging_is_dropped_not_the_job(rules):
+    """Signals of another ddpwatch version (a type changed) must not hide this
+    node's own ranks: the job is judged without them, and the failure counted."""
+    from ddpwatch.config import Config
+    from ddpwatch.daemon import Daemon
+    history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
+    a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
+    remote = [dict(s, hb_step_s="slow") for s in over_the_wire(classify.judge(b, rules))]
+    daemon = Daemon(Config(), rules)
+    judgement, used = daemon._judge("job", a, tuple(remote))
+    assert used == () and [r.rank for r in judgement.ranks] == [0]
+    assert daemon.stage_failures["peer_signals"] == 1
+
+
+def test_two_peers_reporting_one_rank_give_it_once(rules):
+    history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
+    a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
+    from_b = over_the_wire(classify.judge(b, rules))
+    j = classify.judge(a, rules, remote=from_b + from_b)
+    assert [(r.rank, r.remote) for r in j.ranks] == [(0, False), (1, True)]

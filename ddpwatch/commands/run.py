@@ -41,12 +41,18 @@ def build_dispatcher(cfg):
     return Dispatcher(build_sinks(list(cfg.webhooks), cfg.source))
 
 
+def poller_inputs(cfg) -> tuple:
+    """Everything the peer poller is built from (a reload rebuilds it if any changed)."""
+    return (cfg.peers, cfg.peer_token or cfg.token, cfg.tick_s, cfg.probe_timeout_s,
+            cfg.peer_max_age_s)
+
+
 def build_poller(cfg):
     if not cfg.peers:
         return None
     from ..peers import PeerPoller
-    return PeerPoller(cfg.peers, cfg.peer_token or cfg.token, interval_s=cfg.tick_s,
-                      timeout_s=cfg.probe_timeout_s, max_age_s=cfg.peer_max_age_s)
+    peers, token, tick_s, timeout_s, max_age_s = poller_inputs(cfg)
+    return PeerPoller(peers, token, interval_s=tick_s, timeout_s=timeout_s, max_age_s=max_age_s)
 
 
 def load_all(args):
@@ -115,8 +121,7 @@ def _reload(args, daemon, dispatcher, server):
         return dispatcher
     if cfg.listen != daemon.config.listen:
         log.warning("reload: listen changes only on restart (still %s)", daemon.config.listen)
-    if (cfg.peers, cfg.peer_token, cfg.peer_max_age_s) != (
-            daemon.config.peers, daemon.config.peer_token, daemon.config.peer_max_age_s):
+    if poller_inputs(cfg) != poller_inputs(daemon.config):
         if daemon.peers is not None:
             daemon.peers.stop()
         daemon.peers = build_poller(cfg)
