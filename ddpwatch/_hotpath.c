@@ -8,7 +8,7 @@
  * clock read.
  *
  * Two types, both mirrors of pure-Python code that stays the fallback and the
- * reference (ddpwatch/heartbeat/writer.py `PyCore`, ddpwatch/instrumentation.py
+ * reference (ddpwatch/heartbeat/pycore.py `PyCore`, ddpwatch/instrumentation.py
  * `_wrap`); tests run the same checks against both:
  *   Core     one rank's record: the seqlock, the progress state, the ring.
  *   Wrapper  a torch.distributed function wrapped with entry/exit heartbeats.
@@ -152,6 +152,8 @@ static void core_exit(Core *c, const Token *tok) {
     }
 }
 
+static void core_release(Core *self);
+
 static int Core_init(Core *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"mem", "seq_offset", "progress_offset", "ring_offset",
                              "ring_slots", "header", NULL};
@@ -165,26 +167,27 @@ static int Core_init(Core *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onnnny*", kwlist, &mem, &seq_off, &prog_off,
                                      &ring_off, &slots, &header))
         return -1;
-    int bad = 0;
     if (PyObject_GetBuffer(mem, &self->view, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&header);
         return -1;
     }
     self->has_view = 1;
-    if (seq_off % 8 || prog_off != seq_off + 8 || ring_off < prog_off + 8 * N_FIELDS || slots <= 0
-        || ring_off + slots * RING_SLOT_SIZE > self->view.len || header.len > seq_off)
-        bad = 1;
-    if (bad) {
+    Py_ssize_t len = self->view.len;
+    const char *why = NULL;
+    if (seq_off < 0 || seq_off % 8 || prog_off != seq_off + 8 || header.len > seq_off)
+        why = "seq must be 8-aligned, right after the header, with progress right after it";
+    else if (ring_off < prog_off + 8 * N_FIELDS || slots <= 0 || ring_off > len
+             || slots > (len - ring_off) / RING_SLOT_SIZE)
+        why = "record offsets do not fit the mapping";
+    else if (((uintptr_t)((char *)self->view.buf + seq_off)) % 8)
+        why = "seq is not 8-byte aligned in the mapping";
+    if (why) {
         PyBuffer_Release(&header);
-        PyErr_SetString(PyExc_ValueError, "record offsets do not fit the mapping");
+        core_release(self);  /* closed, and the mapping free to close */
+        PyErr_SetString(PyExc_ValueError, why);
         return -1;
     }
     self->base = (char *)self->view.buf;
-    if (((uintptr_t)(self->base + seq_off)) % 8) {
-        PyBuffer_Release(&header);
-        PyErr_SetString(PyExc_ValueError, "seq is not 8-byte aligned in the mapping");
-        return -1;
-    }
     self->seqp = (uint64_t *)(self->base + seq_off);
     self->progress = self->base + prog_off;
     self->ring = self->base + ring_off;
@@ -196,12 +199,20 @@ static int Core_init(Core *self, PyObject *args, PyObject *kwds) {
     double now = monotonic();
     self->st[F_STEP_STARTED_AT].d = now;  /* the first step is timed from here */
     self->st[F_UPDATED_AT].d = now;
+    self->closed = 0;  /* the only place a Core starts writing */
     seq_begin(self);
     memcpy(self->base, header.buf, (size_t)header.len);
     seq_end(self);
     PyBuffer_Release(&header);
     publish_all(self);
     return 0;
+}
+
+/* A Core writes nothing until __init__ succeeded (closed from birth). */
+static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Core *self = (Core *)type->tp_alloc(type, 0);
+    if (self) self->closed = 1;
+    return (PyObject *)self;
 }
 
 static void core_release(Core *self) {
@@ -365,10 +376,10 @@ static PyGetSetDef Core_getset[] = {
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ddpwatch._hotpath.Core",
-    .tp_doc = "One rank's heartbeat record, written in place (see writer.PyCore).",
+    .tp_doc = "One rank's heartbeat record, written in place (see heartbeat/pycore.py).",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Core_new,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,
     .tp_methods = Core_methods,
@@ -394,6 +405,15 @@ typedef struct {
 
 static PyObject *nbytes_name;
 
+/* Never raise into training, but never swallow a KeyboardInterrupt or SystemExit
+ * either: only ordinary exceptions are cleared. Returns 0 if the error was kept. */
+static int clear_ordinary_error(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return 0;
+    PyErr_Clear();
+    return 1;
+}
+
+/* The payload's bytes, or -1 with an exception that must propagate. */
 static int64_t payload_bytes(Wrapper *w, PyObject *const *args, size_t nargs, PyObject *kwnames) {
     PyObject *value = NULL;
     int64_t n = 0;
@@ -408,19 +428,19 @@ static int64_t payload_bytes(Wrapper *w, PyObject *const *args, size_t nargs, Py
                 PyTuple_SET_ITEM(tuple, (Py_ssize_t)i, args[i]);
             }
             Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-            for (Py_ssize_t k = 0; k < nk; k++)
-                PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]);
-            value = PyObject_CallFunctionObjArgs(w->payload_bytes, tuple, kwargs, NULL);
+            int ok = 1;
+            for (Py_ssize_t k = 0; k < nk && ok; k++)
+                ok = PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) == 0;
+            if (ok)
+                value = PyObject_CallFunctionObjArgs(w->payload_bytes, tuple, kwargs, NULL);
         }
         Py_XDECREF(tuple);
         Py_XDECREF(kwargs);
     }
     if (value) n = PyLong_AsLongLong(value);
     Py_XDECREF(value);
-    if (PyErr_Occurred()) {  /* never raise into training: the byte count is only evidence */
-        PyErr_Clear();
-        n = 0;
-    }
+    if (PyErr_Occurred())  /* the byte count is only evidence: 0 rather than an error */
+        return clear_ordinary_error() ? 0 : -1;
     return n;
 }
 
@@ -429,7 +449,9 @@ static PyObject *Wrapper_vectorcall(Wrapper *w, PyObject *const *args, size_t na
     if (depth) return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     size_t nargs = PyVectorcall_NARGS(nargsf);
     Token tok;
-    core_enter(w->core, w->op, payload_bytes(w, args, nargs, kwnames), &tok);
+    int64_t nbytes = payload_bytes(w, args, nargs, kwnames);
+    if (nbytes < 0) return NULL;  /* Ctrl-C while sizing: before the collective starts */
+    core_enter(w->core, w->op, nbytes, &tok);
     depth = 1;
     PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     depth = 0;
@@ -439,16 +461,20 @@ static PyObject *Wrapper_vectorcall(Wrapper *w, PyObject *const *args, size_t na
     }
     PyObject *token = token_tuple(&tok);
     if (token == NULL) {
-        PyErr_Clear();
         core_exit(w->core, &tok);
-        return result;
+        if (clear_ordinary_error()) return result;
+        Py_DECREF(result);
+        return NULL;
     }
     PyObject *watched = PyObject_CallFunctionObjArgs(w->on_completion, result, token, NULL);
     Py_DECREF(token);
-    if (watched == NULL) {  /* never raise into training: hand back the bare result */
-        PyErr_Clear();
+    if (watched == NULL) {
+        /* on_completion records completion itself and raises only before it has
+         * attached anything (see instrumentation._on_completion): exit here once. */
         core_exit(w->core, &tok);
-        return result;
+        if (clear_ordinary_error()) return result;  /* hand back the bare result */
+        Py_DECREF(result);
+        return NULL;
     }
     Py_DECREF(result);
     return watched;

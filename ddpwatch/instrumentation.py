@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import operator
 import struct
 import threading
 import warnings
@@ -110,6 +111,12 @@ def instrument(model=None, directory: str | None = None, auto_steps: bool = True
 def step(tokens: int = 0) -> None:
     global _explicit_steps
     _explicit_steps = True
+    try:
+        tokens = operator.index(tokens)
+    except TypeError:  # ddpwatch.step(tokens=1.5): never raise into training
+        warnings.warn(f"ddpwatch.step: tokens must be an int, not {type(tokens).__name__}; "
+                      f"counted as 0", RuntimeWarning, stacklevel=3)
+        tokens = 0
     _writer.step(tokens)
 
 
@@ -157,7 +164,11 @@ def _wrap(name: str, original):
         if state.__dict__.get("depth"):  # a collective calling another: count the outer
             return original(*args, **kwargs)
         writer = _writer
-        token = writer.enter(op_code, _payload_bytes(args, kwargs))
+        try:
+            nbytes = _payload_bytes(args, kwargs)
+        except Exception:  # the byte count is only evidence: never raise for it
+            nbytes = 0
+        token = writer.enter(op_code, nbytes)
         state.depth = True
         try:
             result = original(*args, **kwargs)
@@ -169,7 +180,11 @@ def _wrap(name: str, original):
         if result is None or token is None:
             writer.exit(token)
             return result
-        return _on_completion(result, token)
+        try:
+            return _on_completion(result, token)
+        except Exception:  # it raises only before attaching anything: exit once, here
+            writer.exit(token)
+            return result
 
     wrapper.__ddpwatch_original__ = original
     return wrapper
@@ -201,9 +216,9 @@ def _on_completion(result, token):
 def _watch_work(work, done):
     try:
         future = work.get_future()
-    except RuntimeError:  # this backend's Work has no future: see module docstring
+        future.then(lambda _fut: _call_quietly(done))
+    except Exception:  # this backend's Work has no future (RuntimeError): see module docstring
         return _WaitRecordingWork(work, done)
-    future.then(lambda _fut: _call_quietly(done))
     return work
 
 

@@ -225,3 +225,16 @@ def test_a_new_writer_removes_old_records_of_gone_writers_only(tmp_path, monkeyp
     assert all(os.path.exists(p) for p in (gone[2], quiet.path, fresh.path))
     quiet.close()
     fresh.close()
+
+
+def test_step_with_a_bad_token_count_changes_nothing(tmp_path):
+    """Both cores refuse before changing anything (ddpwatch.step turns it into a
+    warning), so the record is never left torn or its counters poisoned."""
+    w = open_writer(str(tmp_path), rank=0)
+    w.step(tokens=8)
+    with pytest.raises(TypeError):
+        w.step(tokens=1.5)
+    w.step(tokens=2)
+    (rec,), _ = read_dir(str(tmp_path))
+    assert (rec.step, rec.tokens, rec.seq % 2) == (2, 10, 0)
+    w.close()

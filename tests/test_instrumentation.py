@@ -81,3 +81,22 @@ def test_single_process_run_without_torchrun_writes_a_record(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     (rec,), _ = read_dir(str(tmp_path))
     assert (rec.rank, rec.compute_dtype, rec.data_fingerprint, rec.tokens) == (-1, "bfloat16", "f00d", 128)
+
+
+def test_a_bad_step_call_warns_and_training_goes_on(tmp_path):
+    code = ("import warnings, ddpwatch\n"
+            "from ddpwatch.heartbeat import read_dir\n"
+            "ddpwatch.instrument(rank=0)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    ddpwatch.step(tokens=1.5); ddpwatch.step(tokens=4)\n"
+            "print([str(x.message) for x in w])\n"
+            "(r,), _ = read_dir()\n"
+            "print(r.step, r.tokens)\n")
+    env = dict(os.environ, DDPWATCH_DIR=str(tmp_path / "hb"), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    warned, counted = out.stdout.strip().splitlines()[-2:]
+    assert "tokens must be an int, not float" in warned
+    assert counted == "2 4"
