@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy")
     p.add_argument("--native", action="store_true", help="native frames too (running ranks only)")
     p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch)")
+    p.add_argument("--peer", metavar="URL", action="append", default=[],
+                   help="another node's daemon (http://HOST:PORT): judge with its ranks too, "
+                   "as the daemon's peer view does (repeatable)")
+    p.add_argument("--token", help="bearer token for --peer (default: $DDPWATCH_TOKEN)")
     p.set_defaults(handler="diagnose")
 
     p = sub.add_parser("run", help="the per-node daemon: watch every rank, serve /metrics "

@@ -36,7 +36,8 @@ from .errors import ConfigError
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
 SWITCHABLE_PROBES = ("sockets", "stacks", "host")
-_PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")  # a daemon's base URL
+# a daemon's base URL: http(s)://HOST[:PORT], HOST a name or address ([v6] too)
+PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def _coerce(key: str, value, where: str):
                 raise TypeError
             if key == "peers":
                 for url in value:
-                    if not (isinstance(url, str) and _PEER_URL.fullmatch(url)):
+                    if not (isinstance(url, str) and PEER_URL.fullmatch(url)):
                         raise ConfigError(f"{where}: peers: {url!r} is not a daemon's base URL "
                                           f"(http://HOST:PORT)")
             return tuple(value)

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -16,7 +18,8 @@ from conftest import REPO
 
 from ddpwatch import classify, rules as rules_mod
 from ddpwatch.peers import PeerPoller
-from ddpwatch.snapshot import load
+from ddpwatch.discovery import job_key
+from ddpwatch.snapshot import load, save
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 
@@ -203,3 +206,32 @@ def test_two_peers_reporting_one_rank_give_it_once(rules):
     from_b = over_the_wire(classify.judge(b, rules))
     j = classify.judge(a, rules, remote=from_b + from_b)
     assert [(r.rank, r.remote) for r in j.ranks] == [(0, False), (1, True)]
+
+
+def test_diagnose_asks_peers_once(rules, tmp_path):
+    """`ddpwatch diagnose --peer URL`: a saved view of node A (rank 0 only) judged
+    with node B's daemon's /peer answer names rank 1 on node-b."""
+    history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
+    a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
+    save(list(a), str(tmp_path / "a.json"))
+    key = job_key(a[-1].job)
+    peer = _Peer({"node": "node-b", "jobs": {key: list(over_the_wire(classify.judge(b, rules)))}})
+    try:
+        out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", "--replay",
+                              str(tmp_path / "a.json"), "--peer", peer.url,
+                              "--peer", "http://127.0.0.1:9"],  # nobody answers there
+                             capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=REPO))
+    finally:
+        peer.close()
+    assert out.returncode == 1, out.stderr        # a problem was found
+    doc = json.loads(out.stdout)
+    assert doc["job"]["culprits"] == [1]
+    assert [(r["rank"], r["host"]) for r in doc["ranks"]] == [(0, "node-a"), (1, "node-b")]
+    assert "peer http://127.0.0.1:9: no answer" in out.stderr and "judged without it" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--replay",
+                          str(tmp_path / "a.json"), "--peer", "node2:19500"],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert bad.returncode == 2 and "is not a daemon's base URL" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from .. import classify, discovery, errors, report, rules as rules_mod
@@ -94,6 +95,27 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool) -> 
     return first, second
 
 
+def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
+    """The job's ranks on other nodes, asked once of the daemons given with --peer
+    (the daemon's peer view, for one judgement). A peer that does not answer is
+    said on stderr; the judgement goes on without it."""
+    if not args.peer:
+        return ()
+    from ..config import PEER_URL
+    from ..peers import PeerPoller
+    for url in args.peer:
+        if not PEER_URL.fullmatch(url):
+            raise errors.UsageError(f"--peer {url!r} is not a daemon's base URL (http://HOST:PORT)")
+    poller = PeerPoller(args.peer, args.token or os.environ.get("DDPWATCH_TOKEN", ""),
+                        timeout_s=5.0, max_age_s=60.0)
+    poller.poll_once()
+    for state in poller.states():
+        if state.error:
+            print(f"ddpwatch diagnose: peer {state.url}: {state.error}; judged without it",
+                  file=sys.stderr)
+    return poller.remote_signals(discovery.job_key(last.job))
+
+
 def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
     if args.replay:
@@ -105,7 +127,7 @@ def main(args) -> int:
         history = collect(ctx, args.pid, args.window, not args.no_stacks)
     if args.save_snapshot:
         save(history, args.save_snapshot)
-    judgement = classify.judge(history, rules)
+    judgement = classify.judge(history, rules, peer_signals(args, history[-1]))
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
