@@ -168,7 +168,8 @@ def _coerce(key: str, value, where: str):
                                           f"(http://HOST:PORT)")
             return tuple(value)
     except (TypeError, ValueError) as err:
-        wanted = "list" if kind.startswith("tuple") else "mapping" if kind.startswith("dict") else kind
+        wanted = ("list" if kind.startswith("tuple") else
+                  "mapping" if kind.startswith("dict") else kind)
         raise ConfigError(f"{where}: {key}: {value!r} is not a valid {wanted}") from err
     return value
 

@@ -141,7 +141,8 @@ class PyCore:
                 odd = self._seq + 1
                 cell.value = odd
                 # layout.ring_offset(seq), inlined: this is the hot path
-                _pack_ring(mem, self._ring_offset + ((seq - 1) % self._ring_slots) * _RING_SLOT_SIZE,
+                slot = (seq - 1) % self._ring_slots
+                _pack_ring(mem, self._ring_offset + slot * _RING_SLOT_SIZE,
                            seq, op_code, nbytes, start, now)
                 _pack_exit(mem, self._exit_offset, *exit_)
                 self._seq = cell.value = odd + 1
