@@ -14,10 +14,8 @@ What it patches, and why each:
 * the optimizer step post-hook, so scripts that never call `ddpwatch.step()`
   still report steps.
 
-Async work: completion time comes from `Work.get_future().then(...)`. Where a
-backend's Work has no future (field report: Gloo's `Work::getFuture not
-implemented` in older torch), the work is wrapped so completion is recorded
-when the caller waits on it or finds it completed.
+Async work: completion time comes from the Work's future, or where a backend's
+Work has none, from the caller's wait (asyncwork.py).
 
 The wrappers and the record writer have a C implementation (ddpwatch/_hotpath.c,
 about 0.1 us per call instead of 1.8 us) used when it was built; the Python
@@ -29,6 +27,7 @@ Nothing here may raise into training: set-up problems degrade to no heartbeats.
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import operator
 import struct
@@ -40,6 +39,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .asyncwork import call_quietly as _call_quietly, when_done
 from .heartbeat import OP_CODE, Phase, open_writer
 try:
     from . import _hotpath
@@ -192,70 +192,7 @@ def _wrap(name: str, original):
 
 def _on_completion(result, token):
     """Record completion of async work (a Work, or a list of them) without waiting."""
-    if isinstance(result, list):
-        works = [w for w in result if w is not None]
-        if not works:
-            _writer.exit(token)
-            return result
-        remaining = [len(works)]
-        lock = threading.Lock()
-
-        def one_done():
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                _writer.exit(token)
-        return [_watch_work(w, one_done) for w in works]
-    if not hasattr(result, "wait"):
-        _writer.exit(token)
-        return result
-    return _watch_work(result, lambda: _writer.exit(token))
-
-
-def _watch_work(work, done):
-    try:
-        future = work.get_future()
-        future.then(lambda _fut: _call_quietly(done))
-    except Exception:  # this backend's Work has no future (RuntimeError): see module docstring
-        return _WaitRecordingWork(work, done)
-    return work
-
-
-def _call_quietly(fn):
-    try:
-        fn()
-    except Exception:
-        pass
-
-
-class _WaitRecordingWork:
-    """A Work whose completion is recorded when waited on or found complete."""
-
-    def __init__(self, work, done):
-        self._work = work
-        self._done = done
-        self._recorded = False
-
-    def _record(self):
-        if not self._recorded:
-            self._recorded = True
-            _call_quietly(self._done)
-
-    def wait(self, *args, **kwargs):
-        try:
-            return self._work.wait(*args, **kwargs)
-        finally:
-            self._record()
-
-    def is_completed(self):
-        completed = self._work.is_completed()
-        if completed:
-            self._record()
-        return completed
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
+    return when_done(result, lambda: _writer.exit(token))
 
 
 def _patch_distributed():
@@ -339,6 +276,14 @@ def _hook_ddp(ddp):
 
 
 _BUCKET_OP = OP_CODE["ddp_bucket_all_reduce"]
+# The Works of bucket all-reduces, each dropped by a later hook call once complete.
+# Why: this hook hands Gloo a tensor that has a Python object (DDP's own path does
+# not). Were the Work's last reference Gloo's worker thread, destroying it would
+# need the GIL there; at interpreter exit (a script whose DDP model is a module
+# global) that aborts the rank, "terminate called without an active exception"
+# (torch 2.13; seen in about 1 run in 10 of tests/jobs/instrumented_ops.py).
+# Held here, a Work is destroyed on the training thread, or at exit on the main one.
+_bucket_works: collections.deque = collections.deque()
 
 
 def _bucket_hook(group, bucket):
@@ -349,7 +294,12 @@ def _bucket_hook(group, bucket):
     tensor.div_(group.size())
     # What DDP's built-in path calls (ProcessGroup.allreduce on the bucket), not
     # the Python c10d.all_reduce with its argument checks: this runs per bucket.
-    future = group.allreduce([tensor]).get_future()
+    work = group.allreduce([tensor])
+    held = _bucket_works
+    while held and held[0].is_completed():
+        held.popleft()
+    held.append(work)
+    future = work.get_future()
 
     def finished(fut):
         writer.exit(token)
