@@ -574,6 +574,15 @@ static struct PyModuleDef hotpath_module = {
     "The heartbeat hot path in C (see the top of _hotpath.c for why).", -1, NULL,
 };
 
+static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__hotpath(void) {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&WrapperType) < 0) return NULL;
     nbytes_name = PyUnicode_InternFromString("nbytes");
@@ -591,13 +600,8 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (PyModule_AddIntConstant(m, "LAYOUT_VERSION", LAYOUT_VERSION) < 0
         || PyModule_AddIntConstant(m, "RING_SLOT_SIZE", RING_SLOT_SIZE) < 0)
         goto fail;
-    Py_INCREF(&CoreType);
-    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) { Py_DECREF(&CoreType); goto fail; }
-    Py_INCREF(&WrapperType);
-    if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
-        Py_DECREF(&WrapperType);
+    if (add_type(m, "Core", &CoreType) < 0 || add_type(m, "Wrapper", &WrapperType) < 0)
         goto fail;
-    }
     return m;
 fail:
     Py_DECREF(m);

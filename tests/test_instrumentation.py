@@ -53,6 +53,15 @@ def test_every_collective_kind_is_a_heartbeat_and_rings_agree(start_job, hb_dir,
     assert ring0 == ring1
 
 
+def run_python(code: str, hb_dir: str, drop=()) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter that imports this checkout, records in `hb_dir`."""
+    env = dict(os.environ, DDPWATCH_DIR=hb_dir, PYTHONPATH=REPO)
+    for var in drop:
+        env.pop(var, None)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
 def test_instrument_never_raises_when_it_cannot_write(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
@@ -64,9 +73,7 @@ def test_instrument_never_raises_when_it_cannot_write(tmp_path):
             "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
             "t = torch.ones(3); dist.all_reduce(t); ddpwatch.step(10)\n"
             "print(t.tolist())\n")
-    env = dict(os.environ, DDPWATCH_DIR=str(blocker / "sub"), PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = run_python(code, str(blocker / "sub"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["1", "[1.0, 1.0, 1.0]"]
 
@@ -75,10 +82,8 @@ def test_single_process_run_without_torchrun_writes_a_record(tmp_path):
     code = ("import ddpwatch, torch\n"
             "ddpwatch.instrument(compute_dtype=torch.bfloat16, data_fingerprint='f00d')\n"
             "ddpwatch.step(tokens=128)\n")
-    env = dict(os.environ, DDPWATCH_DIR=str(tmp_path), PYTHONPATH=REPO)
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(var, None)
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    out = run_python(code, str(tmp_path), drop=("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    assert out.returncode == 0, out.stderr
     (rec,), _ = read_dir(str(tmp_path))
     assert (rec.rank, rec.compute_dtype, rec.data_fingerprint, rec.tokens) == (-1, "bfloat16", "f00d", 128)
 
@@ -93,9 +98,7 @@ def test_a_bad_step_call_warns_and_training_goes_on(tmp_path):
             "print([str(x.message) for x in w])\n"
             "(r,), _ = read_dir()\n"
             "print(r.step, r.tokens)\n")
-    env = dict(os.environ, DDPWATCH_DIR=str(tmp_path / "hb"), PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = run_python(code, str(tmp_path / "hb"))
     assert out.returncode == 0, out.stderr
     warned, counted = out.stdout.strip().splitlines()[-2:]
     assert "tokens must be an int, not float" in warned
