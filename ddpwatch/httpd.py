@@ -4,7 +4,8 @@
 otherwise only on suspicion).
 
 Only reads the latest published DaemonView. /status and /peer need
-`Authorization: Bearer <token>` when a token is configured (it must be, off loopback: config.py).
+`Authorization: Bearer <token>` when a token is configured (it must be, off
+loopback: config.py).
 """
 from __future__ import annotations
 

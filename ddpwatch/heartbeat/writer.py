@@ -47,13 +47,13 @@ def core_class():
 class HeartbeatWriter:
     """Owns this process's heartbeat record. Create it with `open_writer()`."""
 
-    def __init__(self, path: str, fd: int, mem: mmap.mmap, identity: dict, core_cls=None):
+    def __init__(self, path: str, fd: int, mem: mmap.mmap, identity: dict):
         self.path = path
         self._fd = fd
         self._mem = mem
         self._lock = threading.Lock()  # identity changes only; the core guards its state
         self._identity = identity
-        self.core = (core_cls or core_class())(
+        self.core = core_class()(
             mem, layout.SEQ_OFFSET, layout.PROGRESS_OFFSET, layout.RING_OFFSET,
             layout.RING_SLOTS, layout.pack_header(**identity))
         # The hot path goes straight to the core: no Python frame of ours between.
