@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from . import __version__
+from .view import PeerView
 
 log = logging.getLogger("ddpwatch")
 MAX_ANSWER_BYTES = 4 << 20  # a /peer answer of thousands of ranks is well under this
@@ -107,24 +108,21 @@ class PeerPoller:
     def states(self) -> tuple[PeerState, ...]:
         return tuple(self._states[u] for u in self.urls)
 
-    def views(self) -> tuple:
+    def _fresh(self, state: PeerState, now: float) -> bool:
+        return bool(state.fetched_at) and now - state.fetched_at <= self.max_age_s
+
+    def views(self) -> tuple[PeerView, ...]:
         """Each peer as of now, for /status and /metrics."""
-        from .view import PeerView
-        now, out = self.clock(), []
-        for st in self.states():
-            age = round(now - st.fetched_at, 3) if st.fetched_at else None
-            out.append(PeerView(st.url, st.node, st.error, age,
-                                age is not None and age <= self.max_age_s))
-        return tuple(out)
+        now = self.clock()
+        return tuple(PeerView(st.url, st.node, st.error,
+                              round(now - st.fetched_at, 3) if st.fetched_at else None,
+                              self._fresh(st, now)) for st in self.states())
 
     def remote_signals(self, key: str) -> tuple[dict, ...]:
         """The ranks of job `key` that fresh peers report."""
         now = self.clock()
-        out: list[dict] = []
-        for state in self.states():
-            if state.fetched_at and now - state.fetched_at <= self.max_age_s:
-                out += state.jobs.get(key, ())
-        return tuple(out)
+        return tuple(s for st in self.states() if self._fresh(st, now)
+                     for s in st.jobs.get(key, ()))
 
     def poll_once(self) -> None:
         for url in self.urls:
