@@ -568,10 +568,35 @@ static PyTypeObject WrapperType = {
     .tp_getset = Wrapper_getset,
 };
 
+/* -------------------------------------------------------- backend threads */
+/* torch runs a future's Python callback (our completion callbacks) on the
+ * backend's own thread, Gloo's worker, through pybind11, which creates a Python
+ * thread state for the call and deletes it after. Each call thus costs a malloc,
+ * a 16 KiB mmap for the frame stack and its munmap, whose TLB shootdown
+ * interrupts the rank's other threads: strace showed 2 mmap + 2 munmap per step
+ * of the bundled trainer (its two gradient buckets). One PyGILState_Ensure that
+ * is never released keeps the thread's state for the thread's life. */
+static _Thread_local int thread_state_kept;
+
+static PyObject *keep_thread_state(PyObject *module, PyObject *unused) {
+    if (!thread_state_kept) {
+        thread_state_kept = 1;
+        (void)PyGILState_Ensure();
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef hotpath_functions[] = {
+    {"keep_thread_state", keep_thread_state, METH_NOARGS,
+     "keep_thread_state(): this (non-Python) thread keeps its Python thread state"},
+    {NULL, NULL, 0, NULL},
+};
+
 /* ---------------------------------------------------------------- module */
 static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT, "ddpwatch._hotpath",
-    "The heartbeat hot path in C (see the top of _hotpath.c for why).", -1, NULL,
+    "The heartbeat hot path in C (see the top of _hotpath.c for why).", -1,
+    hotpath_functions,
 };
 
 static int add_type(PyObject *m, const char *name, PyTypeObject *type) {

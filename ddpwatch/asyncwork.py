@@ -4,11 +4,37 @@ A Work's future calls back when the work completes. Where a backend's Work has
 no future (field report: Gloo's `Work::getFuture not implemented`; on torch
 2.13, Gloo's isend/irecv and reduce_scatter_tensor), the Work is wrapped so
 completion is recorded when the caller waits on it or finds it completed.
-Imports no torch: it only calls what the Work objects offer.
+The future's callback runs on the backend's thread (callbacks.py says what
+that takes). Imports no torch: it only calls what the Work objects offer.
 """
 from __future__ import annotations
 
+import collections
 import threading
+
+from .callbacks import completion_callback
+
+# Works of async collectives (and DDP's bucket all-reduces), each dropped by a
+# later call once complete, so on the training thread, or at exit on the main
+# one. Why: a Work holds its tensors, and a tensor made in Python has a Python
+# object. Were Gloo's worker thread the last to hold the Work, destroying it
+# there needs the GIL, and at interpreter exit that ends the thread inside C++:
+# the rank aborts, "terminate called without an active exception" (torch 2.13;
+# also without ddpwatch: 2 runs in 10 of tests/jobs/exit_after_async.py with
+# its work dropped right after the wait).
+_held: collections.deque = collections.deque()
+_HELD_SWEEP = 64  # past this many, drop every completed one, not only the oldest
+
+
+def hold(work) -> None:
+    """Keep `work` referenced here until a later call finds it completed."""
+    global _held
+    held = _held
+    while held and held[0].is_completed():
+        held.popleft()
+    if len(held) >= _HELD_SWEEP:  # an old one never completes: do not grow with it
+        held = _held = collections.deque(w for w in held if not w.is_completed())
+    held.append(work)
 
 
 def when_done(result, done):
@@ -38,9 +64,10 @@ def when_done(result, done):
 
 
 def _watch(work, done):
+    hold(work)
     try:
         future = work.get_future()
-        future.then(lambda _fut: call_quietly(done))
+        future.then(completion_callback(lambda _fut: call_quietly(done)))
     except Exception:  # this backend's Work has no future (RuntimeError)
         return WaitRecordingWork(work, done)
     return work

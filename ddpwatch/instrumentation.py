@@ -27,7 +27,6 @@ Nothing here may raise into training: set-up problems degrade to no heartbeats.
 from __future__ import annotations
 
 import atexit
-import collections
 import functools
 import operator
 import struct
@@ -39,6 +38,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from . import asyncwork, callbacks
 from .asyncwork import call_quietly as _call_quietly, when_done
 from .heartbeat import OP_CODE, Phase, open_writer
 try:
@@ -97,6 +97,7 @@ def instrument(model=None, directory: str | None = None, auto_steps: bool = True
                 warnings.warn(f"ddpwatch: instrumentation incomplete: {err!r}",
                               RuntimeWarning, stacklevel=2)
             atexit.register(_writer.close)
+            atexit.register(callbacks.wait_for_release)  # runs first: last in
             _installed = True
             if dist.is_available() and dist.is_initialized():
                 _call_quietly(_learn_group_identity)
@@ -276,14 +277,6 @@ def _hook_ddp(ddp):
 
 
 _BUCKET_OP = OP_CODE["ddp_bucket_all_reduce"]
-# The Works of bucket all-reduces, each dropped by a later hook call once complete.
-# Why: this hook hands Gloo a tensor that has a Python object (DDP's own path does
-# not). Were the Work's last reference Gloo's worker thread, destroying it would
-# need the GIL there; at interpreter exit (a script whose DDP model is a module
-# global) that aborts the rank, "terminate called without an active exception"
-# (torch 2.13; seen in about 1 run in 10 of tests/jobs/instrumented_ops.py).
-# Held here, a Work is destroyed on the training thread, or at exit on the main one.
-_bucket_works: collections.deque = collections.deque()
 
 
 def _bucket_hook(group, bucket):
@@ -295,16 +288,13 @@ def _bucket_hook(group, bucket):
     # What DDP's built-in path calls (ProcessGroup.allreduce on the bucket), not
     # the Python c10d.all_reduce with its argument checks: this runs per bucket.
     work = group.allreduce([tensor])
-    held = _bucket_works
-    while held and held[0].is_completed():
-        held.popleft()
-    held.append(work)
+    asyncwork.hold(work)  # why: asyncwork.py, at `_held`
     future = work.get_future()
 
     def finished(fut):
         writer.exit(token)
         return fut.value()[0]
-    return future.then(finished)
+    return future.then(callbacks.completion_callback(finished))
 
 
 def _observed_dtype(module) -> str:
