@@ -22,7 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port, need, wait_until
 from prometheus_client import CONTENT_TYPE_LATEST
-from test_metrics import daemon_view, straggler_job
+from test_metrics import ALERT_STATS, PEERS, daemon_view, straggler_job
 
 from ddpwatch.exporters.metrics import make_registry, render
 from ddpwatch.rules import VERDICTS
@@ -103,7 +103,8 @@ def exporter():
     start, ticks = time.monotonic(), iter(range(1, 1 << 30))
 
     def get_view():
-        return daemon_view([straggler_job(time.monotonic() - start, key=DDP_JOB)], tick=next(ticks))
+        return daemon_view([straggler_job(time.monotonic() - start, key=DDP_JOB)], tick=next(ticks),
+                           peers=PEERS, alert_stats=ALERT_STATS)
     handler = type("Handler", (_Metrics,), {"registry": make_registry(get_view)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
