@@ -21,7 +21,8 @@ from .callbacks import completion_callback
 # there needs the GIL, and at interpreter exit that ends the thread inside C++:
 # the rank aborts, "terminate called without an active exception" (torch 2.13;
 # also without ddpwatch: 2 runs in 10 of tests/jobs/exit_after_async.py with
-# its work dropped right after the wait).
+# its work dropped right after the wait). The price: a Work's tensors may live
+# until the next async call finds it complete (the last one until exit).
 _held: collections.deque = collections.deque()
 _HELD_SWEEP = 64  # past this many, drop every completed one, not only the oldest
 

@@ -15,7 +15,8 @@ What it patches, and why each:
   still report steps.
 
 Async work: completion time comes from the Work's future, or where a backend's
-Work has none, from the caller's wait (asyncwork.py).
+Work has none, from the caller's wait (asyncwork.py). The future's callbacks
+run on the backend's thread, which takes care at exit (callbacks.py).
 
 The wrappers and the record writer have a C implementation (ddpwatch/_hotpath.c,
 about 0.1 us per call instead of 1.8 us) used when it was built; the Python
