@@ -1,11 +1,12 @@
 """An instrumented script that exits the moment its last collective completes.
 
-    torchrun --nproc_per_node=2 exit_after_async.py async|ddp
+    torchrun --nproc_per_node=2 exit_after_async.py async|ddp [--plain]
 
 ddpwatch records completion in a callback that torch runs on Gloo's thread, and
 that thread needs the GIL once more to release the callback after the waiter
 was woken. If the interpreter is finalizing by then, the thread exits inside
 C++ and the rank aborts ("terminate called without an active exception").
+--plain leaves ddpwatch out (benchmarks/exit_aborts.py compares).
 Prints {"rank", "mode", "done": true} just before exiting.
 """
 import json
@@ -17,7 +18,8 @@ import torch.distributed as dist
 import ddpwatch
 
 mode = sys.argv[1]
-ddpwatch.instrument()
+if "--plain" not in sys.argv:
+    ddpwatch.instrument()
 dist.init_process_group("gloo")
 if mode == "async":
     for _ in range(5):
