@@ -216,8 +216,8 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--pairs", type=int, help="trainer rounds (default 18: every order "
-                        "of the three arms three times; quick 2)")
+    parser.add_argument("--pairs", type=int, help="trainer rounds (default 36: every order "
+                        "of the three arms six times; quick 2)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -245,7 +245,7 @@ def main() -> None:
             print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
                   f"medians: {line.removeprefix('RATIO ')}; target <= 1.01")
         if args.only in (None, "trainer"):
-            rounds, steps = (args.pairs or (2 if quick else 18)), (20 if quick else 100)
+            rounds, steps = (args.pairs or (2 if quick else 36)), (20 if quick else 100)
             runs = run_rounds(rounds, {
                 "off": lambda: trainer_tokens_per_s(env, False, steps),
                 "off_again": lambda: trainer_tokens_per_s(env, False, steps),
