@@ -69,6 +69,7 @@ def completion_callback(fn):
         return fn(future)
     # Fires while torch releases `callback` (the closure still holds `ref` then).
     ref = weakref.ref(callback, _ran_not_released.discard)
+    hash(ref)  # now, while `callback` lives: a dead referent's ref cannot be hashed
     return callback
 
 
