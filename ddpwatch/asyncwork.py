@@ -20,25 +20,32 @@ from .callbacks import completion_callback
 # object. Were Gloo's worker thread the last to hold the Work, destroying it
 # there needs the GIL, and at interpreter exit that ends the thread inside C++:
 # the rank aborts, "terminate called without an active exception" (torch 2.13;
-# also without ddpwatch: 2-3 runs in 10 of tests/jobs/exit_after_async.py, which
-# drops each Work right after waiting on it; benchmarks/exit_aborts.py). The price: a Work's tensors may live
-# until the next async call finds it complete (the last one until exit).
+# also without ddpwatch: 2-4 runs in 10 of tests/jobs/exit_after_async.py, which
+# drops each Work right after waiting on it; benchmarks/exit_aborts.py).
+# The price: a Work's tensors may live until a later call or step drops it.
 _held: collections.deque = collections.deque()
 _HELD_SWEEP = 64  # past this many, drop every completed one, not only the oldest
 
 
 def hold(work) -> None:
     """Keep `work` referenced here until a later call finds it completed."""
+    prune(keep=0)
+    _held.append(work)
+
+
+def prune(keep: int = 1) -> None:
+    """Drop the held Works found completed, but the newest `keep`. Each step
+    prunes too, so a run of steps without async ops holds one Work at most; that
+    one stays, as the script may be about to exit right after it."""
     global _held
     held = _held
     try:
-        while held and held[0].is_completed():
+        while len(held) > keep and held[0].is_completed():
             held.popleft()
         if len(held) >= _HELD_SWEEP:  # an old one never completes: do not grow with it
-            held = _held = collections.deque(w for w in held if not w.is_completed())
+            _held = collections.deque(w for w in held if not w.is_completed())
     except Exception:  # another thread's call pruned meanwhile: never raise into training
         pass
-    held.append(work)
 
 
 def when_done(result, done):

@@ -120,6 +120,7 @@ def step(tokens: int = 0) -> None:
                       f"counted as 0", RuntimeWarning, stacklevel=3)
         tokens = 0
     _writer.step(tokens)
+    asyncwork.prune()
 
 
 def set_identity(**fields) -> None:
@@ -314,6 +315,7 @@ def _dtype_name(dtype) -> str:
 def _on_optimizer_step(optimizer, args, kwargs):
     # Several optimizers may step per training step (AdamW + Muon): count one.
     global _first_optimizer
+    asyncwork.prune()
     if _explicit_steps:
         return
     if _first_optimizer is None:

@@ -82,3 +82,13 @@ def test_the_ctypes_keeper_runs_once_per_thread():
     callbacks.keep_thread_state_by_ctypes()
     callbacks.keep_thread_state_by_ctypes()
     assert len(callbacks._kept_threads) >= 1
+
+
+def test_a_step_drops_completed_works_but_the_newest():
+    works = [FakeWork(completed=True) for _ in range(3)]
+    for work in works:
+        asyncwork.hold(work)
+    asyncwork.prune()  # what each step does
+    assert list(asyncwork._held) == works[-1:]
+    asyncwork.prune()
+    assert list(asyncwork._held) == works[-1:]
