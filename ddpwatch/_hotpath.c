@@ -569,13 +569,9 @@ static PyTypeObject WrapperType = {
 };
 
 /* -------------------------------------------------------- backend threads */
-/* torch runs a future's Python callback (our completion callbacks) on the
- * backend's own thread, Gloo's worker, through pybind11, which creates a Python
- * thread state for the call and deletes it after. Each call thus costs a malloc,
- * a 16 KiB mmap for the frame stack and its munmap, whose TLB shootdown
- * interrupts the rank's other threads: strace showed 2 mmap + 2 munmap per step
- * of the bundled trainer (its two gradient buckets). One PyGILState_Ensure that
- * is never released keeps the thread's state for the thread's life. */
+/* Completion callbacks run on the backend's own thread, where pybind11 would
+ * create and delete a Python thread state per call (callbacks.py says what that
+ * costs). One PyGILState_Ensure never released keeps it for the thread's life. */
 static _Thread_local int thread_state_kept;
 
 static PyObject *keep_thread_state(PyObject *module, PyObject *unused) {

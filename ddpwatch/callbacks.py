@@ -14,9 +14,9 @@ follow:
   was already woken. A script that exits right then (its last collective
   waited on, then the end of the file) is finalizing when that thread asks for
   the GIL, and CPython ends the thread inside C++: the rank aborts with
-  "terminate called without an active exception" (torch 2.13, 3 runs in 6 of
-  tests/jobs/exit_after_async.py). At exit, `wait_for_release()` lets those
-  threads finish first.
+  "terminate called without an active exception" (torch 2.13; 6 runs in 10 of
+  tests/jobs/exit_after_async.py before ddpwatch took care). At exit,
+  `wait_for_release()` lets those threads finish first.
 
 Imports no torch.
 """
