@@ -1,11 +1,11 @@
 """How often a 2-rank job aborts at exit right after its last collective, with
 ddpwatch and without it.
 
-Each run is tests/jobs/exit_after_async.py under torchrun: async all-reduces,
-each waited on, then the end of the script. A run aborted if a rank printed
+Each run is tests/jobs/exit_after_async.py under torchrun: a few all-reduces
+(async and each waited on, sync, or DDP's), then the end of the script. A run aborted if a rank printed
 "terminate called" (torch 2.13's exit race, callbacks.py explains it).
 
-    python benchmarks/exit_aborts.py [--runs N] [--mode async|ddp]
+    python benchmarks/exit_aborts.py [--runs N] [--mode async|sync|ddp]
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def aborted(mode: str, plain: bool, env: dict) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="runs per arm (default 10)")
-    parser.add_argument("--mode", choices=("async", "ddp"), default="async")
+    parser.add_argument("--mode", choices=("async", "sync", "ddp"), default="async")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as hb:
         env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DDPWATCH_DIR=hb)

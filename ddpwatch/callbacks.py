@@ -15,8 +15,10 @@ follow:
   waited on, then the end of the file) is finalizing when that thread asks for
   the GIL, and CPython ends the thread inside C++: the rank aborts with
   "terminate called without an active exception" (torch 2.13; 6 runs in 10 of
-  tests/jobs/exit_after_async.py before ddpwatch took care). At exit,
-  `wait_for_release()` lets those threads finish first.
+  tests/jobs/exit_after_async.py before ddpwatch took care). The same happens
+  when the thread destroys a Work whose tensor has a Python object, a sync
+  collective's too. At exit, `wait_for_release()` lets those threads finish
+  first.
 
 Imports no torch.
 """
@@ -55,6 +57,10 @@ def _keeper():
 
 keep_thread_state = _keeper()
 
+# How long exit hands the GIL to backend threads, whatever they wait for: a sync
+# collective's Work is out of ddpwatch's reach (its wrapper only sees None).
+EXIT_YIELD_S = 0.01
+
 # Weak references to callbacks that ran and that torch has not released yet.
 # Set operations are atomic under the GIL, which every caller holds.
 _ran_not_released: set = set()
@@ -74,8 +80,12 @@ def completion_callback(fn):
 
 
 def wait_for_release(timeout_s: float = 1.0) -> None:
-    """Until torch released every callback that ran (at most `timeout_s`).
-    Callbacks whose work never completed are not waited for."""
+    """At exit, before the interpreter finalizes: let backend threads finish
+    what they need the GIL for. First a short yield, for a thread destroying a
+    Work that the caller already dropped (a sync collective's: torch drops it
+    right after the wait); then until torch released every callback that ran
+    (at most `timeout_s`; callbacks whose work never completed do not count)."""
     deadline = time.monotonic() + timeout_s
+    time.sleep(EXIT_YIELD_S)
     while _ran_not_released and time.monotonic() < deadline:
         time.sleep(0.001)  # lets the backend's thread take the GIL and release them

@@ -1,6 +1,6 @@
 """An instrumented script that exits the moment its last collective completes.
 
-    torchrun --nproc_per_node=2 exit_after_async.py async|ddp [--plain]
+    torchrun --nproc_per_node=2 exit_after_async.py async|sync|ddp [--plain]
 
 ddpwatch records completion in a callback that torch runs on Gloo's thread, and
 that thread needs the GIL once more to release the callback after the waiter
@@ -24,6 +24,9 @@ dist.init_process_group("gloo")
 if mode == "async":
     for _ in range(5):
         dist.all_reduce(torch.ones(4), async_op=True).wait()
+elif mode == "sync":
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
 else:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
     for _ in range(3):
