@@ -24,10 +24,11 @@ Imports no torch.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
+
+from .heartbeat.writer import pure_python_forced
 
 _kept_threads: set = set()
 
@@ -46,7 +47,7 @@ def keep_thread_state_by_ctypes():
 
 
 def _keeper():
-    if os.environ.get("DDPWATCH_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python_forced():
         return keep_thread_state_by_ctypes
     try:
         from ._hotpath import keep_thread_state as in_c

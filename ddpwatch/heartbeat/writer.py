@@ -29,9 +29,14 @@ from .paths import record_path, prepare_dir
 _monotonic = time.monotonic
 
 
+def pure_python_forced() -> bool:
+    """DDPWATCH_PURE_PYTHON=1: the Python reference even where the C module was built."""
+    return os.environ.get("DDPWATCH_PURE_PYTHON", "") not in ("", "0")
+
+
 def core_class():
     """The C Core when it was built for this layout, else PyCore."""
-    if os.environ.get("DDPWATCH_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python_forced():
         return PyCore
     try:
         from .. import _hotpath
