@@ -315,13 +315,13 @@ def _dtype_name(dtype) -> str:
 def _on_optimizer_step(optimizer, args, kwargs):
     # Several optimizers may step per training step (AdamW + Muon): count one.
     global _first_optimizer
-    asyncwork.prune()
-    if _explicit_steps:
+    if _explicit_steps:  # step() counts, and prunes
         return
     if _first_optimizer is None:
         _first_optimizer = id(optimizer)
     if id(optimizer) == _first_optimizer:
         _writer.step(0)
+        asyncwork.prune()
 
 
 __all__ = ["instrument", "step", "set_identity", "writer"]
