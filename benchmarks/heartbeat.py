@@ -3,27 +3,33 @@
 1. the median cost of one heartbeat (a collective's entry, its exit, and both),
    for the C core and the pure-Python one - target <= 1 us; and the CPU of the
    whole wrapper around a collective, for both;
-2. a loop of 1-element all-reduces on 2 Gloo ranks, instrumented / bare, inside
-   one torchrun job - target <= 1.01. The arms take turns call by call (see
-   allreduce_worker); the figure is the ratio of the per-call medians, with a 90%
-   bootstrap interval over blocks of the run and the ratio of the means beside
-   it. Two more arms run in the same loop: the pure-Python wrapper, and the bare
-   call after 1 us of busy CPU, which calibrates what a microsecond on the
-   critical path costs this loop when two ranks' threads share few cores;
+2. a loop of 1-element all-reduces on 2 Gloo ranks, instrumented / bare, in
+   several torchrun jobs - target <= 1.01. Inside a job the arms take turns
+   call by call (see allreduce_worker); a job's figure is the ratio of its
+   per-call medians, and the figure printed is the mean over the jobs, with a
+   90% bootstrap interval that resamples jobs and blocks of calls inside them
+   (report_loop), and the ratio of the means beside it. Three more arms run in
+   the same loop: the pure-Python wrapper; the bare call after 1 us of busy CPU,
+   which calibrates what a microsecond on the critical path costs this loop
+   when two ranks' threads share few cores; and bare called through a C
+   pass-through, the floor for any wrapper in C (it must call torch's Python
+   function from C, which enters the interpreter afresh);
 3. trainer tokens/s instrumented / not (--no-ddpwatch): runs of the bundled
    trainer on 2 CPU ranks in rounds of three (instrumented, not, and not again,
-   each round in another order: benchmarks/pairs.py) - the ratio of the totals with a 90% bootstrap interval
-   over the rounds - target >= 0.99. The second uninstrumented arm is a
+   each round in another order: benchmarks/pairs.py) - the ratio of the
+   totals with a 90% bootstrap interval over the rounds - target >= 0.99. The second uninstrumented arm is a
    control: its ratio to the first shows this machine's run-to-run noise.
 
 Records go where they go in production: a fresh directory under /dev/shm.
 
-    python benchmarks/heartbeat.py [--quick] [--only cost|loop|trainer]
+    python benchmarks/heartbeat.py [--quick] [--only cost|loop|trainer] [--loop-jobs N]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import os
 import random
 import re
@@ -76,7 +82,7 @@ def heartbeat_cost(n: int, python: bool) -> tuple[float, float, float]:
     return e / 1e3, x / 1e3, both / 1e3
 
 
-def allreduce_worker(calls: int, blocks: int) -> None:
+def allreduce_worker(calls: int, blocks: int, out_path: str) -> None:
     """Runs on each rank under torchrun. The arms take turns call by call, in an
     order shuffled afresh every four calls (the same on both ranks), and each
     call is timed from its start to the next call's start, so an arm's exit work
@@ -107,8 +113,10 @@ def allreduce_worker(calls: int, blocks: int) -> None:
         while clock() < until:
             pass
         bare(tensor)
+    # bare called from C code, as any C wrapper must call it: the floor for one.
+    c_passthrough = functools.partial(bare)
     arms = {"bare": bare, "instrumented": c_wrapped, "python": py_wrapped,
-            "busy_1us": busy_1us_then_bare}
+            "busy_1us": busy_1us_then_bare, "passthrough": c_passthrough}
     rng, order = random.Random(0), []
     for _ in range(calls // len(arms)):
         cycle = list(arms)
@@ -127,41 +135,60 @@ def allreduce_worker(calls: int, blocks: int) -> None:
         us = {name: [] for name in arms}
         for i, name in enumerate(order):
             us[name].append((stamps[i + 1] - stamps[i]) / 1e3)
-        report_loop(us, blocks)
+        with open(out_path, "w") as f:
+            json.dump(us, f)
     dist.destroy_process_group()
 
 
-def report_loop(us: dict[str, list[float]], blocks: int, draws: int = 400) -> None:
-    """Ratios of per-call medians to bare, each with a 90% bootstrap interval
-    over consecutive blocks of the run (blocks, not calls: neighbouring calls
-    share a scheduler mode, so they are not independent)."""
-    n = len(us["bare"]) // blocks
-    split = {name: [v[k * n:(k + 1) * n] for k in range(blocks)] for name, v in us.items()}
-    med = {name: statistics.median(v) for name, v in us.items()}
-    mean = {name: statistics.mean(v) for name, v in us.items()}
-    rng = random.Random(0)
-    boot = {(stat, name): [] for stat in ("median", "mean") for name in us if name != "bare"}
-    for _ in range(draws):
-        picked = [rng.randrange(blocks) for _ in range(blocks)]
-        pooled = {name: [x for k in picked for x in split[name][k]] for name in us}
-        base_median, base_mean = statistics.median(pooled["bare"]), statistics.mean(pooled["bare"])
-        for stat, name in boot:
-            value = statistics.median(pooled[name]) / base_median if stat == "median" else \
-                statistics.mean(pooled[name]) / base_mean
-            boot[stat, name].append(value)
+def report_loop(jobs: list[dict[str, list[float]]], blocks: int, draws: int = 400) -> str:
+    """Ratios of per-call medians to bare, averaged over the jobs, each with a 90%
+    bootstrap interval that resamples jobs and then blocks of calls inside each
+    (blocks, not calls: neighbouring calls share a scheduler mode, so they are not
+    independent; jobs too: one job's estimate differs from the next one's by more
+    than its own interval, so an interval from one job alone is too narrow)."""
+    import numpy as np
+    arms = [name for name in jobs[0] if name != "bare"]
+    split = []  # per job: arm -> (blocks, calls per block)
+    for job in jobs:
+        n = len(job["bare"]) // blocks
+        split.append({name: np.asarray(v[:n * blocks]).reshape(blocks, n) for name, v in job.items()})
 
-    def interval(stat, name):
-        ratios = sorted(boot[stat, name])
-        return f"{ratios[int(0.05 * draws)]:.3f}-{ratios[int(0.95 * draws)]:.3f}"
+    def ratios(picked_jobs, picked_blocks):
+        out = {(stat, name): [] for stat in ("median", "mean") for name in arms}
+        for j, b in zip(picked_jobs, picked_blocks):
+            pooled = {name: split[j][name][b].ravel() for name in split[j]}
+            for name in arms:
+                out["median", name].append(np.median(pooled[name]) / np.median(pooled["bare"]))
+                out["mean", name].append(pooled[name].mean() / pooled["bare"].mean())
+        return {key: float(np.mean(v)) for key, v in out.items()}
+    everything = list(range(blocks))
+    point = ratios(range(len(jobs)), [everything] * len(jobs))
+    per_job = [ratios([j], [everything]) for j in range(len(jobs))]
+    rng = np.random.default_rng(0)
+    boot = {key: [] for key in point}
+    for _ in range(draws):
+        picked = rng.integers(len(jobs), size=len(jobs))
+        drawn = ratios(picked, [rng.integers(blocks, size=blocks) for _ in picked])
+        for key, value in drawn.items():
+            boot[key].append(value)
+
+    def interval(key):
+        low, high = np.percentile(boot[key], [5, 95])
+        return f"{low:.3f}-{high:.3f}"
 
     def summary(name):
-        return (f"{med[name] / med['bare']:.3f} (90% interval {interval('median', name)} over "
-                f"{blocks} blocks; ratio of means {mean[name] / mean['bare']:.3f}, "
-                f"{interval('mean', name)})")
-    print(f"RATIO {summary('instrumented')}; pure-Python wrapper {summary('python')}; "
-          f"bare after 1 us busy CPU {summary('busy_1us')}; per-call medians: bare "
-          f"{med['bare']:.1f} us, C {med['instrumented']:.1f} us, Python {med['python']:.1f} us, "
-          f"busy {med['busy_1us']:.1f} us; {len(us['bare'])} calls per arm", flush=True)
+        each = ", ".join(f"{r['median', name]:.3f}" for r in per_job)
+        return (f"{point['median', name]:.3f} (90% interval {interval(('median', name))} over "
+                f"{len(jobs)} jobs x {blocks} blocks; jobs {each}; ratio of means "
+                f"{point['mean', name]:.3f}, {interval(('mean', name))})")
+    medians = {name: np.mean([np.median(job[name]) for job in jobs]) for name in jobs[0]}
+    calls = sum(len(job["bare"]) for job in jobs)
+    return (f"{summary('instrumented')}; pure-Python wrapper {summary('python')}; "
+            f"bare after 1 us busy CPU {summary('busy_1us')}; bare called through a C "
+            f"pass-through (functools.partial) {summary('passthrough')}; per-call medians, mean over jobs: "
+            f"bare {medians['bare']:.1f} us, C {medians['instrumented']:.1f} us, Python "
+            f"{medians['python']:.1f} us, busy {medians['busy_1us']:.1f} us, pass-through "
+            f"{medians['passthrough']:.1f} us; {calls} calls per arm")
 
 
 def wrapper_cpu_us(n: int, python: bool) -> float:
@@ -219,10 +246,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help="trainer rounds (default 36: every order "
                         "of the three arms six times; quick 2)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
-    parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loop-jobs", type=int, help="separate 2-rank jobs the loop runs "
+                        "(default 5, quick 1)")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        allreduce_worker(*args.worker)
+        calls, blocks, out_path = args.worker
+        allreduce_worker(int(calls), int(blocks), out_path)
         return
     quick = args.quick
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
@@ -240,10 +270,14 @@ def main() -> None:
                       f"CPU: {cost:.2f} us per call (entry + exit heartbeats included)")
         if args.only in (None, "loop"):
             calls, blocks = (40_000, 10) if quick else (160_000, 40)
-            out = run(torchrun(2, os.path.abspath(__file__), "--worker", str(calls), str(blocks)), env)
-            line = next(l for l in out.splitlines() if l.startswith("RATIO"))
+            jobs = []
+            for _ in range(args.loop_jobs or (1 if quick else 5)):
+                with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                    run(torchrun(2, os.path.abspath(__file__), "--worker", str(calls), str(blocks),
+                                 out.name), env)
+                    jobs.append(json.load(out))
             print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
-                  f"medians: {line.removeprefix('RATIO ')}; target <= 1.01")
+                  f"medians: {report_loop(jobs, blocks)}; target <= 1.01")
         if args.only in (None, "trainer"):
             rounds, steps = (args.pairs or (2 if quick else 36)), (20 if quick else 100)
             runs = run_rounds(rounds, {
