@@ -17,8 +17,9 @@
 3. trainer tokens/s instrumented / not (--no-ddpwatch): runs of the bundled
    trainer on 2 CPU ranks in rounds of three (instrumented, not, and not again,
    each round in another order: benchmarks/pairs.py) - the ratio of the
-   totals with a 90% bootstrap interval over the rounds - target >= 0.99. The second uninstrumented arm is a
-   control: its ratio to the first shows this machine's run-to-run noise.
+   totals with a 90% bootstrap interval over the rounds - target >= 0.99. The
+   second uninstrumented arm is a control: its ratio to the first shows this
+   machine's run-to-run noise.
 
 Records go where they go in production: a fresh directory under /dev/shm.
 
