@@ -20,7 +20,8 @@
  *
  * Memory order: the seqlock writes seq odd, then the fields, then seq even. The
  * release fence after the odd store and the release store of the even value keep
- * that order on any CPU, not only on x86's total store order.
+ * that order on any CPU, not only on x86's total store order. The daemon's side,
+ * read_once, pairs them with acquire ordering.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -582,9 +583,47 @@ static PyObject *keep_thread_state(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------- the reader */
+/* One seqlock read attempt, for the daemon: the record's first `size` bytes, or
+ * None if seq was 0 (not yet published), odd (mid-write) or changed meanwhile.
+ * The acquire load of seq before the copy and the acquire fence after it pair
+ * with the writer's release fence and release store (seq_begin, seq_end), so the
+ * copy is consistent on any CPU; Python code alone cannot order its loads and
+ * relies on x86's total store order (heartbeat/reader.py keeps that fallback). */
+static PyObject *read_once(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t seq_offset, size;
+    if (!PyArg_ParseTuple(args, "y*nn:read_once", &view, &seq_offset, &size)) return NULL;
+    if (seq_offset < 0 || seq_offset % 8 || seq_offset + 8 > view.len || size < 0
+        || size > view.len || ((uintptr_t)view.buf) % 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "read_once: seq offset or size outside the buffer");
+        return NULL;
+    }
+    const uint64_t *seqp = (const uint64_t *)((const char *)view.buf + seq_offset);
+    uint64_t before = __atomic_load_n(seqp, __ATOMIC_ACQUIRE);
+    PyObject *result = Py_None;
+    if (before && !(before & 1)) {
+        PyObject *copy = PyBytes_FromStringAndSize(NULL, size);
+        if (!copy) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        memcpy(PyBytes_AS_STRING(copy), view.buf, (size_t)size);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(seqp, __ATOMIC_RELAXED) == before) result = copy;
+        else Py_DECREF(copy);
+    }
+    PyBuffer_Release(&view);
+    if (result == Py_None) Py_INCREF(result);
+    return result;
+}
+
 static PyMethodDef hotpath_functions[] = {
     {"keep_thread_state", keep_thread_state, METH_NOARGS,
      "keep_thread_state(): this (non-Python) thread keeps its Python thread state"},
+    {"read_once", read_once, METH_VARARGS,
+     "read_once(buffer, seq_offset, size) -> bytes | None: one seqlock read attempt"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 
-from .heartbeat.writer import pure_python_forced
+from .heartbeat.native import hotpath
 
 _kept_threads: set = set()
 
@@ -47,13 +47,7 @@ def keep_thread_state_by_ctypes():
 
 
 def _keeper():
-    if pure_python_forced():
-        return keep_thread_state_by_ctypes
-    try:
-        from ._hotpath import keep_thread_state as in_c
-    except ImportError:
-        return keep_thread_state_by_ctypes
-    return in_c
+    return getattr(hotpath(), "keep_thread_state", None) or keep_thread_state_by_ctypes
 
 
 keep_thread_state = _keeper()

@@ -139,11 +139,15 @@ def _hammer(directory, ready, stop):
                 pass
 
 
-def test_torn_reads_never_happen(tmp_path):
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_torn_reads_never_happen(tmp_path, monkeypatch, reader):
+    if reader == "c":
+        need_c_core()
     ctx = multiprocessing.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
     proc = ctx.Process(target=_hammer, args=(str(tmp_path), ready, stop), daemon=True)
-    proc.start()
+    proc.start()  # the writer keeps whatever core this session's environment gives it
+    monkeypatch.setenv("DDPWATCH_PURE_PYTHON", "1" if reader == "python" else "")
     try:
         assert ready.wait(60)
         deadline = time.monotonic() + 3.0
@@ -184,7 +188,7 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     (path,) = [str(p) for p in tmp_path.iterdir()]
     reads = []
     real_read = probe.read_file
-    monkeypatch.setattr(probe, "read_file", lambda p: reads.append(p) or real_read(p))
+    monkeypatch.setattr(probe, "read_file", lambda p, *rest: reads.append(p) or real_read(p, *rest))
     ctx = ProbeContext(heartbeat_dir=str(tmp_path), dead_records={})
     for _ in range(4):
         obs = probe.run(ctx, ())

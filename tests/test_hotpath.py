@@ -1,6 +1,7 @@
 """The C hot path (ddpwatch/_hotpath.c) against its pure-Python reference."""
 from __future__ import annotations
 
+import pytest
 from conftest import need_c_core
 
 from ddpwatch.heartbeat import OP_CODE, layout, open_writer, read_dir
@@ -60,3 +61,37 @@ def test_both_cores_write_the_same_record(tmp_path, monkeypatch):
     assert records["c"].step == 10 and records["c"].tokens == 2560 and records["c"].rank == 1
 
 
+
+
+def test_the_c_reader_is_used_when_built_and_python_on_request(monkeypatch):
+    need_c_core()
+    from ddpwatch.heartbeat.reader import _read_once_python, attempt_reader
+    monkeypatch.delenv("DDPWATCH_PURE_PYTHON", raising=False)
+    assert attempt_reader() is not _read_once_python
+    monkeypatch.setenv("DDPWATCH_PURE_PYTHON", "1")
+    assert attempt_reader() is _read_once_python
+
+
+def test_c_read_once_matches_python_and_refuses_unpublished_or_mid_write(tmp_path):
+    need_c_core()
+    import mmap
+
+    from ddpwatch import _hotpath
+    from ddpwatch.heartbeat.reader import _read_once_python
+    w = open_writer(str(tmp_path), rank=0)
+    _script(w)
+    seq_at, size = layout.SEQ_OFFSET, layout.RECORD_SIZE
+    with open(w.path, "r+b") as f, mmap.mmap(f.fileno(), size) as mem:
+        readonly = mmap.mmap(f.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
+        data = _hotpath.read_once(readonly, seq_at, size)
+        assert data == _read_once_python(readonly) == mem[:size]
+        (seq,) = layout.SEQ.unpack_from(mem, seq_at)
+        layout.SEQ.pack_into(mem, seq_at, seq + 1)  # as the writer leaves it mid-publish
+        assert _hotpath.read_once(readonly, seq_at, size) is None
+        layout.SEQ.pack_into(mem, seq_at, 0)  # never published
+        assert _hotpath.read_once(readonly, seq_at, size) is None
+        for bad in ((seq_at + 4, size), (size, size), (-8, size), (seq_at, size + 1)):
+            with pytest.raises(ValueError, match="outside the buffer"):
+                _hotpath.read_once(readonly, *bad)
+        readonly.close()
+    w.close()

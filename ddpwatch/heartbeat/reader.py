@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from . import layout
+from .native import hotpath
 from .paths import default_dir
 
 READ_RETRIES = 200  # a writer holds the odd seq for well under a microsecond...
@@ -24,23 +25,40 @@ class Skipped:
     reason: str
 
 
-def read_consistent(mem) -> bytes | None:
-    """Seqlock read of a mapped record: a copy taken while seq stayed even and unchanged.
+def _read_once_python(mem) -> bytes | None:
+    """One seqlock read attempt in Python. seq is read on its own before and after
+    the bulk copy: a bulk copy (memcpy, `rep movsb`) may load in any order, so a
+    seq value taken from inside the copy would prove nothing. Python cannot fence
+    its loads, so this is ordered only on x86 (total store order): the fallback
+    where the C module was not built."""
+    (before,) = layout.SEQ.unpack_from(mem, layout.SEQ_OFFSET)
+    if before and not before & 1:
+        data = mem[:layout.RECORD_SIZE]
+        (after,) = layout.SEQ.unpack_from(mem, layout.SEQ_OFFSET)
+        if after == before:
+            return data
+    return None
 
-    seq is read on its own before and after the bulk copy: a bulk copy (memcpy,
-    `rep movsb`) may load in any order, so a seq value taken from inside the
-    copy would prove nothing. Returns None if the writer kept it busy throughout.
-    """
-    seq = layout.SEQ.unpack_from
+
+def attempt_reader():
+    """One seqlock read attempt: _hotpath.read_once where it was built (its loads
+    are ordered on any CPU), else the Python one."""
+    in_c = getattr(hotpath(), "read_once", None)
+    if in_c is None:
+        return _read_once_python
+    return lambda mem: in_c(mem, layout.SEQ_OFFSET, layout.RECORD_SIZE)
+
+
+def read_consistent(mem, read_once=None) -> bytes | None:
+    """Seqlock read of a mapped record: a copy taken while seq stayed even and
+    unchanged, or None if the writer kept it busy throughout."""
+    read_once = read_once or attempt_reader()
     give_up = None
     attempt = 0
     while True:
-        (before,) = seq(mem, layout.SEQ_OFFSET)
-        if before and not before & 1:
-            data = mem[:layout.RECORD_SIZE]
-            (after,) = seq(mem, layout.SEQ_OFFSET)
-            if after == before:
-                return data
+        data = read_once(mem)
+        if data is not None:
+            return data
         attempt += 1
         if attempt > 20:
             os.sched_yield()  # let a writer on this core finish its publish
@@ -52,7 +70,7 @@ def read_consistent(mem) -> bytes | None:
             time.sleep(0.001)
 
 
-def read_file(path: str) -> layout.Record | Skipped:
+def read_file(path: str, read_once=None) -> layout.Record | Skipped:
     """Read one record file consistently; any problem becomes a Skipped."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -68,7 +86,7 @@ def read_file(path: str) -> layout.Record | Skipped:
         except layout.LayoutError as err:
             return Skipped(path, str(err))
         with mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mem:
-            data = read_consistent(mem)
+            data = read_consistent(mem, read_once)
         if data is None:
             return Skipped(path, "record kept changing while read (writer busy); try again")
         try:
@@ -99,7 +117,8 @@ def list_records(directory: str | None = None) -> list[str]:
 def read_dir(directory: str | None = None) -> tuple[list[layout.Record], list[Skipped]]:
     """All records in the run directory, and the files that were skipped with why."""
     records, skipped = [], []
+    read_once = attempt_reader()
     for path in list_records(directory):
-        result = read_file(path)
+        result = read_file(path, read_once)
         (skipped if isinstance(result, Skipped) else records).append(result)
     return records, skipped

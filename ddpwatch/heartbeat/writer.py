@@ -23,30 +23,17 @@ import time
 import warnings
 
 from . import layout, retention
+from .native import hotpath
 from .pycore import PyCore
 from .paths import record_path, prepare_dir
 
 _monotonic = time.monotonic
 
 
-def pure_python_forced() -> bool:
-    """DDPWATCH_PURE_PYTHON=1: the Python reference even where the C module was built."""
-    return os.environ.get("DDPWATCH_PURE_PYTHON", "") not in ("", "0")
-
-
 def core_class():
     """The C Core when it was built for this layout, else PyCore."""
-    if pure_python_forced():
-        return PyCore
-    try:
-        from .. import _hotpath
-    except ImportError:
-        return PyCore
-    fields = tuple((name, code) for name, code in layout.PROGRESS_FIELDS)
-    if (_hotpath.LAYOUT_VERSION, _hotpath.FIELDS, _hotpath.RING_SLOT_SIZE) != (
-            layout.LAYOUT_VERSION, fields, layout.RING_SLOT.size):
-        return PyCore  # a stale build of an older layout: never write a wrong record
-    return _hotpath.Core
+    native = hotpath()
+    return PyCore if native is None else native.Core
 
 
 class HeartbeatWriter:

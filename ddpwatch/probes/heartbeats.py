@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ..heartbeat import Record, Skipped, read_file
-from ..heartbeat.reader import list_records
+from ..heartbeat.reader import attempt_reader, list_records
 from ..heartbeat.liveness import record_alive
 from . import ProbeContext, register
 
@@ -23,6 +23,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
     dead = ctx.dead_records
     records, alive, skipped = [], [], []
     paths = list_records(ctx.heartbeat_dir)
+    read_once = attempt_reader()
     for path in paths:
         identity = _file_identity(path) if dead is not None else None
         cached = dead.get(path) if dead is not None else None
@@ -30,7 +31,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
             records.append(cached[1])
             alive.append(False)  # a gone writer stays gone (pids are checked by start time)
             continue
-        result = read_file(path)
+        result = read_file(path, read_once)
         if isinstance(result, Skipped):
             skipped.append(result)
             continue
