@@ -15,6 +15,7 @@ import socket
 import time
 
 from . import classify, discovery, rules as rules_mod
+from .alerts.route import AlertRoute, owner_node
 from .bundle import write_bundle
 from .config import Config
 from .incidents import IncidentBook
@@ -45,6 +46,7 @@ class Daemon:
         self.node = socket.gethostname()
         self.view: DaemonView | None = None
         self.incidents = IncidentBook(config.resolve_after_s)
+        self.alert_route = AlertRoute(config.peer_max_age_s)
         self._history: dict[str, collections.deque] = {}
         self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
         self._host = None
@@ -65,6 +67,7 @@ class Daemon:
         """Swap config and rules between ticks (SIGHUP); history and incidents stay."""
         self.config, self.rules = config, rules
         self.incidents.resolve_after_s = config.resolve_after_s
+        self.alert_route.grace_s = config.peer_max_age_s
 
     def ctx(self) -> ProbeContext:
         # Every tick reads /proc only; `ss` (a fork and exec) waits for suspicion.
@@ -96,7 +99,8 @@ class Daemon:
             incidents_opened_total=dict(self.incidents.opened_total), ready=True,
             peers=self.peers.views() if self.peers else (),
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
-            if self.dispatcher is not None else None)
+            if self.dispatcher is not None else None,
+            alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())))
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -214,6 +218,7 @@ class Daemon:
     def _incidents(self, ctx, views: list) -> None:
         verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,
                             v.judgement.job.summary) for v in views}
+        news = set()  # incidents opened or changed this tick
         for event in self.incidents.update(verdicts, time.time()):
             incident = event.incident
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
@@ -226,9 +231,34 @@ class Daemon:
                     "")
                 if path:
                     self.incidents.attach_bundle(incident.id, path)
-            if self.dispatcher is not None:
-                self._guard("alerts", lambda: self.dispatcher.submit(
-                    alert_for(incident, self.node, self.status_url())), None)
+            if event.kind != "resolved":
+                news.add(incident.id)
+            elif self.alert_route.forget(incident.id):  # it fired from here: resolve it here
+                self._send(incident)
+        if self.dispatcher is None:
+            return  # no webhooks here: claim nothing, so the peers alert themselves
+        by_key = {v.key: v for v in views}
+        claims = self.peers.claims() if self.peers else {}
+        for incident in self.incidents.open():
+            view = by_key.get(incident.job)
+            owner = owner_node(view.judgement.ranks if view else (), incident.culprits,
+                               self.node)
+            was_sending = self.alert_route.sending(incident.id)
+            if self.alert_route.route(incident.id, incident.job, owner, self.node, claims,
+                                      self.clock()):
+                if not was_sending or incident.id in news:
+                    self._send(incident)  # opened, changed, or just handed to this node
+            elif incident.id in news:
+                log.info("incident %s: node %s sends its webhooks (it hosts the culprit or the "
+                         "lowest rank) if it claims the job within %gs", incident.id, owner,
+                         self.alert_route.grace_s)
+            self.incidents.set_alerts_from(incident.id,
+                                           self.alert_route.alerts_from(incident.id, self.node))
+
+    def _send(self, incident) -> None:
+        if self.dispatcher is not None:
+            self._guard("alerts", lambda: self.dispatcher.submit(
+                alert_for(incident, self.node, self.status_url())), None)
 
     def status_url(self) -> str:
         host, port = self.config.host_port

@@ -79,9 +79,18 @@ class IncidentBook:
         return events
 
     def attach_bundle(self, incident_id: str, path: str) -> None:
+        self._amend(incident_id, bundle=path)
+
+    def set_alerts_from(self, incident_id: str, node: str) -> None:
+        self._amend(incident_id, alerts_from=node)
+
+    def _amend(self, incident_id: str, **changes) -> None:
         for key, incident in self._open.items():
             if incident.id == incident_id:
-                self._open[key] = dataclasses.replace(incident, bundle=path)
+                self._open[key] = dataclasses.replace(incident, **changes)
+
+    def open(self) -> tuple[Incident, ...]:
+        return tuple(self._open.values())
 
     def all(self) -> tuple[Incident, ...]:
         return tuple(self._open.values()) + tuple(self._resolved)

@@ -36,15 +36,17 @@ class PeerState:
     fetched_at: float = 0.0        # monotonic; 0.0 until a first good answer
     jobs: dict = field(default_factory=dict)  # job key -> tuple of signal dicts
     error: str = ""                 # the last attempt's failure ("" if it succeeded)
+    alerting: frozenset = frozenset()  # job keys it sends webhooks for (alerts/route.py)
 
 
 class PeerDocumentError(ValueError):
     pass
 
 
-def parse(doc) -> tuple[str, dict]:
-    """(node, {job key: (signal dict, ...)}) from a /peer answer; PeerDocumentError
-    names the first field that is wrong."""
+def parse(doc) -> tuple[str, dict, frozenset]:
+    """(node, {job key: (signal dict, ...)}, job keys it alerts for) from a /peer
+    answer; PeerDocumentError names the first field that is wrong. An answer
+    without "alerting" (a daemon older than alert routing) claims nothing."""
     if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
         raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
     jobs = doc.get("jobs")
@@ -64,7 +66,10 @@ def parse(doc) -> tuple[str, dict]:
                 continue  # a rank its own node could not identify: nothing to line up with
             checked.append(dict(s, node=s.get("node") or doc["node"]))
         out[key] = tuple(checked)
-    return doc["node"], out
+    alerting = doc.get("alerting", [])
+    if not isinstance(alerting, list) or not all(isinstance(k, str) for k in alerting):
+        raise PeerDocumentError("'alerting' is not a list of job keys")
+    return doc["node"], out, frozenset(alerting)
 
 
 def _int(value) -> bool:
@@ -75,7 +80,8 @@ def document(view) -> dict:
     """What this daemon serves at /peer: its own ranks' signals, per job."""
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
-            "jobs": {j.key: list(j.judgement.local) for j in view.jobs}}
+            "jobs": {j.key: list(j.judgement.local) for j in view.jobs},
+            "alerting": sorted(view.alerting_jobs)}
 
 
 class PeerPoller:
@@ -124,6 +130,11 @@ class PeerPoller:
         return tuple(s for st in self.states() if self._fresh(st, now)
                      for s in st.jobs.get(key, ()))
 
+    def claims(self) -> dict[str, frozenset]:
+        """Fresh peers' node -> the job keys it sends webhooks for."""
+        now = self.clock()
+        return {st.node: st.alerting for st in self.states() if self._fresh(st, now) and st.node}
+
     def poll_once(self) -> None:
         for url in self.urls:
             self._states[url] = self._fetch(url, self._states[url])
@@ -144,10 +155,10 @@ class PeerPoller:
                 body = response.read(MAX_ANSWER_BYTES + 1)
             if len(body) > MAX_ANSWER_BYTES:
                 raise PeerDocumentError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
-            node, jobs = parse(json.loads(body))
+            node, jobs, alerting = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
-            return PeerState(url, node, self.clock(), jobs, "")
+            return PeerState(url, node, self.clock(), jobs, "", alerting)
         except urllib.error.HTTPError as err:
             error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else
                                           " (redirects are not followed)" if 300 <= err.code < 400
@@ -160,7 +171,7 @@ class PeerPoller:
             error = f"bad answer: {err!r}"
         if error != old.error:
             log.warning("peer %s: %s", url, error)
-        return PeerState(url, old.node, old.fetched_at, old.jobs, error)
+        return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

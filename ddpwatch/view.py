@@ -29,6 +29,9 @@ class Incident:
     updated_at: float
     resolved_at: float    # 0.0 until resolved
     bundle: str           # directory of the evidence bundle ("" if it could not be written)
+    # the node whose daemon sends this incident's webhooks: this one, or a peer
+    # (alerts/route.py); "" while undecided or when no webhooks are configured
+    alerts_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,4 @@ class DaemonView:
     ready: bool                           # a first tick has completed
     peers: tuple[PeerView, ...] = ()       # each configured peer, when the peer view is on
     alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
+    alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)

@@ -2,14 +2,17 @@
 that die with the test, and waiting on conditions instead of sleeping."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
@@ -180,3 +183,53 @@ def netns():
     finally:
         subprocess.run(["ip", "netns", "del", ns["name"]], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", ns["host_if"]], capture_output=True, check=False)
+
+
+class Receiver:
+    """A local webhook receiver; `responses` are served in order, then 200s."""
+
+    def __init__(self, responses=(), host="127.0.0.1"):
+        self.requests: list[tuple[dict, bytes, float]] = []
+        self.responses = list(responses)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append((dict(self.headers), body, time.monotonic()))
+                code, headers, *delay = (receiver.responses.pop(0) if receiver.responses
+                                         else (200, {}))
+                if delay:  # a receiver that hangs
+                    time.sleep(delay[0])
+                self.send_response(code)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def bodies(self) -> list[dict]:
+        return [json.loads(b) for _, b, _ in self.requests]
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(responses=(), host="127.0.0.1"):
+        r = Receiver(responses, host)
+        made.append(r)
+        return r
+    yield make
+    for r in made:
+        r.close()

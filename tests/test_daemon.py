@@ -8,67 +8,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from conftest import REPO, free_port, need, torchrun, wait_until
 
 SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5"  # base64 of a test-only key
-
-
-class Receiver:
-    """A local webhook receiver; `responses` are served in order, then 200s."""
-
-    def __init__(self, responses=()):
-        self.requests: list[tuple[dict, bytes, float]] = []
-        self.responses = list(responses)
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append((dict(self.headers), body, time.monotonic()))
-                code, headers, *delay = (receiver.responses.pop(0) if receiver.responses
-                                         else (200, {}))
-                if delay:  # a receiver that hangs
-                    time.sleep(delay[0])
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def bodies(self) -> list[dict]:
-        return [json.loads(b) for _, b, _ in self.requests]
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def receiver():
-    made = []
-
-    def make(responses=()):
-        r = Receiver(responses)
-        made.append(r)
-        return r
-    yield make
-    for r in made:
-        r.close()
 
 
 def get(url: str, token: str | None = None) -> tuple[int, bytes]:

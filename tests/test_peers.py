@@ -34,7 +34,7 @@ def get_json(url: str):
 
 
 def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url: str,
-               master: tuple[str, int], ifname: str, prefix=(), faults=()):
+               master: tuple[str, int], ifname: str, webhook: str, prefix=(), faults=()):
     """A node: a shell (pid 2 of its own PID namespace; pid 1 stays a plain
     shell so no rank looks orphaned) running one rank by hand and a daemon."""
     root = tmp_path / name
@@ -42,7 +42,8 @@ def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url:
     config = root / "config.yaml"
     config.write_text(f"listen: {listen}\ntoken: {TOKEN}\ntick_s: 0.5\n"
                       f"state_dir: {root / 'state'}\nheartbeat_dir: {root / 'hb'}\n"
-                      f"peers: [{peer_url}]\n")
+                      f"peers: [{peer_url}]\n"
+                      f"webhooks:\n  - type: generic\n    url: {webhook}\n")
     rank_env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "WORLD_SIZE": "2",
                 "RANK": str(rank), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                 "GLOO_SOCKET_IFNAME": ifname}
@@ -57,16 +58,17 @@ def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url:
     return start_job(argv, env=env, name=name), root
 
 
-def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, netns):
+def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, netns, receiver):
     need_namespaces()
+    hook = receiver(host=netns["host_addr"])  # both nodes reach it (B over its veth)
     port_a, port_b, master_port = free_port(), free_port(), free_port()
     url_a = f"http://{netns['host_addr']}:{port_a}"
     url_b = f"http://{netns['peer_addr']}:{port_b}"
     master = (netns["host_addr"], master_port)
     node_a, root_a = start_node(start_job, tmp_path, "node-a", 0, f"{netns['host_addr']}:{port_a}",
-                                url_b, master, netns["host_if"])
+                                url_b, master, netns["host_if"], hook.url)
     node_b, root_b = start_node(start_job, tmp_path, "node-b", 1, f"{netns['peer_addr']}:{port_b}",
-                                url_a, master, netns["peer_if"], prefix=netns["exec"],
+                                url_a, master, netns["peer_if"], hook.url, prefix=netns["exec"],
                                 faults=["hang:rank=1:step=150"])
 
     def ranks_seen(doc):
@@ -112,6 +114,21 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     report = open(os.path.join(incident["bundle"], "report.txt")).read()
     assert "rank 1" in report and "on node-b (peer view)" in report
     assert [r.startswith("rank0") for r in os.listdir(os.path.join(incident["bundle"], "records"))] == [True]
+
+    # One problem, one page: both nodes hold the incident, node B (the culprit's)
+    # sends its webhooks, and node A, having seen B claim the job, sends none.
+    def alerts_from(url):
+        return [i.get("alerts_from") for i in (get_json(url + "/status") or {}).get("incidents", [])
+                if i["state"] != "resolved"]
+    for url in (url_a, url_b):
+        wait_until(lambda: alerts_from(url) == ["node-b"], TIMEOUT,
+                   what=f"{url}'s incident sent from node-b\n{logs()}")
+    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"], TIMEOUT,
+                        what=f"a firing webhook\n{logs()}")
+    assert {(b["node"], tuple(b["culprits"])) for b in firing} == {("node-b", (1,))}, firing
+    assert "webhooks from node-b" in subprocess.run(
+        [sys.executable, "-m", "ddpwatch", "status", "--url", url_a, "--token", TOKEN],
+        capture_output=True, text=True, timeout=60).stdout
     # Node A exports its own rank's series only; rank 1's come from node B.
     request = urllib.request.Request(url_a + "/metrics")
     metrics = urllib.request.urlopen(request, timeout=10).read().decode()
@@ -129,5 +146,9 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == {(0, "node-a")}, TIMEOUT,
                what="rank 1 dropped once the peer's answer is too old")
     assert get_json(url_a + "/status")["job"]["culprits"] == []
+    # With node B's daemon gone, node A is alone with the incident: it pages itself.
+    wait_until(lambda: any(b["node"] == "node-a" and b["status"] == "firing"
+                           for b in hook.bodies()), TIMEOUT,
+               what=f"node A taking over the webhooks\n{logs()}")
     metrics = urllib.request.urlopen(url_a + "/metrics", timeout=10).read().decode()
     assert f'ddpwatch_peer_up{{peer="{url_b}"}} 0.0' in metrics

@@ -41,8 +41,11 @@ def table(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     open_incidents = [i for i in doc.get("incidents", []) if i["state"] != "resolved"]
     for i in open_incidents:
+        sender = i.get("alerts_from") or ""
+        alerts = f"; webhooks from {'this node' if sender == doc['node'] else sender}" \
+            if sender else ""
         lines.append(f"incident {i['id']} ({i['state']}): {i['verdict']}, culprits "
-                     f"{list(i['culprits'])}; evidence in {i['bundle'] or '-'}")
+                     f"{list(i['culprits'])}; evidence in {i['bundle'] or '-'}{alerts}")
     if not doc.get("jobs"):
         lines.append("no DDP job on this node")
     for peer in doc.get("peers", []):

@@ -1,0 +1,81 @@
+"""Which node's daemon sends a job's alerts, when the peer view joins several
+nodes' ranks in one judgement. Pure.
+
+Every node judging such a job opens its own incident and keeps its own evidence
+bundle (its ranks' stacks exist only there), but a problem should page people
+once, not once per node: a culprit on one of eight nodes would otherwise send
+eight sets of webhooks.
+
+The node that alerts is the one hosting the first culprit (its bundle holds the
+culprit's stacks), else the one hosting the lowest rank judged. Another node
+waits for that one to claim the job in its /peer answer (peers.py), and alerts
+itself if no claim comes within a grace: that daemon may not be configured to
+ask this node, may judge the job otherwise, or may have no webhooks. A peer whose
+answers went stale has its ranks left out of the judgement, so a node left
+alone is always its own owner. Once a node has sent an incident's firing alert
+it sends the rest of it too (changes, resolved): receivers see one story.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def owner_node(ranks: Iterable, culprits: tuple[int, ...], here: str) -> str:
+    """The node that should alert for a job judged from `ranks` (RankVerdicts,
+    remote ones with the node they run on as `host`)."""
+    by_rank = {v.rank: v for v in ranks if v.rank >= 0}
+    if not by_rank:
+        return here
+    chosen = next((by_rank[r] for r in culprits if r in by_rank), by_rank[min(by_rank)])
+    return chosen.host if chosen.remote and chosen.host else here
+
+
+class AlertRoute:
+    """Per open incident: alerting from here, left to a peer that claimed its
+    job, or waiting for that peer's claim."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self._sending: dict[str, str] = {}      # incident id -> job key, alerted from here
+        self._waiting: dict[str, float] = {}    # incident id -> when it began waiting
+        self._elsewhere: dict[str, str] = {}    # incident id -> the peer that alerts
+
+    def route(self, incident_id: str, job: str, owner: str, here: str,
+              claims: dict[str, frozenset], now: float) -> bool:
+        """True if this node sends the incident's alerts. claims: peer node ->
+        the job keys it alerts for, from its fresh /peer answers."""
+        if incident_id in self._sending:
+            return True
+        if owner != here:
+            if job in claims.get(owner, ()):
+                self._elsewhere[incident_id] = owner
+                self._waiting.pop(incident_id, None)
+                return False
+            self._elsewhere.pop(incident_id, None)  # its claim lapsed: wait for it again
+            started = self._waiting.setdefault(incident_id, now)
+            if now - started < self.grace_s:
+                return False
+        self._waiting.pop(incident_id, None)
+        self._elsewhere.pop(incident_id, None)
+        self._sending[incident_id] = job
+        return True
+
+    def sending(self, incident_id: str) -> bool:
+        return incident_id in self._sending
+
+    def alerts_from(self, incident_id: str, here: str) -> str:
+        """The node that sends this incident's alerts; "" while undecided."""
+        if incident_id in self._sending:
+            return here
+        return self._elsewhere.get(incident_id, "")
+
+    def claimed_jobs(self) -> frozenset:
+        """The job keys this node alerts for: what it tells its peers."""
+        return frozenset(self._sending.values())
+
+    def forget(self, incident_id: str) -> bool:
+        """The incident resolved: True if this node had alerted for it (and so
+        sends its resolved message)."""
+        self._waiting.pop(incident_id, None)
+        self._elsewhere.pop(incident_id, None)
+        return self._sending.pop(incident_id, None) is not None

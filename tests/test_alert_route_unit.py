@@ -1,0 +1,99 @@
+"""Which node sends a cross-node job's webhooks (ddpwatch/alerts/route.py), on
+judgements of a replayed 2-rank hang split into two "nodes" as the peer view
+joins them (test_peers_unit.py), and the per-incident routing state machine."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import REPO
+from test_peers_unit import node_view, over_the_wire
+
+from ddpwatch import classify, rules as rules_mod
+from ddpwatch.alerts.route import AlertRoute, owner_node
+from ddpwatch.peers import PeerDocumentError, parse
+from ddpwatch.snapshot import load
+
+SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
+
+
+@pytest.fixture(scope="module")
+def split_hang():
+    rules = rules_mod.load(os.path.join(REPO, "rules", "default.yaml"))
+    history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
+    a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
+    alone_a, alone_b = classify.judge(a, rules), classify.judge(b, rules)
+    return {"alone_a": alone_a,
+            "on_a": classify.judge(a, rules, remote=over_the_wire(alone_b)),
+            "on_b": classify.judge(b, rules, remote=over_the_wire(alone_a))}
+
+
+def test_both_nodes_agree_the_culprits_node_alerts(split_hang):
+    on_a, on_b = split_hang["on_a"], split_hang["on_b"]
+    assert on_a.job.culprits == on_b.job.culprits == (1,)
+    assert owner_node(on_a.ranks, on_a.job.culprits, "node-a") == "node-b"
+    assert owner_node(on_b.ranks, on_b.job.culprits, "node-b") == "node-b"
+
+
+def test_without_a_culprit_the_lowest_ranks_node_alerts(split_hang):
+    on_a, on_b = split_hang["on_a"], split_hang["on_b"]
+    assert owner_node(on_a.ranks, (), "node-a") == "node-a"
+    assert owner_node(on_b.ranks, (), "node-b") == "node-a"
+    # a culprit the judgement no longer holds (its node's answer went stale)
+    assert owner_node(on_b.ranks, (7,), "node-b") == "node-a"
+
+
+def test_a_node_alone_alerts_itself(split_hang):
+    alone_a = split_hang["alone_a"]
+    assert owner_node(alone_a.ranks, (1,), "node-a") == "node-a"
+    assert owner_node((), (1,), "node-a") == "node-a"
+
+
+def test_the_owner_alerts_at_once_and_tells_its_peers():
+    route = AlertRoute(grace_s=5.0)
+    assert route.route("i1", "job", "node-b", "node-b", {}, now=0.0)
+    assert route.alerts_from("i1", "node-b") == "node-b"
+    assert route.claimed_jobs() == frozenset({"job"})
+    assert route.forget("i1") is True          # it fired here: its resolved goes from here
+    assert route.claimed_jobs() == frozenset()
+
+
+def test_another_node_defers_to_a_claim_and_never_doubles_it():
+    route = AlertRoute(grace_s=5.0)
+    assert not route.route("i1", "job", "node-b", "node-a", {}, now=0.0)
+    assert route.alerts_from("i1", "node-a") == ""               # waiting for node-b
+    claims = {"node-b": frozenset({"job"})}
+    for now in (1.0, 10.0, 100.0):                               # claimed: deferred for good
+        assert not route.route("i1", "job", "node-b", "node-a", claims, now=now)
+    assert route.alerts_from("i1", "node-a") == "node-b"
+    assert route.claimed_jobs() == frozenset()
+    assert route.forget("i1") is False         # never fired here: no resolved from here
+
+
+def test_no_claim_within_the_grace_and_this_node_alerts():
+    """The owner may not ask this node, may judge otherwise, or may have no webhooks."""
+    route = AlertRoute(grace_s=5.0)
+    other_job = {"node-b": frozenset({"another-job"})}
+    assert not route.route("i1", "job", "node-b", "node-a", other_job, now=0.0)
+    assert not route.route("i1", "job", "node-b", "node-a", other_job, now=4.9)
+    assert route.route("i1", "job", "node-b", "node-a", other_job, now=5.0)
+    assert route.alerts_from("i1", "node-a") == "node-a"
+    # once it fired here it stays here, whoever claims later
+    assert route.route("i1", "job", "node-b", "node-a", {"node-b": frozenset({"job"})}, now=6.0)
+
+
+def test_a_lapsed_claim_restarts_the_wait():
+    route = AlertRoute(grace_s=5.0)
+    claims = {"node-b": frozenset({"job"})}
+    assert not route.route("i1", "job", "node-b", "node-a", claims, now=0.0)
+    assert not route.route("i1", "job", "node-b", "node-a", {}, now=10.0)
+    assert route.alerts_from("i1", "node-a") == ""
+    assert route.route("i1", "job", "node-b", "node-a", {}, now=15.0)
+
+
+def test_peer_answers_carry_their_claims():
+    doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"]}
+    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}))
+    assert parse({"node": "node-b", "jobs": {}})[2] == frozenset()  # an older daemon
+    with pytest.raises(PeerDocumentError, match="'alerting' is not a list of job keys"):
+        parse({"node": "node-b", "jobs": {}, "alerting": "run-1"})
