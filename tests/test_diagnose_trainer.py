@@ -225,6 +225,36 @@ def test_killed_rank_whose_node_goes_silent(start_job, hb_dir, netns):
     assert ranks[1]["pid"] == r1 and ranks[0]["rule"] == "blocked-on-dead-peer"
 
 
+def test_firewall_that_opens_only_the_master_port(start_job, hb_dir, netns):
+    """The first field note. Rendezvous needs only MASTER_PORT, but Gloo's data
+    connections go to ports the ranks pick at run time: for each pair of ranks,
+    the one with the higher address connects to the other (this torch's Gloo).
+    Here the master's node (this host, the lower address on the veth) accepts
+    connects from the second node to MASTER_PORT only: the store works, and both
+    ranks sit in init_process_group, silently, for Gloo's 30 minutes. diagnose
+    of rank 1 names the connect nothing answers, toward the master's address on
+    another port, and says why that happens."""
+    port = free_port()
+    drop = ["INPUT", "-i", netns["host_if"], "-p", "tcp", "--syn", "!", "--dport", str(port),
+            "-j", "DROP"]
+    subprocess.run(["iptables", "-A", *drop], check=True)  # only our own veth's traffic
+    try:
+        python_pid(by_hand(start_job, 0, netns["host_addr"], port,
+                           env={"GLOO_SOCKET_IFNAME": netns["host_if"]}))
+        r1 = python_pid(by_hand(start_job, 1, netns["host_addr"], port,
+                                env={"GLOO_SOCKET_IFNAME": netns["peer_if"]},
+                                prefix=netns["exec"]))
+        report = until_verdict(r1, {1: ("unreachable_peer", "culprit")}, TIMEOUT, hb_dir=hb_dir)
+    finally:
+        subprocess.run(["iptables", "-D", *drop], check=False)
+    rank1 = by_rank(report)[1]
+    assert rank1["rule"] == "unreachable-peer-data" and rank1["signals"]["syn_sent_data"] is True
+    host, _, target_port = rank1["signals"]["syn_sent_to"].rpartition(":")
+    assert host == netns["host_addr"] and int(target_port) != port  # not the store's port
+    assert "ephemeral" in rank1["remedy"] and netns["host_addr"] in rank1["evidence"]
+    assert report["job"]["verdict"] == "unreachable_peer" and report["job"]["culprits"] == [1]
+
+
 def test_killed_rank_on_the_same_host(start_job, hb_dir):
     """Same host, no torchrun: the kernel resets rank 1's sockets, Gloo fails rank
     0's collective ('Connection reset by peer') and rank 0 exits a second or two

@@ -56,6 +56,8 @@ EXPECTED = {
                           1: ("dead", "culprit", "dead")}, [1], {}),
     "exited_early_silent": ({0: BLOCKED, 1: ("dead", "culprit", "exited-early")}, [1], {}),
     "unreachable_peer": ({1: ("unreachable_peer", "culprit", "unreachable-peer")}, [1], {}),
+    "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
+                          1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
     # rank 1 of the all-local job has no process: not started yet, while rank 0 joins
     "rendezvous_alone": ({0: ("rendezvous_wait", N, "rendezvous"),
                           1: ("rendezvous_wait", N, "missing-not-joined")}, [], {}),
