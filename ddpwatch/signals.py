@@ -44,7 +44,9 @@ SIGNALS = {
     "stack_samples": "stack dumps taken in the window",
     # sockets
     "syn_sent": "TCP connects stuck in SYN-SENT (a firewall or wrong address)",
-    "syn_sent_to": "where the first SYN-SENT socket points",
+    "syn_sent_to": "where a SYN-SENT socket points (a data connection's, if any)",
+    "syn_sent_data": "a stuck connect goes to a port other than MASTER_PORT: Gloo's data "
+                     "connection to a port a peer picked at run time, past the rendezvous",
     "peer_idle_s": "seconds since any established TCP socket of the rank sent or received",
     "retransmits": "retransmitted segments over the rank's sockets",
     # host
@@ -151,8 +153,11 @@ def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     s["holds_master_port"] = bool(port.isdigit() and any(
         k.state == "LISTEN" and k.local_port == int(port) for k in socks))
     syn = [k for k in socks if k.state in ("SYN-SENT", "SYN_SENT")]
+    data = [k for k in syn if port.isdigit() and k.peer_port != int(port)]
     s["syn_sent"] = len(syn)
-    s["syn_sent_to"] = f"{syn[0].peer_addr}:{syn[0].peer_port}" if syn else ""
+    s["syn_sent_data"] = bool(data) if port.isdigit() else None
+    first = (data or syn)[0] if syn else None
+    s["syn_sent_to"] = f"{first.peer_addr}:{first.peer_port}" if first else ""
     established = [k for k in socks if k.state == "ESTABLISHED" and k.last_send_ms >= 0]
     if established:
         s["peer_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
