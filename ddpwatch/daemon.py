@@ -14,7 +14,7 @@ import logging
 import socket
 import time
 
-from . import classify, discovery, rules as rules_mod
+from . import classify, discovery, rules as rules_mod, stackmatch
 from .alerts.route import AlertRoute, owner_node
 from .bundle import write_bundle
 from .config import Config
@@ -48,7 +48,8 @@ class Daemon:
         self.incidents = IncidentBook(config.resolve_after_s)
         self.alert_route = AlertRoute(config.peer_max_age_s)
         self._history: dict[str, collections.deque] = {}
-        self._stacks: dict[str, tuple[float, object]] = {}  # job key -> (taken_at, Stacks)
+        # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): stackmatch.still_current
+        self._stacks: dict[str, tuple[float, object, dict]] = {}
         self._host = None
         self._requested_now = False
         self._parents: dict[int, int] = {}
@@ -172,7 +173,8 @@ class Daemon:
         if (suspicious or self._requested_now) and self.config.probe_on("stacks"):
             # Suspicion (rate-limited) or a person's request: look at the stacks,
             # and judge again with them.
-            stacks = self._fresh_stacks(ctx, key, job, statuses, force=self._requested_now)
+            stacks = self._fresh_stacks(ctx, key, job, statuses, last.heartbeats,
+                                        force=self._requested_now)
             if stacks is not None:
                 last = dataclasses.replace(last, stacks=stacks)
                 if self.config.probe_on("sockets"):
@@ -198,15 +200,18 @@ class Daemon:
                             "without them", key, err)
         return classify.judge(history, self.rules), ()
 
-    def _fresh_stacks(self, ctx, key, job, statuses, force=False):
-        taken, stacks = self._stacks.get(key, (-1e9, None))
+    def _fresh_stacks(self, ctx, key, job, statuses, heartbeats, force=False):
+        """This job's stacks: dumped now, or (py-spy is rate-limited) those dumped
+        earlier for the ranks that have not moved since."""
+        now = stackmatch.progress_of(heartbeats)
+        taken, stacks, then = self._stacks.get(key, (-1e9, None, {}))
         if force or self.clock() - taken >= self.config.stacks_min_interval_s:
             result = run_probe("stacks", ctx, job.rank_pids)
             statuses.append(status_of(result))
             if result.ok:
-                stacks = result.data
-                self._stacks[key] = (self.clock(), stacks)
-        return stacks
+                self._stacks[key] = (self.clock(), result.data, now)
+                return result.data
+        return stackmatch.still_current(stacks, then, now) if stacks is not None else None
 
     def _forget_vanished(self, keys: set) -> None:
         for key in set(self._history) - keys:
@@ -241,17 +246,17 @@ class Daemon:
         claims = self.peers.claims() if self.peers else {}
         for incident in self.incidents.open():
             view = by_key.get(incident.job)
-            owner = owner_node(view.judgement.ranks if view else (), incident.culprits,
-                               self.node)
+            owner = owner_node(view.judgement.ranks if view else (), self.node)
             was_sending = self.alert_route.sending(incident.id)
             if self.alert_route.route(incident.id, incident.job, owner, self.node, claims,
                                       self.clock()):
                 if not was_sending or incident.id in news:
                     self._send(incident)  # opened, changed, or just handed to this node
             elif incident.id in news:
-                log.info("incident %s: node %s sends its webhooks (it hosts the culprit or the "
-                         "lowest rank) if it claims the job within %gs", incident.id, owner,
-                         self.alert_route.grace_s)
+                sender = self.alert_route.alerts_from(incident.id, self.node)
+                log.info("incident %s: its webhooks come from node %s%s", incident.id,
+                         sender or owner, "" if sender else " if it claims the job within "
+                         f"{self.alert_route.grace_s:g}s, else from this node")
             self.incidents.set_alerts_from(incident.id,
                                            self.alert_route.alerts_from(incident.id, self.node))
 

@@ -14,6 +14,11 @@ KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
 OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
                           # one tick may see the victims before the culprit, or a rank
                           # between two states; the second confirms (and costs one tick)
+# Every job waits at rendezvous while it starts, for as long as the last node takes
+# to be started (by hand, on a LAN: seconds to a minute). Waiting longer is worth a
+# page: a node that never comes, a firewall. A culprit verdict (unreachable_peer)
+# opens at once, as every other problem does.
+RENDEZVOUS_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class IncidentBook:
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
         self._troubled: dict[str, int] = {}      # job key -> problem ticks in a row
+        self._troubled_since: dict[str, float] = {}
         self._resolved: list[Incident] = []
         self._counter = 0
         self.opened_total: dict[str, int] = {}
@@ -41,10 +47,13 @@ class IncidentBook:
             current = self._open.get(key)
             if verdict in CALM:
                 self._troubled.pop(key, None)
+                self._troubled_since.pop(key, None)
                 continue
             self._calm_since.pop(key, None)
             self._troubled[key] = self._troubled.get(key, 0) + 1
-            if current is None and self._troubled[key] < OPEN_AFTER_TICKS:
+            since = self._troubled_since.setdefault(key, now)
+            if current is None and (self._troubled[key] < OPEN_AFTER_TICKS or (
+                    verdict == "rendezvous_wait" and now - since < RENDEZVOUS_GRACE_S)):
                 continue
             if current is None:
                 self._counter += 1
@@ -64,6 +73,7 @@ class IncidentBook:
                     events.append(Event("changed", updated))
         for key in set(self._troubled) - set(verdicts):
             del self._troubled[key]  # the job is gone
+            self._troubled_since.pop(key, None)
         for key in list(self._open):
             verdict = verdicts.get(key, ("gone", (), ""))[0]
             if verdict not in CALM and verdict != "gone":

@@ -23,30 +23,23 @@ def split_hang():
     history = load(os.path.join(SNAPSHOTS, "trainer_hang.json"))
     a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
     alone_a, alone_b = classify.judge(a, rules), classify.judge(b, rules)
-    return {"alone_a": alone_a,
+    return {"alone_a": alone_a, "alone_b": alone_b,
             "on_a": classify.judge(a, rules, remote=over_the_wire(alone_b)),
             "on_b": classify.judge(b, rules, remote=over_the_wire(alone_a))}
 
 
-def test_both_nodes_agree_the_culprits_node_alerts(split_hang):
+def test_both_nodes_agree_the_lowest_ranks_node_alerts(split_hang):
     on_a, on_b = split_hang["on_a"], split_hang["on_b"]
-    assert on_a.job.culprits == on_b.job.culprits == (1,)
-    assert owner_node(on_a.ranks, on_a.job.culprits, "node-a") == "node-b"
-    assert owner_node(on_b.ranks, on_b.job.culprits, "node-b") == "node-b"
-
-
-def test_without_a_culprit_the_lowest_ranks_node_alerts(split_hang):
-    on_a, on_b = split_hang["on_a"], split_hang["on_b"]
-    assert owner_node(on_a.ranks, (), "node-a") == "node-a"
-    assert owner_node(on_b.ranks, (), "node-b") == "node-a"
-    # a culprit the judgement no longer holds (its node's answer went stale)
-    assert owner_node(on_b.ranks, (7,), "node-b") == "node-a"
+    assert on_a.job.culprits == on_b.job.culprits == (1,)  # the culprit is on node-b...
+    assert owner_node(on_a.ranks, "node-a") == "node-a"   # ...the owner stays rank 0's node
+    assert owner_node(on_b.ranks, "node-b") == "node-a"
 
 
 def test_a_node_alone_alerts_itself(split_hang):
-    alone_a = split_hang["alone_a"]
-    assert owner_node(alone_a.ranks, (1,), "node-a") == "node-a"
-    assert owner_node((), (1,), "node-a") == "node-a"
+    alone_b = split_hang["alone_b"]
+    assert [v.rank for v in alone_b.ranks] == [1]
+    assert owner_node(alone_b.ranks, "node-b") == "node-b"
+    assert owner_node((), "node-a") == "node-a"
 
 
 def test_the_owner_alerts_at_once_and_tells_its_peers():
@@ -68,6 +61,16 @@ def test_another_node_defers_to_a_claim_and_never_doubles_it():
     assert route.alerts_from("i1", "node-a") == "node-b"
     assert route.claimed_jobs() == frozenset()
     assert route.forget("i1") is False         # never fired here: no resolved from here
+
+
+def test_a_peer_already_claiming_the_job_is_left_to_send_even_by_its_owner():
+    """Judgements can differ for a tick (one node saw the culprit first): whoever
+    claimed the job first keeps it, so no receiver gets the problem twice."""
+    route = AlertRoute(grace_s=5.0)
+    claims = {"node-b": frozenset({"job"})}
+    assert not route.route("i1", "job", "node-a", "node-a", claims, now=0.0)
+    assert route.alerts_from("i1", "node-a") == "node-b"
+    assert route.route("i1", "job", "node-a", "node-a", {}, now=1.0)  # node-b went away
 
 
 def test_no_claim_within_the_grace_and_this_node_alerts():

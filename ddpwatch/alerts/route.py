@@ -6,28 +6,31 @@ bundle (its ranks' stacks exist only there), but a problem should page people
 once, not once per node: a culprit on one of eight nodes would otherwise send
 eight sets of webhooks.
 
-The node that alerts is the one hosting the first culprit (its bundle holds the
-culprit's stacks), else the one hosting the lowest rank judged. Another node
-waits for that one to claim the job in its /peer answer (peers.py), and alerts
-itself if no claim comes within a grace: that daemon may not be configured to
-ask this node, may judge the job otherwise, or may have no webhooks. A peer whose
-answers went stale has its ranks left out of the judgement, so a node left
-alone is always its own owner. Once a node has sent an incident's firing alert
-it sends the rest of it too (changes, resolved): receivers see one story.
+The node that alerts is the one hosting the lowest rank judged: every node
+joined by the peer view sees the same ranks, so they agree on it, and it stays
+the same while the verdict and its culprit change (the alert carries the whole
+judgement, culprit included, from whichever node sends it). A node defers to
+any peer that already claims the job in its /peer answer (peers.py); a node
+that is not the owner waits for the owner's claim, and alerts itself if none
+comes within a grace: that daemon may not be configured to ask this node, or may
+have no webhooks. A peer whose answers went stale has its ranks left out of the
+judgement, so a node left alone is its own owner. Once a node has sent an
+incident's firing alert it sends the rest of it too (changes, resolved):
+receivers see one story.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 
-def owner_node(ranks: Iterable, culprits: tuple[int, ...], here: str) -> str:
+def owner_node(ranks: Iterable, here: str) -> str:
     """The node that should alert for a job judged from `ranks` (RankVerdicts,
     remote ones with the node they run on as `host`)."""
-    by_rank = {v.rank: v for v in ranks if v.rank >= 0}
-    if not by_rank:
+    identified = [v for v in ranks if v.rank >= 0]
+    if not identified:
         return here
-    chosen = next((by_rank[r] for r in culprits if r in by_rank), by_rank[min(by_rank)])
-    return chosen.host if chosen.remote and chosen.host else here
+    lowest = min(identified, key=lambda v: v.rank)
+    return lowest.host if lowest.remote and lowest.host else here
 
 
 class AlertRoute:
@@ -46,12 +49,14 @@ class AlertRoute:
         the job keys it alerts for, from its fresh /peer answers."""
         if incident_id in self._sending:
             return True
+        claimer = next((node for node in sorted(claims) if node != here and job in claims[node]),
+                       None)
+        if claimer is not None:
+            self._elsewhere[incident_id] = claimer
+            self._waiting.pop(incident_id, None)
+            return False
+        self._elsewhere.pop(incident_id, None)  # a claim that lapsed: decide again
         if owner != here:
-            if job in claims.get(owner, ()):
-                self._elsewhere[incident_id] = owner
-                self._waiting.pop(incident_id, None)
-                return False
-            self._elsewhere.pop(incident_id, None)  # its claim lapsed: wait for it again
             started = self._waiting.setdefault(incident_id, now)
             if now - started < self.grace_s:
                 return False

@@ -1,0 +1,61 @@
+"""The incident state machine (ddpwatch/incidents.py) over per-tick job verdicts,
+with the clock given: confirmation on a second tick, the rendezvous grace,
+changes, resolution."""
+from __future__ import annotations
+
+from ddpwatch.incidents import RENDEZVOUS_GRACE_S, IncidentBook
+
+HUNG = ("hung_outside_collective", (1,), "rank 1 is the culprit")
+RENDEZVOUS = ("rendezvous_wait", (), "waiting for peers")
+HEALTHY = ("healthy", (), "")
+
+
+def kinds(events):
+    return [(e.kind, e.incident.verdict, e.incident.culprits) for e in events]
+
+
+def test_a_problem_opens_on_its_second_tick_and_resolves_after_calm():
+    book = IncidentBook(resolve_after_s=10.0)
+    assert book.update({"job": HUNG}, now=0.0) == []
+    (opened,) = book.update({"job": HUNG}, now=1.0)
+    assert opened.kind == "opened" and opened.incident.culprits == (1,)
+    assert book.update({"job": HUNG}, now=2.0) == []       # ongoing, unchanged: no event
+    assert book.update({"job": HEALTHY}, now=3.0) == []
+    assert book.update({"job": HEALTHY}, now=12.9) == []
+    (resolved,) = book.update({"job": HEALTHY}, now=13.0)
+    assert resolved.kind == "resolved" and resolved.incident.resolved_at == 13.0
+    assert book.open() == () and book.opened_total == {"hung_outside_collective": 1}
+
+
+def test_waiting_at_rendezvous_opens_only_after_the_grace():
+    """A job waits at rendezvous while its last node is being started: no page for that."""
+    book = IncidentBook(resolve_after_s=10.0)
+    for t in range(int(RENDEZVOUS_GRACE_S)):
+        assert book.update({"job": RENDEZVOUS}, now=float(t)) == [], t
+    assert kinds(book.update({"job": RENDEZVOUS}, now=RENDEZVOUS_GRACE_S)) == [
+        ("opened", "rendezvous_wait", ())]
+
+
+def test_a_culprit_found_during_rendezvous_opens_at_once():
+    book = IncidentBook(resolve_after_s=10.0)
+    assert book.update({"job": RENDEZVOUS}, now=0.0) == []
+    unreachable = ("unreachable_peer", (1,), "rank 1 cannot connect")
+    assert kinds(book.update({"job": unreachable}, now=1.0)) == [
+        ("opened", "unreachable_peer", (1,))]
+
+
+def test_a_job_that_starts_over_starts_its_grace_over():
+    book = IncidentBook(resolve_after_s=10.0)
+    book.update({"job": RENDEZVOUS}, now=0.0)
+    book.update({"job": HEALTHY}, now=30.0)
+    assert book.update({"job": RENDEZVOUS}, now=40.0) == []
+    assert book.update({"job": RENDEZVOUS}, now=41.0 + RENDEZVOUS_GRACE_S / 2) == []
+
+
+def test_a_changed_culprit_is_an_event_and_a_vanished_job_resolves():
+    book = IncidentBook(resolve_after_s=0.0)
+    book.update({"job": ("blocked_in_collective", (), "no local culprit")}, now=0.0)
+    book.update({"job": ("blocked_in_collective", (), "no local culprit")}, now=1.0)
+    assert kinds(book.update({"job": HUNG}, now=2.0)) == [
+        ("changed", "hung_outside_collective", (1,))]
+    assert kinds(book.update({}, now=3.0)) == [("resolved", "hung_outside_collective", (1,))]
