@@ -59,6 +59,8 @@ SIGNALS = {
     "peers_alive": "other ranks that are alive",
     "seq_behind": "collectives this rank is behind the furthest peer",
     "peer_dead": "a rank of the job died (its record remains, its process is gone)",
+    "peer_stopped": "another rank of the job is stopped (state T): the others' shares of "
+                    "time in collectives no longer compare",
     "peer_ops_differ": "stuck ranks wait in different collectives",
     "waiting_in": "the collective this rank waits in (heartbeat op, else from its stack)",
     "step_time_ratio": "this rank's step time over the peers' median",
