@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import need, wait_until
+from conftest import REPO, need, wait_until
 from ddpwatch import codec
 from ddpwatch.probes import ProbeContext, load_all
 from ddpwatch.probes import process
@@ -186,3 +186,27 @@ def test_live_dead_pid_is_gone(start_job):
     job.wait(60)
     (res,) = K.run(ProbeContext(timeout_s=20), (job.proc.pid,)).pids
     assert res.status == "gone"
+
+
+def test_earlier_stacks_are_kept_only_for_ranks_that_have_not_moved():
+    """py-spy is rate-limited, so the daemon reuses a job's last dumps; a rank whose
+    heartbeat advanced since is elsewhere, and its old dump must not judge it."""
+    import dataclasses
+
+    from ddpwatch.snapshot import load
+    from ddpwatch.stackmatch import progress_of, still_current
+    snap = load(os.path.join(REPO, "tests", "fixtures", "snapshots", "trainer_hang.json"))[-1]
+    then = progress_of(snap.heartbeats)
+    assert len(then) == 2 and len(snap.stacks.pids) >= 2
+    assert still_current(snap.stacks, then, dict(then)) is snap.stacks
+    moved = min(then)
+    now = {pid: ((seq + 1, step) if pid == moved else (seq, step))
+           for pid, (seq, step) in then.items()}
+    kept = still_current(snap.stacks, then, now)
+    assert moved not in {d.pid for d in kept.pids}
+    assert {d.pid for d in kept.pids} == {d.pid for d in snap.stacks.pids} - {moved}
+    # a process without a record (a launcher, a plain script) keeps its dump
+    plain = dataclasses.replace(snap.stacks.pids[0], pid=999999)
+    with_plain = dataclasses.replace(snap.stacks, pids=snap.stacks.pids + (plain,))
+    assert 999999 in {d.pid for d in still_current(with_plain, then, now).pids}
+    assert progress_of(None) == {}
