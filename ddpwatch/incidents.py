@@ -14,11 +14,14 @@ KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
 OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
                           # one tick may see the victims before the culprit, or a rank
                           # between two states; the second confirms (and costs one tick)
-# Every job waits at rendezvous while it starts, for as long as the last node takes
-# to be started (by hand, on a LAN: seconds to a minute). Waiting longer is worth a
-# page: a node that never comes, a firewall. A culprit verdict (unreachable_peer)
-# opens at once, as every other problem does.
-RENDEZVOUS_GRACE_S = 60.0
+# Verdicts that open an incident only once they have lasted this long. Every job
+# waits at rendezvous while it starts, for as long as its last node takes to be
+# started (by hand, on a LAN: seconds to a minute); waiting longer is worth a page
+# (a node that never comes). A rank slow for a few seconds (a checkpoint save, a
+# busy host) is no page; one slow for half a minute is. A stall or a culprit that
+# cannot connect (unreachable_peer) opens at once, as every other problem does.
+OPEN_AFTER_S = {"rendezvous_wait": 60.0, "straggler": 30.0, "waiting_on_peer": 30.0,
+                "slow_collective": 30.0}
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,8 @@ class IncidentBook:
             self._calm_since.pop(key, None)
             self._troubled[key] = self._troubled.get(key, 0) + 1
             since = self._troubled_since.setdefault(key, now)
-            if current is None and (self._troubled[key] < OPEN_AFTER_TICKS or (
-                    verdict == "rendezvous_wait" and now - since < RENDEZVOUS_GRACE_S)):
+            if current is None and (self._troubled[key] < OPEN_AFTER_TICKS
+                                    or now - since < OPEN_AFTER_S.get(verdict, 0.0)):
                 continue
             if current is None:
                 self._counter += 1

@@ -3,7 +3,9 @@ with the clock given: confirmation on a second tick, the rendezvous grace,
 changes, resolution."""
 from __future__ import annotations
 
-from ddpwatch.incidents import RENDEZVOUS_GRACE_S, IncidentBook
+from ddpwatch.incidents import OPEN_AFTER_S, IncidentBook
+
+RENDEZVOUS_GRACE_S = OPEN_AFTER_S["rendezvous_wait"]
 
 HUNG = ("hung_outside_collective", (1,), "rank 1 is the culprit")
 RENDEZVOUS = ("rendezvous_wait", (), "waiting for peers")
@@ -34,6 +36,19 @@ def test_waiting_at_rendezvous_opens_only_after_the_grace():
         assert book.update({"job": RENDEZVOUS}, now=float(t)) == [], t
     assert kinds(book.update({"job": RENDEZVOUS}, now=RENDEZVOUS_GRACE_S)) == [
         ("opened", "rendezvous_wait", ())]
+
+
+def test_a_straggler_opens_once_it_has_lasted():
+    """A rank slowed for seconds (a checkpoint, a busy host) pages nobody."""
+    book = IncidentBook(resolve_after_s=10.0)
+    straggler = ("straggler", (0,), "rank 0 arrives last")
+    for t in range(5):
+        assert book.update({"job": straggler}, now=float(t)) == []
+    book.update({"job": HEALTHY}, now=5.0)
+    for t in range(6, 6 + int(OPEN_AFTER_S["straggler"])):
+        assert book.update({"job": straggler}, now=float(t)) == []
+    assert kinds(book.update({"job": straggler}, now=6.0 + OPEN_AFTER_S["straggler"])) == [
+        ("opened", "straggler", (0,))]
 
 
 def test_a_culprit_found_during_rendezvous_opens_at_once():
