@@ -61,7 +61,6 @@ class AlertRoute:
             if now - started < self.grace_s:
                 return False
         self._waiting.pop(incident_id, None)
-        self._elsewhere.pop(incident_id, None)
         self._sending[incident_id] = job
         return True
 
