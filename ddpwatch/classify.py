@@ -232,6 +232,9 @@ def _cross(ranks: list[dict]) -> None:
     joining = sum(1 for p in ranks if p.get("alive") and (
         p.get("stack") == "rendezvous" or p.get("hb_phase") in ("rendezvous", "init")))
 
+    def is_stopped(p):
+        return bool(p.get("alive") and p.get("state") in ("T", "t"))
+
     def is_dead(p):  # a missing rank while peers still join has not started: not dead
         return not p.get("alive") and p.get("hb_phase") != "exited" and not (
             p.get("missing") and joining)
@@ -239,7 +242,7 @@ def _cross(ranks: list[dict]) -> None:
     blocked = sum(1 for s in ranks if s.get("blocked"))
     dead = sum(1 for s in ranks if is_dead(s))
     exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
-    stopped = sum(1 for s in ranks if s.get("alive") and s.get("state") in ("T", "t"))
+    stopped = sum(1 for s in ranks if is_stopped(s))
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
     # rank caught between two different collectives is not one.
@@ -256,7 +259,7 @@ def _cross(ranks: list[dict]) -> None:
             s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
         s["peer_dead"] = dead - me_dead > 0
         s["peer_exited"] = exited - (not me_alive and s.get("hb_phase") == "exited") > 0
-        s["peer_stopped"] = stopped - bool(me_alive and s.get("state") in ("T", "t")) > 0
+        s["peer_stopped"] = stopped - is_stopped(s) > 0
         if s.get("hb_seq") is not None and len(seqs) > 1:
             furthest = seqs[1] if s["hb_seq"] == seqs[0] else seqs[0]
             s["seq_behind"] = furthest - s["hb_seq"]

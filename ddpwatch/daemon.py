@@ -223,13 +223,14 @@ class Daemon:
     def _incidents(self, ctx, views: list) -> None:
         verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,
                             v.judgement.job.summary) for v in views}
+        by_key = {v.key: v for v in views}
         news = set()  # incidents opened or changed this tick
         for event in self.incidents.update(verdicts, time.time()):
             incident = event.incident
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
                         incident.verdict, list(incident.culprits))
             if event.kind in ("opened", "changed"):
-                view = next(v for v in views if v.key == incident.job)
+                view = by_key[incident.job]
                 path = self._guard("bundle", lambda: write_bundle(
                     self.config.effective_state_dir(), incident, view, self._history[view.key],
                     self.config.heartbeat_dir or None),
@@ -242,7 +243,6 @@ class Daemon:
                 self._send(incident)
         if self.dispatcher is None:
             return  # no webhooks here: claim nothing, so the peers alert themselves
-        by_key = {v.key: v for v in views}
         claims = self.peers.claims() if self.peers else {}
         for incident in self.incidents.open():
             view = by_key.get(incident.job)

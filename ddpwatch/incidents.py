@@ -35,8 +35,8 @@ class IncidentBook:
         self.resolve_after_s = resolve_after_s
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
-        self._troubled: dict[str, int] = {}      # job key -> problem ticks in a row
-        self._troubled_since: dict[str, float] = {}
+        # job key -> (problem ticks in a row, when the first of them was)
+        self._troubled: dict[str, tuple[int, float]] = {}
         self._resolved: list[Incident] = []
         self._counter = 0
         self.opened_total: dict[str, int] = {}
@@ -50,12 +50,11 @@ class IncidentBook:
             current = self._open.get(key)
             if verdict in CALM:
                 self._troubled.pop(key, None)
-                self._troubled_since.pop(key, None)
                 continue
             self._calm_since.pop(key, None)
-            self._troubled[key] = self._troubled.get(key, 0) + 1
-            since = self._troubled_since.setdefault(key, now)
-            if current is None and (self._troubled[key] < OPEN_AFTER_TICKS
+            ticks, since = self._troubled.get(key, (0, now))
+            self._troubled[key] = (ticks + 1, since)
+            if current is None and (ticks + 1 < OPEN_AFTER_TICKS
                                     or now - since < OPEN_AFTER_S.get(verdict, 0.0)):
                 continue
             if current is None:
@@ -76,7 +75,6 @@ class IncidentBook:
                     events.append(Event("changed", updated))
         for key in set(self._troubled) - set(verdicts):
             del self._troubled[key]  # the job is gone
-            self._troubled_since.pop(key, None)
         for key in list(self._open):
             verdict = verdicts.get(key, ("gone", (), ""))[0]
             if verdict not in CALM and verdict != "gone":
