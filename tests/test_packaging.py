@@ -46,8 +46,11 @@ def build_wheel_into_venv(tmp_path, env=None) -> tuple[list[str], str]:
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=300)
     py = str(venv / "bin" / "python")
+    # Without PYTHONPATH: a source tree on it (its egg-info) makes pip say "already
+    # satisfied" and install nothing.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel_path],
-                   check=True, timeout=300)
+                   check=True, timeout=300, env=clean)
     return zipfile.ZipFile(wheel_path).namelist(), py
 
 
