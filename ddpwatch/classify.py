@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .heartbeat import Record
 from .rules import Rule, render
+from .gloo_iface import interface_signals, link_unreached
 from .signals import IDLE_CPU, heartbeat_signals, process_signals, stack_signals
 from .snapshot import Snapshot
 
@@ -123,6 +124,7 @@ def _with_peers(local: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
     _cross(ranks)
+    link_unreached(ranks)
     return ranks
 
 
@@ -142,6 +144,7 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
         s = process_signals(history, pid)
         s.update(heartbeat_signals(history, pid))
         s.update(stack_signals(history, pid))
+        s.update(interface_signals(history, pid))
         if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
             s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
         s["launcher_only"] = not last.job.rank_pids
@@ -181,7 +184,9 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
         s["device_type"] = rec.device_type if rec is not None else None
         s["waiting_in"] = _waiting_in(s)
         s["local_rank"] = _local_rank(last, s["pid"])
-        s["node"] = last.host.hostname if last.host else ""
+        s["node"] = s["hostname"] = last.host.hostname if last.host else ""
+        if last.host:
+            s["hostname_addrs"] = ", ".join(last.host.hostname_addrs) or "nothing"
     return ranks
 
 
@@ -340,6 +345,18 @@ def _name(v: RankVerdict) -> str:
 def _job(verdicts: list[RankVerdict]) -> JobVerdict:
     if not verdicts:
         return JobVerdict("unknown", (), "No rank of this job could be found.")
+    verdict = _job_verdict(verdicts)
+    # A critical misconfiguration may be why the job is in this state at all (a
+    # rank's Gloo on loopback, while its peer failed to start): say it beside.
+    critical = [f"{_name(v)}: {f.id.replace('_', ' ')}: {f.evidence}." for v in verdicts
+                for f in v.findings if f.severity == "critical"]
+    if not critical:
+        return verdict
+    return JobVerdict(verdict.verdict, verdict.culprits,
+                      f"{verdict.summary} Critical: {' '.join(critical)}")
+
+
+def _job_verdict(verdicts: list[RankVerdict]) -> JobVerdict:
     culprits = [v for v in verdicts if v.role == "culprit"]
     victims = [v for v in verdicts if v.role == "victim"]
     if culprits:

@@ -49,8 +49,26 @@ SIGNALS = {
                      "connection to a port a peer picked at run time, past the rendezvous",
     "peer_idle_s": "seconds since any established TCP socket of the rank sent or received",
     "retransmits": "retransmitted segments over the rank's sockets",
+    # interfaces (sockets + host)
+    "gloo_addr": "the address the rank's Gloo listens on and tells its peers to connect to "
+                 "(its listening socket other than MASTER_PORT)",
+    "gloo_port": "the port of that listening socket",
+    "gloo_iface": "the interface holding gloo_addr", "gloo_iface_kind":
+        "loopback, vpn, bridge, veth or regular (by name: tailscale0, docker0...)",
+    "gloo_loopback": "gloo_addr is a loopback address (127.x, ::1)",
+    "gloo_ifname": "GLOO_SOCKET_IFNAME of the rank ('' unset: Gloo resolves the hostname)",
+    "master_route_addr": "this rank's address on its connection to MASTER_ADDR:MASTER_PORT: "
+                         "the route to the other nodes",
+    "master_route_iface": "the interface holding master_route_addr",
+    "gloo_unconnected": "peers this rank has no Gloo data connection with: world size - 1 - "
+                        "its established TCP connections off MASTER_PORT (0 once the "
+                        "group is up)",
+    "gloo_off_route": "Gloo listens on another address than the rank reaches the master "
+                      "from, and one picked by the hostname (GLOO_SOCKET_IFNAME unset), on a "
+                      "VPN/bridge/veth interface, or of the other address family",
     # host
     "cpu_bf16": "this CPU has avx512_bf16 or amx_bf16", "cores": "logical CPUs",
+    "hostname": "this node's hostname", "hostname_addrs": "what resolving it gives",
     # across the job (computed with the peers)
     "local_ranks": "ranks of the job on this node",
     "in_collective": "this rank waits in a collective (heartbeat or stack)",
@@ -66,6 +84,12 @@ SIGNALS = {
     "step_time_ratio": "this rank's step time over the peers' median",
     "comm_share_ratio": "this rank's share of time in collectives over the peers' median",
     "data_parity": "this rank's data fingerprint differs from the peers' majority",
+    "syn_sent_to_rank": "the rank whose Gloo address this rank's stuck connect dials",
+    "syn_sent_to_off_route": "that rank's Gloo listens off its own route to the master "
+                             "(gloo_off_route or gloo_loopback)",
+    "gloo_unreached_by": "peers whose connects to this rank's Gloo address sit in SYN-SENT",
+    "loopback_peer": "another rank of a multi-node job whose Gloo listens on loopback and is "
+                     "not connected to all its peers (None: no such rank)",
     "warming_up": "first steps or compilation frames",
     "launcher_only": "a launcher with no rank processes",
     "all_ranks_local": "every rank of the job runs on this node (master on loopback, or "
@@ -99,7 +123,7 @@ class Window:
         return max(self.last.taken_at - self.first.taken_at, 0.0)
 
 
-def _proc(snap: Snapshot, pid: int):
+def proc_of(snap: Snapshot, pid: int):
     if snap.processes is None:
         return None
     return next((p for p in snap.processes.procs if p.pid == pid and not p.error), None)
@@ -120,7 +144,7 @@ def _stacks(snaps: tuple[Snapshot, ...], pid: int):
     return found
 
 
-def _sockets(snap: Snapshot, pid: int):
+def sockets_of(snap: Snapshot, pid: int):
     if snap.sockets is None:
         return ()
     entry = next((p for p in snap.sockets.pids if p.pid == pid), None)
@@ -129,7 +153,7 @@ def _sockets(snap: Snapshot, pid: int):
 
 def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     w = Window(history[0], history[-1])
-    now, before = _proc(w.last, pid), _proc(w.first, pid)
+    now, before = proc_of(w.last, pid), proc_of(w.first, pid)
     s: dict = {"pid": pid, "window_s": round(w.seconds, 3), "alive": now is not None}
     if now is None:
         return s
@@ -151,7 +175,7 @@ def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
                           if t.sched.runqueue_wait_s >= 0)
         s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
     port = env.get("MASTER_PORT", "")
-    socks = _sockets(w.last, pid)
+    socks = sockets_of(w.last, pid)
     s["holds_master_port"] = bool(port.isdigit() and any(
         k.state == "LISTEN" and k.local_port == int(port) for k in socks))
     syn = [k for k in socks if k.state in ("SYN-SENT", "SYN_SENT")]
@@ -211,3 +235,4 @@ def stack_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     # the stack signal is the kind seen in every sample, else "mixed".
     kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
     return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps)}
+

@@ -157,14 +157,18 @@ def need_py_spy():
 
 
 @pytest.fixture
-def netns():
-    """A network namespace joined by a veth pair: a second node on this host."""
+def netns(request):
+    """A network namespace joined by a veth pair: a second node on this host. Its
+    addresses are in 10.231/16, or in the /16 an indirect parameter names (Gloo's
+    pairs connect from the higher address to the lower: 198.18/16, above 127/8,
+    makes the home LAN's 192.168 order; RFC 2544 keeps it off real networks)."""
     need(os.geteuid() == 0 and shutil.which("ip") and shutil.which("iptables"),
          "needs root, ip and iptables for a network namespace")
     tag = uuid.uuid4().hex[:6]
     ns = {"name": f"ddpw{tag}", "host_if": f"dwa{tag}", "peer_if": f"dwb{tag}"}
     net = 1 + int(tag, 16) % 250
-    ns.update(host_addr=f"10.231.{net}.1", peer_addr=f"10.231.{net}.2",
+    prefix = getattr(request, "param", "10.231")
+    ns.update(host_addr=f"{prefix}.{net}.1", peer_addr=f"{prefix}.{net}.2",
               exec=["ip", "netns", "exec", ns["name"]])
     try:
         for cmd in (["ip", "netns", "add", ns["name"]],

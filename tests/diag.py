@@ -11,11 +11,13 @@ import psutil
 from conftest import REPO, wait_until
 
 
-def diagnose(pid: int, *extra: str, hb_dir: str | None = None) -> tuple[int, dict]:
+def diagnose(pid: int, *extra: str, hb_dir: str | None = None, prefix=()) -> tuple[int, dict]:
+    """`prefix`: run diagnose through it, e.g. `ip netns exec NS` for a second node's view."""
     env = dict(os.environ, PYTHONPATH=REPO)
     if hb_dir:
         env["DDPWATCH_DIR"] = hb_dir
-    out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", str(pid), *extra],
+    out = subprocess.run([*prefix, sys.executable, "-m", "ddpwatch", "diagnose", "--json",
+                          str(pid), *extra],
                          capture_output=True, text=True, env=env, timeout=120)
     if out.returncode not in (0, 1):
         raise AssertionError(f"diagnose exited {out.returncode}: {out.stderr}")
@@ -51,13 +53,14 @@ def launcher_pid(job) -> int:
                       60, what="the torchrun agent")
 
 
-def until_verdict(pid: int, expected: dict, timeout: float = 120, hb_dir=None, extra=()) -> dict:
+def until_verdict(pid: int, expected: dict, timeout: float = 120, hb_dir=None, extra=(),
+                  prefix=()) -> dict:
     """Diagnose until every rank has its expected (verdict, role); return that report."""
     last = {}
 
     def check():
         nonlocal last
-        _, last = diagnose(pid, *extra, hb_dir=hb_dir)
+        _, last = diagnose(pid, *extra, hb_dir=hb_dir, prefix=prefix)
         got = verdicts(last)
         return last if all(got.get(r) == v for r, v in expected.items()) else None
     try:

@@ -255,6 +255,76 @@ def test_firewall_that_opens_only_the_master_port(start_job, hb_dir, netns):
     assert report["job"]["verdict"] == "unreachable_peer" and report["job"]["culprits"] == [1]
 
 
+# A second node whose hostname resolves to loopback, as Debian's /etc/hosts makes it
+# (127.0.1.1): its own UTS namespace, named "localhost", inside the network namespace.
+HOSTNAME_LOOPBACK = ["unshare", "--uts", "bash", "-c", 'hostname localhost && exec "$@"', "uts"]
+
+
+@pytest.mark.parametrize("netns", ["198.18"], indirect=True)
+def test_hostname_that_resolves_to_loopback(start_job, hb_dir, netns):
+    """A field note: without GLOO_SOCKET_IFNAME, Gloo listens on what the hostname
+    resolves to and tells the peers to connect there. On the second node that is
+    127.0.0.1. The master's rank, on a LAN address above 127/8 (as 192.168 is),
+    connects to it: to its own loopback, refused until Gloo gives up and the rank
+    exits. diagnose of rank 1 says why, while rank 0 waits and after it is gone.
+    (Were the LAN below 127/8, rank 1 would connect and the job would train: then
+    no finding, see test_interfaces_unit.py.)"""
+    port = free_port()
+    r0 = python_pid(by_hand(start_job, 0, netns["host_addr"], port,
+                            env={"GLOO_SOCKET_IFNAME": netns["host_if"]}))
+    r1 = python_pid(by_hand(start_job, 1, netns["host_addr"], port,
+                            prefix=[*netns["exec"], *HOSTNAME_LOOPBACK]))
+
+    report = until_verdict(r1, {1: ("unreachable_peer", "culprit")}, TIMEOUT, hb_dir=hb_dir)
+    rank1 = by_rank(report)[1]
+    assert rank1["rule"] == "unreachable-loopback-address"
+    (finding,) = [f for f in rank1["findings"] if f["id"] == "wrong_interface"]
+    assert finding["severity"] == "critical"
+    assert rank1["signals"]["gloo_addr"] == "127.0.0.1" and rank1["signals"]["gloo_ifname"] == ""
+    assert "GLOO_SOCKET_IFNAME" in finding["remedy"] and "127.0.0.1" in finding["evidence"]
+    assert report["job"]["culprits"] == [1]
+    assert "Critical: rank 1: wrong interface" in report["job"]["summary"]
+    # Gloo gives up on rank 0's refused connects and rank 0 exits: a victim of rank 1.
+    wait_until(lambda: not psutil.pid_exists(r0), TIMEOUT, what="rank 0 to give up")
+    report = until_verdict(r1, {0: ("dead", "victim"), 1: ("unreachable_peer", "culprit")},
+                           TIMEOUT, hb_dir=hb_dir)
+    assert by_rank(report)[0]["rule"] == "exited-at-start-loopback-peer"
+    assert by_rank(report)[1]["signals"]["master_route_addr"] == netns["peer_addr"]
+
+
+def test_gloo_on_a_docker_bridge(start_job, hb_dir, netns):
+    """Rank 1's GLOO_SOCKET_IFNAME names the second node's docker bridge, which the
+    master's node cannot reach (routed into the veth here and dropped there, so
+    nothing leaves this host). Rank 0's Gloo connect to it sits in SYN-SENT, which
+    alone looks like a firewall at rank 1; diagnose on the second node (which
+    knows its interfaces) names rank 1's interface instead, and rank 0 its victim."""
+    bridge = f"10.230.{netns['host_addr'].split('.')[2]}.1"  # below the veth: dialled
+    for cmd in ([*netns["exec"], "ip", "link", "add", "docker0", "type", "bridge"],
+                [*netns["exec"], "ip", "addr", "add", f"{bridge}/24", "dev", "docker0"],
+                [*netns["exec"], "ip", "link", "set", "docker0", "up"],
+                ["ip", "route", "add", f"{bridge}/32", "dev", netns["host_if"]],
+                [*netns["exec"], "iptables", "-A", "INPUT", "-d", bridge, "-j", "DROP"]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    port = free_port()
+    python_pid(by_hand(start_job, 0, netns["host_addr"], port,
+                       env={"GLOO_SOCKET_IFNAME": netns["host_if"]}))
+    r1 = python_pid(by_hand(start_job, 1, netns["host_addr"], port,
+                            env={"GLOO_SOCKET_IFNAME": "docker0"}, prefix=netns["exec"]))
+    expected = {0: ("unreachable_peer", "victim"), 1: ("unreachable_peer", "culprit")}
+    report = until_verdict(r1, expected, TIMEOUT, hb_dir=hb_dir, prefix=netns["exec"])
+    rank0, rank1 = by_rank(report)[0], by_rank(report)[1]
+    assert rank1["rule"] == "unreachable-gloo-address"
+    assert rank1["signals"]["gloo_iface"] == "docker0"
+    assert rank1["signals"]["gloo_iface_kind"] == "bridge"
+    assert f"{bridge}:{rank1['signals']['gloo_port']}" in rank1["evidence"]
+    assert "wrong_interface" in findings(report)[1]
+    assert rank0["rule"] == "unreachable-peer-off-route" and rank0["signals"]["syn_sent_to_rank"] == 1
+    assert report["job"]["culprits"] == [1]
+    # From the master's node, which cannot see the bridge: the connect is all it has.
+    plain = until_verdict(r1, {0: ("unreachable_peer", "culprit")}, TIMEOUT, hb_dir=hb_dir)
+    assert by_rank(plain)[0]["rule"] == "unreachable-peer-data"
+
+
 def test_killed_rank_on_the_same_host(start_job, hb_dir):
     """Same host, no torchrun: the kernel resets rank 1's sockets, Gloo fails rank
     0's collective ('Connection reset by peer') and rank 0 exits a second or two

@@ -26,6 +26,9 @@ H, N = "healthy", "none"
 OK = (H, N, "healthy-heartbeat")
 BLOCKED = ("blocked_in_collective", "victim", "blocked")
 DESYNC_PAIR = {0: ("desync", "victim", "desync"), 1: ("desync", "culprit", "desync-deviant")}
+LOOPBACK_PAIR = ({0: ("dead", "victim", "exited-at-start-loopback-peer"),
+                  1: ("unreachable_peer", "culprit", "unreachable-loopback-address")}, [1],
+                 {1: {"wrong_interface"}})
 
 # fixture -> ({rank: (verdict, role, deciding rule)}, job culprits, {rank: finding ids})
 EXPECTED = {
@@ -60,6 +63,17 @@ EXPECTED = {
     "unreachable_peer": ({1: ("unreachable_peer", "culprit", "unreachable-peer")}, [1], {}),
     "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
                           1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
+    # rank 1's Gloo on loopback (its hostname's address; GLOO_SOCKET_IFNAME=lo): rank 0,
+    # sent to its own loopback, gave up in init_process_group
+    "hostname_loopback": LOOPBACK_PAIR,
+    "ifname_loopback": LOOPBACK_PAIR,
+    # rank 1 failed in init_process_group (GLOO_SOCKET_IFNAME names no interface)
+    "exited_at_start": ({0: ("rendezvous_wait", N, "rendezvous"),
+                         1: ("dead", "culprit", "exited-at-start")}, [1], {}),
+    # rank 1's Gloo on the second node's docker bridge: rank 0's connect there unanswered
+    "bridge_interface": ({0: ("unreachable_peer", "victim", "unreachable-peer-off-route"),
+                          1: ("unreachable_peer", "culprit", "unreachable-gloo-address")}, [1],
+                         {1: {"wrong_interface"}}),
     # rank 1 of the all-local job has no process: not started yet, while rank 0 joins
     "rendezvous_alone": ({0: ("rendezvous_wait", N, "rendezvous"),
                           1: ("rendezvous_wait", N, "missing-not-joined")}, [], {}),
