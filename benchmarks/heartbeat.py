@@ -14,16 +14,20 @@
    when two ranks' threads share few cores; and bare called through a C
    pass-through, the floor for any wrapper in C (it must call torch's Python
    function from C, which enters the interpreter afresh);
-3. trainer tokens/s instrumented / not (--no-ddpwatch): runs of the bundled
-   trainer on 2 CPU ranks in rounds of three (instrumented, not, and not again,
-   each round in another order: benchmarks/pairs.py) - the ratio of the
-   instrumented total to the mean of the two uninstrumented arms', with a 90%
-   bootstrap interval over the rounds - target >= 0.99. The ratio of the two
-   uninstrumented arms is a control: it shows this machine's run-to-run noise.
+3. trainer tokens/s instrumented / not - target >= 0.99. First, the trainer's
+   step in blocks that take turns inside one 2-rank job (instrumented, not, not
+   again: benchmarks/trainer_blocks.py says why and how), in several jobs, with
+   a 90% bootstrap interval over jobs and rounds; the two uninstrumented arms'
+   ratio is the control, and a fourth arm with torch's own Python all-reduce
+   comm hook shows what any Python DDP comm hook costs. Then whole runs of the bundled trainer (`python -m
+   trainer`, and with --no-ddpwatch) in rounds of the same three arms
+   (benchmarks/pairs.py): the end-to-end figure, whose control shows how far
+   this machine's run-to-run noise (5-10% per run) leaves it from resolving 1%.
 
 Records go where they go in production: a fresh directory under /dev/shm.
 
     python benchmarks/heartbeat.py [--quick] [--only cost|loop|trainer] [--loop-jobs N]
+                                   [--trainer-jobs N] [--rounds N] [--pairs N]
                                    [--runs-json FILE]
 """
 from __future__ import annotations
@@ -44,6 +48,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from pairs import ratio_summary, run_rounds  # benchmarks/pairs.py, beside this script
+import trainer_blocks  # benchmarks/trainer_blocks.py
 
 
 @contextlib.contextmanager
@@ -245,8 +250,12 @@ def trainer_tokens_per_s(env: dict, instrumented: bool, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--pairs", type=int, help="trainer rounds (default 36: every order "
-                        "of the three arms six times; quick 2)")
+    parser.add_argument("--trainer-jobs", type=int, help="2-rank jobs of the trainer's step in "
+                        "blocks (default 4, quick 1)")
+    parser.add_argument("--rounds", type=int, help="rounds of blocks per job (default 48: every order of the four arms twice; "
+                        "quick 4)")
+    parser.add_argument("--pairs", type=int, help="rounds of whole trainer runs (default 12: "
+                        "every order of the three arms twice; quick 2; 0 skips them)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
     parser.add_argument("--runs-json", metavar="FILE", help="write every trainer run's "
                         "tokens/s, by arm and in round order, to FILE")
@@ -283,23 +292,54 @@ def main() -> None:
             print(f"1-element all-reduce loop on 2 Gloo ranks, instrumented / bare, per-call "
                   f"medians: {report_loop(jobs, blocks)}; target <= 1.01")
         if args.only in (None, "trainer"):
-            rounds, steps = (args.pairs or (2 if quick else 36)), (20 if quick else 100)
-            runs = run_rounds(rounds, {
-                "off": lambda: trainer_tokens_per_s(env, False, steps),
-                "off_again": lambda: trainer_tokens_per_s(env, False, steps),
-                "on": lambda: trainer_tokens_per_s(env, True, steps)})
-            off, again, on = runs["off"], runs["off_again"], runs["on"]
-            # The two uninstrumented arms are the same treatment: the baseline is both.
-            both = [(a + b) / 2 for a, b in zip(off, again)]
-            print(f"trainer tokens/s on 2 CPU ranks, instrumented / not (both uninstrumented "
-                  f"arms): {ratio_summary(both, on)}{statistics.mean(on):.0f} vs "
-                  f"{statistics.mean(both):.0f} tok/s; {rounds} rounds of {steps}-step runs; "
-                  f"target >= 0.99)")
-            print(f"  control, the second uninstrumented arm / the first: "
-                  f"{ratio_summary(off, again)}the noise floor of the line above)")
-            if args.runs_json:
-                with open(args.runs_json, "w") as f:
-                    json.dump({"steps": steps, "tokens_per_s": runs}, f, indent=1)
+            trainer_in_blocks(env, args.trainer_jobs or (1 if quick else 4),
+                              args.rounds or (4 if quick else 48), 10 if quick else 20)
+            rounds = 2 if quick else 12 if args.pairs is None else args.pairs
+            if rounds:
+                trainer_in_runs(env, rounds, 20 if quick else 100, args.runs_json)
+
+
+def trainer_in_blocks(env: dict, jobs: int, rounds: int, steps: int) -> None:
+    results = []
+    for _ in range(jobs):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            run(torchrun(2, os.path.join(REPO, "benchmarks", "trainer_blocks.py"), str(rounds),
+                         str(steps), out.name), env)
+            results.append(json.load(out))
+    figures = trainer_blocks.report(results)
+    on, control = figures["on"], figures["control"]
+    seconds = {arm: statistics.mean(x for job in results for x in job["seconds"][arm])
+               for arm in trainer_blocks.ARMS}
+    tokens = results[0]["tokens_per_step"]
+    print(f"trainer tokens/s on 2 CPU ranks, instrumented / not, the trainer's step in blocks "
+          f"taking turns inside a job: {on[0]:.3f} (90% interval {on[1]:.3f}-{on[2]:.3f}; "
+          f"{tokens / seconds['on']:.0f} vs {2 * tokens / (seconds['off'] + seconds['off_again']):.0f} "
+          f"tok/s; {jobs} jobs x {rounds} rounds of {steps}-step blocks; "
+          f"{results[0]['heartbeats_per_step']:.1f} heartbeats per instrumented step; target >= 0.99)")
+    print(f"  control, the second uninstrumented arm / the first: {control[0]:.3f} "
+          f"(90% interval {control[1]:.3f}-{control[2]:.3f}, the noise floor of the line above)")
+    hook = figures["torch_python_hook"]
+    print(f"  reference, uninstrumented with torch's own Python all-reduce comm hook / not: "
+          f"{hook[0]:.3f} (90% interval {hook[1]:.3f}-{hook[2]:.3f}: what any Python DDP "
+          f"comm hook costs)")
+
+
+def trainer_in_runs(env: dict, rounds: int, steps: int, runs_json: str | None) -> None:
+    runs = run_rounds(rounds, {
+        "off": lambda: trainer_tokens_per_s(env, False, steps),
+        "off_again": lambda: trainer_tokens_per_s(env, False, steps),
+        "on": lambda: trainer_tokens_per_s(env, True, steps)})
+    off, again, on = runs["off"], runs["off_again"], runs["on"]
+    # The two uninstrumented arms are the same treatment: the baseline is both.
+    both = [(a + b) / 2 for a, b in zip(off, again)]
+    print(f"trainer tokens/s, whole runs of the bundled trainer, instrumented / not (both "
+          f"uninstrumented arms): {ratio_summary(both, on)}{statistics.mean(on):.0f} vs "
+          f"{statistics.mean(both):.0f} tok/s; {rounds} rounds of {steps}-step runs)")
+    print(f"  control, the second uninstrumented arm / the first: "
+          f"{ratio_summary(off, again)}the noise floor of the line above)")
+    if runs_json:
+        with open(runs_json, "w") as f:
+            json.dump({"steps": steps, "tokens_per_s": runs}, f, indent=1)
 
 if __name__ == "__main__":
     main()
