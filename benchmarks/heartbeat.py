@@ -252,8 +252,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--trainer-jobs", type=int, help="2-rank jobs of the trainer's step in "
                         "blocks (default 4, quick 1)")
-    parser.add_argument("--rounds", type=int, help="rounds of blocks per job (default 48: every order of the four arms twice; "
-                        "quick 4)")
+    parser.add_argument("--rounds", type=int, help="rounds of blocks per job (default 48: "
+                        "every order of the four arms twice; quick 4)")
     parser.add_argument("--pairs", type=int, help="rounds of whole trainer runs (default 12: "
                         "every order of the three arms twice; quick 2; 0 skips them)")
     parser.add_argument("--only", choices=("cost", "loop", "trainer"), help="one part only")
