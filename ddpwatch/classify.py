@@ -11,9 +11,9 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from .gloo_iface import interface_signals, link_unreached
 from .heartbeat import Record
 from .rules import Rule, render
-from .gloo_iface import interface_signals, link_unreached
 from .signals import IDLE_CPU, heartbeat_signals, process_signals, stack_signals
 from .snapshot import Snapshot
 

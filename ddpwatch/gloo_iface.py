@@ -17,7 +17,6 @@ from .probes.host import Host, is_loopback
 from .signals import proc_of, sockets_of
 from .snapshot import Snapshot
 
-
 SUSPECT_KINDS = ("vpn", "bridge", "veth")
 
 
@@ -56,7 +55,7 @@ def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
         s["master_route_addr"] = _plain(routes[0])
         s["master_route_iface"] = interface_of(routes[0], last.host)[0]
     if listening and routes and not is_loopback(_plain(routes[0])):
-        gloo, route = _plain(s["gloo_addr"]), _plain(routes[0])
+        gloo, route = s["gloo_addr"], s["master_route_addr"]
         s["gloo_off_route"] = gloo != route and not s["gloo_loopback"] and (
             not s["gloo_ifname"] or s["gloo_iface_kind"] in SUSPECT_KINDS
             or (":" in gloo) != (":" in route))

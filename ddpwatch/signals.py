@@ -235,4 +235,3 @@ def stack_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     # the stack signal is the kind seen in every sample, else "mixed".
     kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
     return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps)}
-
