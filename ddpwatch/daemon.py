@@ -101,7 +101,8 @@ class Daemon:
             peers=self.peers.views() if self.peers else (),
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
-            alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())))
+            alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())),
+            webhooks=self.dispatcher is not None)
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -244,9 +245,10 @@ class Daemon:
         if self.dispatcher is None:
             return  # no webhooks here: claim nothing, so the peers alert themselves
         claims = self.peers.claims() if self.peers else {}
+        mute = self.peers.without_webhooks() if self.peers else frozenset()
         for incident in self.incidents.open():
             view = by_key.get(incident.job)
-            owner = owner_node(view.judgement.ranks if view else (), self.node)
+            owner = owner_node(view.judgement.ranks if view else (), self.node, mute)
             was_sending = self.alert_route.sending(incident.id)
             if self.alert_route.route(incident.id, incident.job, owner, self.node, claims,
                                       self.clock()):

@@ -37,16 +37,18 @@ class PeerState:
     jobs: dict = field(default_factory=dict)  # job key -> tuple of signal dicts
     error: str = ""                 # the last attempt's failure ("" if it succeeded)
     alerting: frozenset = frozenset()  # job keys it sends webhooks for (alerts/route.py)
+    webhooks: bool = True  # it has webhooks to send (an older daemon does not say: assume so)
 
 
 class PeerDocumentError(ValueError):
     pass
 
 
-def parse(doc) -> tuple[str, dict, frozenset]:
-    """(node, {job key: (signal dict, ...)}, job keys it alerts for) from a /peer
-    answer; PeerDocumentError names the first field that is wrong. An answer
-    without "alerting" (a daemon older than alert routing) claims nothing."""
+def parse(doc) -> tuple[str, dict, frozenset, bool]:
+    """(node, {job key: (signal dict, ...)}, job keys it alerts for, whether it has
+    webhooks) from a /peer answer; PeerDocumentError names the first field that
+    is wrong. An answer without "alerting" (a daemon older than alert routing)
+    claims nothing, and one without "webhooks" is taken to have them."""
     if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
         raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
     jobs = doc.get("jobs")
@@ -69,7 +71,10 @@ def parse(doc) -> tuple[str, dict, frozenset]:
     alerting = doc.get("alerting", [])
     if not isinstance(alerting, list) or not all(isinstance(k, str) for k in alerting):
         raise PeerDocumentError("'alerting' is not a list of job keys")
-    return doc["node"], out, frozenset(alerting)
+    webhooks = doc.get("webhooks", True)
+    if not isinstance(webhooks, bool):
+        raise PeerDocumentError("'webhooks' is not true or false")
+    return doc["node"], out, frozenset(alerting), webhooks
 
 
 def _int(value) -> bool:
@@ -81,7 +86,7 @@ def document(view) -> dict:
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
             "jobs": {j.key: list(j.judgement.local) for j in view.jobs},
-            "alerting": sorted(view.alerting_jobs)}
+            "alerting": sorted(view.alerting_jobs), "webhooks": view.webhooks}
 
 
 class PeerPoller:
@@ -135,6 +140,12 @@ class PeerPoller:
         now = self.clock()
         return {st.node: st.alerting for st in self.states() if self._fresh(st, now) and st.node}
 
+    def without_webhooks(self) -> frozenset:
+        """Fresh peers' nodes that have no webhooks to send: never a job's alerter."""
+        now = self.clock()
+        return frozenset(st.node for st in self.states()
+                         if self._fresh(st, now) and st.node and not st.webhooks)
+
     def poll_once(self) -> None:
         for url in self.urls:
             self._states[url] = self._fetch(url, self._states[url])
@@ -155,10 +166,10 @@ class PeerPoller:
                 body = response.read(MAX_ANSWER_BYTES + 1)
             if len(body) > MAX_ANSWER_BYTES:
                 raise PeerDocumentError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
-            node, jobs, alerting = parse(json.loads(body))
+            node, jobs, alerting, webhooks = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
-            return PeerState(url, node, self.clock(), jobs, "", alerting)
+            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks)
         except urllib.error.HTTPError as err:
             error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else
                                           " (redirects are not followed)" if 300 <= err.code < 400
@@ -171,7 +182,8 @@ class PeerPoller:
             error = f"bad answer: {err!r}"
         if error != old.error:
             log.warning("peer %s: %s", url, error)
-        return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting)
+        return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting,
+                         old.webhooks)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

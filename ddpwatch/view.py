@@ -65,3 +65,4 @@ class DaemonView:
     peers: tuple[PeerView, ...] = ()       # each configured peer, when the peer view is on
     alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
     alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
+    webhooks: bool = False  # this node has webhooks configured (told to peers)

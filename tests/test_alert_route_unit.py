@@ -35,6 +35,17 @@ def test_both_nodes_agree_the_lowest_ranks_node_alerts(split_hang):
     assert owner_node(on_b.ranks, "node-b") == "node-a"
 
 
+def test_a_node_without_webhooks_is_passed_over(split_hang):
+    """Rank 0's node has no webhooks: the next lowest rank's node alerts at once
+    (with three nodes, only that one: the others still defer to it)."""
+    on_b = split_hang["on_b"]
+    assert owner_node(on_b.ranks, "node-b", mute=frozenset({"node-a"})) == "node-b"
+    assert owner_node(on_b.ranks, "node-b", mute=frozenset({"node-c"})) == "node-a"
+    route = AlertRoute(grace_s=5.0)
+    assert route.route("i1", "job", owner_node(on_b.ranks, "node-b", frozenset({"node-a"})),
+                       "node-b", {}, now=0.0)
+
+
 def test_a_node_alone_alerts_itself(split_hang):
     alone_b = split_hang["alone_b"]
     assert [v.rank for v in alone_b.ranks] == [1]
@@ -95,8 +106,11 @@ def test_a_lapsed_claim_restarts_the_wait():
 
 
 def test_peer_answers_carry_their_claims():
-    doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"]}
-    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}))
-    assert parse({"node": "node-b", "jobs": {}})[2] == frozenset()  # an older daemon
+    doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"], "webhooks": False}
+    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}), False)
+    older = parse({"node": "node-b", "jobs": {}})  # a daemon older than routing
+    assert older[2] == frozenset() and older[3] is True
+    with pytest.raises(PeerDocumentError, match="'webhooks' is not true or false"):
+        parse({"node": "node-b", "jobs": {}, "webhooks": "no"})
     with pytest.raises(PeerDocumentError, match="'alerting' is not a list of job keys"):
         parse({"node": "node-b", "jobs": {}, "alerting": "run-1"})

@@ -12,8 +12,10 @@ the same while the verdict and its culprit change (the alert carries the whole
 judgement, culprit included, from whichever node sends it). A node defers to
 any peer that already claims the job in its /peer answer (peers.py); a node
 that is not the owner waits for the owner's claim, and alerts itself if none
-comes within a grace: that daemon may not be configured to ask this node, or may
-have no webhooks. A peer whose answers went stale has its ranks left out of the
+comes within a grace: that daemon may not be configured to ask this node. A
+node with no webhooks says so in its /peer answer and is passed over: the next
+lowest rank's node alerts, without waiting, so three or more nodes still page
+once. A peer whose answers went stale has its ranks left out of the
 judgement, so a node left alone is its own owner. Once a node has sent an
 incident's firing alert it sends the rest of it too (changes, resolved):
 receivers see one story.
@@ -23,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def owner_node(ranks: Iterable, here: str) -> str:
+def owner_node(ranks: Iterable, here: str, mute: frozenset = frozenset()) -> str:
     """The node that should alert for a job judged from `ranks` (RankVerdicts,
-    remote ones with the node they run on as `host`)."""
-    identified = [v for v in ranks if v.rank >= 0]
+    remote ones with the node they run on as `host`); nodes in `mute` have no
+    webhooks and are passed over."""
+    identified = [v for v in ranks if v.rank >= 0 and not (v.remote and v.host in mute)]
     if not identified:
         return here
     lowest = min(identified, key=lambda v: v.rank)
