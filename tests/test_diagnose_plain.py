@@ -139,7 +139,8 @@ def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
         return all(r["verdict"] == "healthy" for r in report["ranks"]) and len(report["ranks"]) == 2
     wait_until(trained, 240, interval=0.1, what="the compiled job training")
     # while it compiled, nobody was blamed and nothing was called a hang
-    assert any(r["verdict"] == "warming_up" for report in seen for r in report["ranks"])
+    assert any(r["verdict"] == "warming_up" for report in seen for r in report["ranks"]), [
+        {r["rank"]: (r["rule"], r["signals"].get("stack")) for r in rep["ranks"]} for rep in seen]
     for report in seen:
         assert report["job"]["culprits"] == [], report["job"]
         assert not {r["verdict"] for r in report["ranks"]} & {
