@@ -184,7 +184,7 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
         s["device_type"] = rec.device_type if rec is not None else None
         s["waiting_in"] = _waiting_in(s)
         s["local_rank"] = _local_rank(last, s["pid"])
-        s["node"] = s["hostname"] = last.host.hostname if last.host else ""
+        s["node"] = last.host.hostname if last.host else ""
         if last.host:
             s["hostname_addrs"] = ", ".join(last.host.hostname_addrs) or "nothing"
     return ranks

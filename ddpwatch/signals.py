@@ -68,7 +68,7 @@ SIGNALS = {
                       "VPN/bridge/veth interface, or of the other address family",
     # host
     "cpu_bf16": "this CPU has avx512_bf16 or amx_bf16", "cores": "logical CPUs",
-    "hostname": "this node's hostname", "hostname_addrs": "what resolving it gives",
+    "node": "the hostname of the rank's node", "hostname_addrs": "what resolving it gives there",
     # across the job (computed with the peers)
     "local_ranks": "ranks of the job on this node",
     "in_collective": "this rank waits in a collective (heartbeat or stack)",
