@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .gloo_iface import interface_signals, link_unreached
 from .heartbeat import Record
 from .rules import Rule, render
-from .signals import IDLE_CPU, heartbeat_signals, process_signals, stack_signals
+from .signals import IDLE_CPU, heartbeat_signals, owns, process_signals, record_of, stack_signals
 from .snapshot import Snapshot
 
 # Which verdict speaks for the job when no rank is a culprit: most severe first.
@@ -73,7 +73,7 @@ class Judgement:
 MEMBER_SLACK_S = 5.0
 
 
-def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
+def job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     """Heartbeat records that belong to the job: live ranks' and the dead ones of
     the same run. A dead record of the same run id is left out when a live rank
     holds its rank, when it went quiet before the live ranks started, or when a
@@ -83,7 +83,10 @@ def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
     if snap.heartbeats is None:
         return []
     pairs = list(zip(snap.heartbeats.records, snap.heartbeats.alive))
-    live = [r for r, _ in pairs if r.pid in snap.job.rank_pids]
+    # A record under a live rank's pid that the rank did not write is an earlier
+    # process's whose pid came back: it is neither this rank's nor, alive, anyone's.
+    written = {id(r) for r, _ in pairs if r.pid in snap.job.rank_pids and owns(snap, r)}
+    live = [r for r, _ in pairs if id(r) in written]
     if not live:
         return []
     run_ids = {r.run_id for r in live}
@@ -99,8 +102,7 @@ def _job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
             if rec.rank not in dead or rec.started_at > dead[rec.rank].started_at:
                 dead[rec.rank] = rec
     members = {id(r) for r in dead.values()}
-    return [(rec, alive) for rec, alive in pairs
-            if rec.pid in snap.job.rank_pids or id(rec) in members]
+    return [(rec, alive) for rec, alive in pairs if id(rec) in written or id(rec) in members]
 
 
 def _stall_bound(record: Record) -> float:
@@ -139,7 +141,7 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
     pids = list(last.job.rank_pids)
     if not pids and last.job.launcher_pid > 0:
         pids = [last.job.launcher_pid]  # a launcher whose workers never started
-    records = {r.pid: (r, alive) for r, alive in _job_records(last)}
+    records = {r.pid: (r, alive) for r, alive in job_records(last)}
     for pid in pids:
         s = process_signals(history, pid)
         s.update(heartbeat_signals(history, pid))
@@ -324,11 +326,8 @@ def _local_rank(snap: Snapshot, pid: int) -> int:
         for p in snap.processes.procs:
             if p.pid == pid and p.env.get("LOCAL_RANK", "").isdigit():
                 return int(p.env["LOCAL_RANK"])
-    if snap.heartbeats is not None:
-        for r in snap.heartbeats.records:
-            if r.pid == pid:
-                return r.local_rank
-    return -1
+    rec = record_of(snap, pid)
+    return rec.local_rank if rec is not None else -1
 
 
 def _blind(s: dict) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .heartbeat import Record
+from .heartbeat.liveness import wrote
 from .snapshot import Snapshot
 from .stackmatch import classify_stack, describe_top
 
@@ -129,10 +130,24 @@ def proc_of(snap: Snapshot, pid: int):
     return next((p for p in snap.processes.procs if p.pid == pid and not p.error), None)
 
 
-def _record(snap: Snapshot, pid: int) -> Record | None:
+def record_of(snap: Snapshot, pid: int) -> Record | None:
+    """The record `pid` wrote: records outlive their writers, and a pid can come
+    back as a new process (a rank of a later job) next to its old record."""
     if snap.heartbeats is None:
         return None
-    return next((r for r in snap.heartbeats.records if r.pid == pid), None)
+    found = [r for r in snap.heartbeats.records if r.pid == pid and owns(snap, r)]
+    return max(found, key=lambda r: r.started_at, default=None)
+
+
+def owns(snap: Snapshot, record: Record) -> bool:
+    """False when the process now holding the record's pid started after the record
+    was created (pid reuse); True when it wrote it or is gone."""
+    proc = proc_of(snap, record.pid)
+    if proc is None:
+        return True
+    procs = snap.processes
+    suspended = procs.uptime_s - procs.taken_at if procs.uptime_s >= 0 else 0.0
+    return wrote(record, proc.start_time_s, max(suspended, 0.0))
 
 
 def _stacks(snaps: tuple[Snapshot, ...], pid: int):
@@ -193,7 +208,7 @@ def process_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
 
 
 def heartbeat_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
-    first, last = _record(history[0], pid), _record(history[-1], pid)
+    first, last = record_of(history[0], pid), record_of(history[-1], pid)
     if last is None:
         return {"hb": False}
     now = history[-1].taken_at

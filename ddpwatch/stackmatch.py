@@ -93,7 +93,9 @@ def progress_of(heartbeats) -> dict[int, tuple[int, int]]:
     rank had got when they were read."""
     if heartbeats is None:
         return {}
-    return {r.pid: (r.collective_seq, r.step) for r in heartbeats.records}
+    # Live writers' records last, so they win over an old record under a reused pid.
+    pairs = sorted(zip(heartbeats.records, heartbeats.alive), key=lambda pair: pair[1])
+    return {r.pid: (r.collective_seq, r.step) for r, _ in pairs}
 
 
 def still_current(stacks, progress_then: dict, progress_now: dict):

@@ -8,11 +8,13 @@ import struct
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 from conftest import REPO, need_c_core
 
 from ddpwatch.heartbeat import LAYOUT_VERSION, OP_CODE, Skipped, layout, open_writer, read_dir, read_file
+from ddpwatch.heartbeat.liveness import wrote
 from ddpwatch.heartbeat.writer import NullWriter
 
 CORES = ("c", "python")
@@ -109,6 +111,23 @@ def test_bad_record_files_are_skipped_with_a_reason(tmp_path, content, reason):
     assert records == []
     assert len(skipped) == 1 and isinstance(skipped[0], Skipped)
     assert reason in skipped[0].reason
+
+
+def test_a_fifo_under_a_record_name_is_skipped_not_waited_on(tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: the daemon's tick would hang."""
+    os.mkfifo(tmp_path / "rank0-pid1.hb")
+    records, skipped = read_dir(str(tmp_path))
+    assert records == [] and [s.reason for s in skipped] == ["not a regular file"]
+
+
+def test_a_writer_is_a_process_that_started_before_its_record():
+    record = types.SimpleNamespace(started_at=1000.0)
+    assert wrote(record, 999.0) and wrote(record, 1000.9)  # /proc start: 10 ms ticks
+    assert not wrote(record, 1002.0)                       # a later process, same pid
+    # /proc start times count suspended time, records' monotonic times do not
+    assert wrote(record, 999.0 + 3600, suspended=3600)
+    assert not wrote(record, 1002.0 + 3600, suspended=3600)
+    assert wrote(record, -1.0)                             # start unknown: no evidence
 
 
 def test_truncated_copy_of_a_real_record(tmp_path):

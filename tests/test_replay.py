@@ -358,3 +358,38 @@ def test_process_table_cache_sees_an_exec(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def _with_old_record_under_pid(history: dict, pid: int, rank: int) -> dict:
+    """`history` with a record left by an earlier process that had `pid`: written
+    an hour before the process now holding that pid started, then exited (pids come
+    back; records stay as evidence in the directory)."""
+    for snap in history["history"]:
+        proc = next(p for p in snap["processes"]["procs"] if p["pid"] == pid)
+        old_start = proc["start_time_s"] - 3600.0
+        template = json.load(open(fixture_path("trainer_healthy")))["history"][0]
+        old = dict(template["heartbeats"]["records"][0], pid=pid, rank=rank, run_id="old",
+                   phase="exited", started_at=old_start, entered_at=old_start + 60,
+                   updated_at=old_start + 60, step=300, collective_seq=900, in_collective=False)
+        hb = snap["heartbeats"]
+        hb["records"].insert(0, old)  # listed first: the old code took the first match
+        hb["alive"].insert(0, False)
+    return history
+
+
+@pytest.mark.parametrize("name", ["plain_healthy", "trainer_healthy"])
+def test_an_old_record_under_a_reused_pid_is_not_the_ranks(name, default_rules, tmp_path):
+    """Regression (CI): a plain job's rank got the pid of a rank of a job that ran
+    hours before on the host; its record, left in /dev/shm/ddpwatch, made the live
+    rank 'dead: exited at step 300'."""
+    with open(fixture_path(name)) as f:
+        history = json.load(f)
+    pid = history["history"][-1]["job"]["rank_pids"][0]
+    rank = 1 if name == "trainer_healthy" else 0
+    path = tmp_path / "reused.json"
+    path.write_text(json.dumps(_with_old_record_under_pid(history, pid, rank)))
+    got = classify.judge(load(str(path)), default_rules)
+    want = judged(name, default_rules)
+    assert [(v.pid, v.rank, v.verdict, v.rule) for v in got.ranks] == [
+        (v.pid, v.rank, v.verdict, v.rule) for v in want.ranks]
+    assert got.job.verdict == "healthy"

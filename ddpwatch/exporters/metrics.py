@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..classify import job_records
 from ..heartbeat import Record
 from ..rules import FINDINGS, ROLES, VERDICTS
 from ..view import DaemonView, IncidentState, JobView
@@ -144,8 +145,7 @@ def _num(value: float) -> float:
 def _job_rows(jv: JobView) -> list[Row]:
     """Every job and rank series of one JobView (raises on a malformed view)."""
     snap, key, job = jv.last, jv.key, jv.judgement.job
-    hb = snap.heartbeats
-    records = {r.pid: (r, alive) for r, alive in zip(hb.records, hb.alive)} if hb else {}
+    records = {r.pid: (r, alive) for r, alive in job_records(snap)}
     procs = {p.pid: p for p in snap.processes.procs if not p.error} if snap.processes else {}
     # Ranks judged here from a peer's signals are exported by their own node's
     # daemon; the job's verdict and culprits here include them.

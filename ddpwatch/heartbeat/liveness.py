@@ -8,6 +8,7 @@ and the writer's pruning of old records (retention.py).
 from __future__ import annotations
 
 import os
+import time
 
 from .layout import Record
 
@@ -22,5 +23,20 @@ def record_alive(record: Record, procfs: str = "/proc") -> bool:
         started = int(text[text.rindex(")") + 2:].split()[19]) / _CLK_TCK
     except (OSError, IndexError, ValueError):
         return False
+    return wrote(record, started, suspended_s())
+
+
+def suspended_s() -> float:
+    """How far the boot clock (/proc start times, uptime) has run ahead of the
+    monotonic one (records' times): the time the machine spent suspended."""
+    return max(time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic(), 0.0)
+
+
+def wrote(record: Record, process_start_s: float, suspended: float = 0.0) -> bool:
+    """Whether the process that started `process_start_s` after boot (as
+    /proc/PID/stat says) can be the writer of `record`: it started no later than
+    the record was created. A later one holds a reused pid."""
+    if process_start_s < 0:
+        return True  # start unknown (an old snapshot): nothing to tell them apart by
     # Process start is in clock ticks (10 ms); allow slack for rounding.
-    return started <= record.started_at + 1.0
+    return process_start_s - suspended <= record.started_at + 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -73,11 +74,14 @@ def read_consistent(mem, read_once=None) -> bytes | None:
 def read_file(path: str, read_once=None) -> layout.Record | Skipped:
     """Read one record file consistently; any problem becomes a Skipped."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO planted under a record's name must not hang the reader.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         return Skipped(path, f"cannot open: {err.strerror}")
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Skipped(path, "not a regular file")
         head = os.pread(fd, 16, 0)
         try:
             layout.check_version(head + b"\0" * (layout.RECORD_SIZE - len(head))
