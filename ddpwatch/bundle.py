@@ -9,14 +9,15 @@ import tempfile
 
 from . import report, snapshot
 from .codec import to_json
-from .heartbeat.paths import default_dir, record_path
+from .classify import job_records
+from .heartbeat.paths import record_path
 
 
-def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | None) -> str:
+def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[str, ...]) -> str:
     """state_dir/incidents/<id>/ (rewritten if the incident's judgement changes):
     report.json (verdicts, evidence), snapshots.json
     (everything observed: processes, sockets, stacks, heartbeat rings), records/
-    (the ranks' raw heartbeat files). Returns the directory."""
+    (the ranks' raw heartbeat files, found in `heartbeat_dirs`). Returns the directory."""
     root = os.path.join(state_dir, "incidents")
     os.makedirs(root, mode=0o700, exist_ok=True)
     final = os.path.join(root, incident.id)
@@ -27,12 +28,8 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | N
                        **report.as_json(view.judgement, view.last)}, f, indent=1)
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
         os.mkdir(os.path.join(work, "records"))
-        hb = view.last.heartbeats
-        # (a peer's rank's pid is another node's: it names no file here)
-        pids = set(view.last.job.rank_pids) | {r.pid for r in view.judgement.ranks
-                                               if not r.remote}
-        for record_path in _record_files(hb, pids, heartbeat_dir):
-            shutil.copy(record_path, os.path.join(work, "records"))
+        for path in _record_files(view.last, heartbeat_dirs):
+            shutil.copy(path, os.path.join(work, "records"))
         with open(os.path.join(work, "report.txt"), "w") as f:
             f.write(report.as_text(view.judgement, view.last) + "\n")
         if os.path.isdir(final):  # the judgement changed: the newer evidence replaces it
@@ -48,9 +45,9 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dir: str | N
     return final
 
 
-def _record_files(hb, pids, heartbeat_dir) -> list[str]:
-    if hb is None:
-        return []
-    directory = heartbeat_dir or default_dir()
-    paths = (record_path(directory, rec.rank, rec.pid) for rec in hb.records if rec.pid in pids)
+def _record_files(last, heartbeat_dirs) -> list[str]:
+    """The files of the records the job was judged with (a peer's ranks' are on
+    its node; an older record under a reused pid is not this job's)."""
+    paths = (record_path(d, rec.rank, rec.pid) for rec, _ in job_records(last)
+             for d in heartbeat_dirs)
     return [p for p in paths if os.path.exists(p)]

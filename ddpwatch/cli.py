@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("ranks", help="table of this node's ranks from their heartbeat records")
-    p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch)")
+    p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch); "
+                   "the ones running ranks name in their DDPWATCH_DIR are read too")
     p.add_argument("--json", action="store_true", help='print {"ranks": [...]}')
     p.add_argument("--all", action="store_true", help="include records of finished runs")
     p.set_defaults(handler="ranks")
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between the two samples (default 1.0)")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy")
     p.add_argument("--native", action="store_true", help="native frames too (running ranks only)")
-    p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch)")
+    p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch); "
+                   "the ones running ranks name in their DDPWATCH_DIR are read too")
     p.add_argument("--peer", metavar="URL", action="append", default=[],
                    help="another node's daemon (http://HOST:PORT): judge with its ranks too, "
                    "as the daemon's peer view does (repeatable)")

@@ -18,6 +18,7 @@ from . import classify, discovery, rules as rules_mod, stackmatch
 from .alerts.route import AlertRoute, owner_node
 from .bundle import write_bundle
 from .config import Config
+from .heartbeat.paths import record_dirs
 from .incidents import IncidentBook
 from .probes import ProbeContext, run_probe
 from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
@@ -58,6 +59,7 @@ class Daemon:
         self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._dead_records: dict = {}  # records of gone writers: probes/heartbeats.py
+        self._rank_heartbeat_dirs: tuple[str, ...] = ()  # named by the ranks (discovery)
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
         # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
@@ -114,10 +116,12 @@ class Daemon:
             return default
 
     def _discover(self, ctx: ProbeContext, statuses: list) -> list:
-        hb = run_probe("heartbeats", ctx, ())
+        table = discovery.read_table(ctx.procfs, self._exec_cache)
+        self._rank_heartbeat_dirs = discovery.heartbeat_dirs(table)
+        hb = run_probe("heartbeats", dataclasses.replace(
+            ctx, rank_heartbeat_dirs=self._rank_heartbeat_dirs), ())
         statuses.append(status_of(hb))
         alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
-        table = discovery.read_table(ctx.procfs, self._exec_cache)
         self._parents = {pid: info.ppid for pid, info in table.items()}
         self._exec_info = {pid: (info.cmdline, info.env) for pid, info in table.items()}
         self._heartbeats = hb.data if hb.ok else None
@@ -234,7 +238,7 @@ class Daemon:
                 view = by_key[incident.job]
                 path = self._guard("bundle", lambda: write_bundle(
                     self.config.effective_state_dir(), incident, view, self._history[view.key],
-                    self.config.heartbeat_dir or None),
+                    record_dirs(self.config.heartbeat_dir or None, self._rank_heartbeat_dirs)),
                     "")
                 if path:
                     self.incidents.attach_bundle(incident.id, path)

@@ -104,6 +104,12 @@ def is_python(cmdline: tuple[str, ...]) -> bool:
     return bool(cmdline) and "python" in os.path.basename(cmdline[0])
 
 
+def heartbeat_dirs(table: dict[int, ProcInfo]) -> tuple[str, ...]:
+    """The record directories Python processes name in their DDPWATCH_DIR."""
+    return tuple(sorted({info.env["DDPWATCH_DIR"] for info in table.values()
+                         if info.env.get("DDPWATCH_DIR") and is_python(info.cmdline)}))
+
+
 def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
     """A process that says it is a rank: torch's env vars, or a heartbeat record."""
     if info.pid in record_pids:

@@ -47,9 +47,9 @@ class DaemonRun:
                 "heartbeat_dir": "", **config}
         self.config_path.write_text(json.dumps(full))  # JSON is YAML
 
-    def start(self):
+    def start(self, env=None):
         self.job = self.start_job([sys.executable, "-m", "ddpwatch", "run", "--config",
-                                   str(self.config_path)], name=self.name)
+                                   str(self.config_path)], env=env, name=self.name)
         wait_until(lambda: get(self.url + "/readyz")[0] == 200, 60, what="daemon ready")
 
     def status(self, token=None) -> dict:
@@ -182,7 +182,9 @@ def test_restarted_daemon_picks_the_ranks_up_again(start_job, tmp_path, hb_dir):
                        what="2 ranks with records")
     daemon.job.proc.kill()
     daemon.job.proc.wait(30)
-    daemon.start()
+    # as a system service would be: not in the trainer's environment, so its
+    # DDPWATCH_DIR differs; the records are found where the ranks say they write
+    daemon.start(env={"DDPWATCH_DIR": str(tmp_path / "daemon-own-dir")})
     again = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 60,
                        what="2 ranks after restart")
     assert {r["pid"] for r in again["ranks"]} == {r["pid"] for r in first["ranks"]}

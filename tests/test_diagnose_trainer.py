@@ -31,7 +31,8 @@ def findings(report: dict) -> dict[int, set[str]]:
 def test_healthy(start_job, hb_dir):
     job = start_job(trainer())
     rank_pids(job, 2)
-    report = until_verdict(launcher_pid(job), HEALTHY, TIMEOUT, hb_dir=hb_dir)
+    # diagnose is not told the directory: it reads where the ranks' DDPWATCH_DIR says
+    report = until_verdict(launcher_pid(job), HEALTHY, TIMEOUT)
     assert report["job"]["verdict"] == "healthy" and report["job"]["culprits"] == []
     assert report["job"]["launcher_kind"] == "torchrun"
     for r in report["ranks"]:

@@ -55,10 +55,15 @@ def test_ranks_command_shows_live_progress(start_job, hb_dir):
     for row in rows:
         assert RANKS_KEYS <= set(row)
         assert row["tokens_per_s"] > 0 and 0 <= row["comm_share"] <= 1
-    table = subprocess.run([sys.executable, "-m", "ddpwatch", "ranks", "--dir", hb_dir],
+    pids = {str(row["pid"]) for row in rows}
+    # No --dir and another DDPWATCH_DIR: the ranks' own DDPWATCH_DIR is read too.
+    table = subprocess.run([sys.executable, "-m", "ddpwatch", "ranks"],
                            capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=REPO)).stdout
-    assert table.splitlines()[0].split()[:3] == ["RANK", "LOCAL", "PID"]
+                           env=dict(os.environ, PYTHONPATH=REPO,
+                                    DDPWATCH_DIR=os.path.join(hb_dir, "elsewhere"))).stdout
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["RANK", "LOCAL", "PID"]
+    assert pids <= {line.split()[2] for line in lines[1:]}, table
 
 
 def _stuck(hb_dir, seconds=3.0):

@@ -2,6 +2,7 @@
 judge it, print the report. `--replay FILE` judges a saved snapshot history."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -37,7 +38,8 @@ def _uid_and_caps(procfs: str, pid: int | str) -> tuple[int, int]:
     return uid, caps
 
 
-def find_job(ctx: ProbeContext, pid: int) -> Job:
+def find_job(ctx: ProbeContext, pid: int) -> tuple[Job, ProbeContext]:
+    """The job of `pid`, and `ctx` told where the ranks write their records."""
     if not os.path.exists(f"{ctx.procfs}/{pid}"):
         raise errors.Unavailable(f"pid {pid}: no such process")
     try:
@@ -51,6 +53,7 @@ def find_job(ctx: ProbeContext, pid: int) -> Job:
             f"pid {pid} belongs to uid {target_uid}: reading its environment, sockets and "
             f"stacks needs {missing}; run as uid {target_uid} or as root (sudo)")
     table = discovery.read_table(ctx.procfs)
+    ctx = dataclasses.replace(ctx, rank_heartbeat_dirs=discovery.heartbeat_dirs(table))
     hb = read_heartbeats(ctx, ())
     record_pids = {r.pid for r, alive in zip(hb.records, hb.alive) if alive}
     info = table.get(pid)
@@ -60,7 +63,7 @@ def find_job(ctx: ProbeContext, pid: int) -> Job:
             or pid in record_pids):
         name = os.path.basename(info.cmdline[0]) if info.cmdline else "a kernel thread"
         raise errors.Unavailable(f"pid {pid} is {name}, not a Python process")
-    return discovery.find_job(pid, table, record_pids)
+    return discovery.find_job(pid, table, record_pids), ctx
 
 
 def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapshot:
@@ -86,7 +89,7 @@ def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapsho
 
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool) -> tuple[Snapshot, ...]:
-    job = find_job(ctx, pid)
+    job, ctx = find_job(ctx, pid)
     first = sample(ctx, job, with_stacks)
     deadline = first.taken_at + window_s
     while ctx.clock() < deadline:

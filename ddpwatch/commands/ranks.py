@@ -5,13 +5,15 @@ import json
 import sys
 import time
 
-from .. import errors, ranks
+from .. import discovery, errors, ranks
 from ..probes import ProbeContext
 from ..probes.heartbeats import run as read_heartbeats
 
 
 def main(args) -> int:
-    obs = read_heartbeats(ProbeContext(heartbeat_dir=args.dir), ())
+    # Also where running ranks say they write (their DDPWATCH_DIR), not only ours.
+    named = discovery.heartbeat_dirs(discovery.read_table())
+    obs = read_heartbeats(ProbeContext(heartbeat_dir=args.dir, rank_heartbeat_dirs=named), ())
     for skipped in obs.skipped:
         print(f"ddpwatch: skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     rows = ranks.rows(obs.records, obs.alive, time.monotonic(), show_all=args.all)

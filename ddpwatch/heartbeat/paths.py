@@ -21,6 +21,22 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "ddpwatch")
 
 
+def record_dirs(configured: str | None, named=()) -> tuple[str, ...]:
+    """Where to look for records: the reader's own directory (`configured`, else
+    the default), then the ones the ranks name in their DDPWATCH_DIR. A trainer
+    started with its own DDPWATCH_DIR is still found by a daemon or a diagnose that
+    was not told. A relative name is left out: it is relative to the rank's working
+    directory, not the reader's."""
+    dirs = [configured or default_dir()]
+    seen = {os.path.realpath(dirs[0])}
+    for name in sorted(set(named)):
+        real = os.path.realpath(name)
+        if os.path.isabs(name) and real not in seen:
+            seen.add(real)
+            dirs.append(name)
+    return tuple(dirs)
+
+
 def prepare_dir(directory: str | None) -> str:
     """Create the run directory 0700 if needed; refuse one another user owns."""
     directory = directory or default_dir()

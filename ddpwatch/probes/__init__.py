@@ -19,6 +19,9 @@ class ProbeContext:
     """The machine, injected (so tests can hand probes fixtures)."""
     procfs: str = "/proc"
     heartbeat_dir: str | None = None
+    # heartbeats probe: more directories, named by the ranks' DDPWATCH_DIR
+    # (discovery.heartbeat_dirs), read after `heartbeat_dir`
+    rank_heartbeat_dirs: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
     timeout_s: float = 2.0
     native_stacks: bool = False  # stacks probe: also native frames (only on running pids)

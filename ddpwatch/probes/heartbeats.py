@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..heartbeat import Record, Skipped, read_file
 from ..heartbeat.reader import attempt_reader, list_records
 from ..heartbeat.liveness import record_alive
+from ..heartbeat.paths import record_dirs
 from . import ProbeContext, register
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class HeartbeatObs:
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
     dead = ctx.dead_records
     records, alive, skipped = [], [], []
-    paths = list_records(ctx.heartbeat_dir)
+    paths = [p for d in record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
+             for p in list_records(d)]
     read_once = attempt_reader()
     for path in paths:
         identity = _file_identity(path) if dead is not None else None
