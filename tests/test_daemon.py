@@ -112,6 +112,9 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     assert incident["culprits"] == [1] and os.path.isdir(incident["bundle"])
     bundle = json.load(open(os.path.join(incident["bundle"], "report.json")))
     assert bundle["job"]["culprits"] == [1]
+    # the ranks' raw records, copied before anything can kill the job
+    assert sorted(os.listdir(os.path.join(incident["bundle"], "records"))) == sorted(
+        f"rank{r['rank']}-pid{r['pid']}.hb" for r in healthy["ranks"])
     # Watched lean while healthy (schedstat only, no sockets), the evidence is
     # read in detail once the job is suspect: thread states, wchan, sockets.
     history = json.load(open(os.path.join(incident["bundle"], "snapshots.json")))["history"]
