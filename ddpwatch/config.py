@@ -14,6 +14,10 @@ present). Strict: an unknown key is an error naming file and line (exit 78).
     stacks_min_interval_s: 5.0   # py-spy at most this often per job (only on suspicion)
     probe_timeout_s: 2.0
     resolve_after_s: 5.0         # healthy this long before an incident resolves
+    open_after_s: {}             # a job verdict opens an incident once it lasted this
+                                 # long; over the defaults {rendezvous_wait: 60,
+                                 # straggler: 30, waiting_on_peer: 30, slow_collective: 30}
+                                 # (any other problem: at once, on its second tick)
     probes: {stacks: true, sockets: true}   # switch probes off by name
     rules: []                    # extra rule files (add or override by id)
     webhooks: []                 # [{type: generic|slack|alertmanager, url, secret, timeout_s}]
@@ -33,6 +37,11 @@ from dataclasses import dataclass, field
 import yaml
 
 from .errors import ConfigError
+from .incidents import CALM
+from .rules import VERDICTS
+
+# job verdicts an incident can be opened for
+PROBLEMS = tuple(v for v in VERDICTS if v not in CALM)
 
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
@@ -52,6 +61,7 @@ class Config:
     stacks_min_interval_s: float = 5.0
     probe_timeout_s: float = 2.0
     resolve_after_s: float = 5.0
+    open_after_s: dict[str, float] = field(default_factory=dict)
     probes: dict[str, bool] = field(default_factory=dict)
     rules: tuple[str, ...] = ()
     webhooks: tuple[dict, ...] = ()
@@ -155,6 +165,8 @@ def _coerce(key: str, value, where: str):
                 raise ConfigError(f"{where}: probes: unknown probe(s) {sorted(unknown)} "
                                   f"(switchable: {', '.join(SWITCHABLE_PROBES)})")
             return dict(value)
+        if key == "open_after_s":
+            return _open_after(value, where)
         if key == "peers" and isinstance(value, str):  # $DDPWATCH_PEERS: comma-separated
             value = [u.strip() for u in value.split(",") if u.strip()]
         if key in ("rules", "webhooks", "peers"):
@@ -173,6 +185,23 @@ def _coerce(key: str, value, where: str):
                   "mapping" if kind.startswith("dict") else kind)
         raise ConfigError(f"{where}: {key}: {value!r} is not a valid {wanted}") from err
     return value
+
+
+def _open_after(value, where: str) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError
+    delays = {}
+    for verdict, seconds in value.items():
+        if verdict not in PROBLEMS:
+            raise ConfigError(f"{where}: open_after_s: {verdict!r} is not a verdict that opens "
+                              f"an incident ({', '.join(PROBLEMS)})")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ConfigError(f"{where}: open_after_s: {verdict}: {seconds!r} is not a number "
+                              f"of seconds >= 0")
+        delays[verdict] = float(seconds)
+    return delays
 
 
 def _validate(c: Config) -> None:

@@ -46,7 +46,7 @@ class Daemon:
         self.clock = clock
         self.node = socket.gethostname()
         self.view: DaemonView | None = None
-        self.incidents = IncidentBook(config.resolve_after_s)
+        self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s)
         self.alert_route = AlertRoute(config.peer_max_age_s)
         self._history: dict[str, collections.deque] = {}
         # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): stackmatch.still_current
@@ -70,6 +70,7 @@ class Daemon:
         """Swap config and rules between ticks (SIGHUP); history and incidents stay."""
         self.config, self.rules = config, rules
         self.incidents.resolve_after_s = config.resolve_after_s
+        self.incidents.open_after_s = config.open_after_s
         self.alert_route.grace_s = config.peer_max_age_s
 
     def ctx(self) -> ProbeContext:

@@ -31,8 +31,9 @@ class Event:
 
 
 class IncidentBook:
-    def __init__(self, resolve_after_s: float):
+    def __init__(self, resolve_after_s: float, open_after_s: dict[str, float] | None = None):
         self.resolve_after_s = resolve_after_s
+        self.open_after_s = open_after_s
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
         # job key -> (problem ticks in a row, when the first of them was)
@@ -40,6 +41,15 @@ class IncidentBook:
         self._resolved: list[Incident] = []
         self._counter = 0
         self.opened_total: dict[str, int] = {}
+
+    @property
+    def open_after_s(self) -> dict[str, float]:
+        return self._open_after_s
+
+    @open_after_s.setter
+    def open_after_s(self, overrides: dict[str, float] | None) -> None:
+        """The config's `open_after_s`, over the defaults (OPEN_AFTER_S)."""
+        self._open_after_s = {**OPEN_AFTER_S, **(overrides or {})}
 
     def update(self, verdicts: dict[str, tuple[str, tuple[int, ...], str]], now: float,
                ) -> list[Event]:
@@ -55,7 +65,7 @@ class IncidentBook:
             ticks, since = self._troubled.get(key, (0, now))
             self._troubled[key] = (ticks + 1, since)
             if current is None and (ticks + 1 < OPEN_AFTER_TICKS
-                                    or now - since < OPEN_AFTER_S.get(verdict, 0.0)):
+                                    or now - since < self._open_after_s.get(verdict, 0.0)):
                 continue
             if current is None:
                 self._counter += 1

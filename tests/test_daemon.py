@@ -222,6 +222,9 @@ def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     ("tick_s: 1\npeers: [node2:19500]\n", ":2: peers: 'node2:19500' is not a daemon's base URL"),
     ("peers: {node2: 19500}\n", ":1: peers: {'node2': 19500} is not a valid list"),
     ("peer_max_age_s: 0\n", "peer_max_age_s must be positive"),
+    ("tick_s: 1\nopen_after_s: {healty: 5}\n",
+     ":2: open_after_s: 'healty' is not a verdict that opens an incident"),
+    ("open_after_s:\n  straggler: soon\n", ":1: open_after_s: straggler: 'soon' is not a number"),
     ("peers: [http://node2:19500]\npeer_max_age_s: 2\n",
      "peer_max_age_s (2) must exceed tick_s + probe_timeout_s (3)"),
 ])

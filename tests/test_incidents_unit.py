@@ -51,6 +51,21 @@ def test_a_straggler_opens_once_it_has_lasted():
         ("opened", "straggler", (0,))]
 
 
+def test_open_after_is_configurable_per_verdict():
+    """A cluster whose nodes start minutes apart waits longer at rendezvous; one
+    that wants to hear of a straggler at once says 0."""
+    book = IncidentBook(resolve_after_s=10.0, open_after_s={"straggler": 0, "stopped": 20})
+    straggler = ("straggler", (0,), "rank 0 arrives last")
+    assert book.update({"a": straggler}, now=0.0) == []  # the second tick confirms
+    assert kinds(book.update({"a": straggler}, now=1.0)) == [("opened", "straggler", (0,))]
+    book = IncidentBook(resolve_after_s=10.0, open_after_s={"straggler": 0, "stopped": 20})
+    stopped = ("stopped", (1,), "rank 1 is stopped")
+    for t in range(20):
+        assert book.update({"b": stopped}, now=float(t)) == []
+    assert kinds(book.update({"b": stopped}, now=20.0)) == [("opened", "stopped", (1,))]
+    assert book.open_after_s["rendezvous_wait"] == OPEN_AFTER_S["rendezvous_wait"]  # kept
+
+
 def test_a_culprit_found_during_rendezvous_opens_at_once():
     book = IncidentBook(resolve_after_s=10.0)
     assert book.update({"job": RENDEZVOUS}, now=0.0) == []
