@@ -13,7 +13,7 @@ connect that gets no answer to the peer whose Gloo address it dials. Pure.
 """
 from __future__ import annotations
 
-from .probes.host import Host, is_loopback
+from .probes.host import Interface, is_loopback
 from .signals import proc_of, sockets_of
 from .snapshot import Snapshot
 
@@ -46,14 +46,15 @@ def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
         data = sum(1 for k in socks if k.state == "ESTABLISHED"
                    and master not in (k.peer_port, k.local_port))
         s["gloo_unconnected"] = max(int(world) - 1 - data, 0)
+    ifaces = _interfaces(last, pid)
     if listening:
         gloo = listening[0].local_addr
-        name, kind = interface_of(gloo, last.host)
+        name, kind = interface_of(gloo, ifaces)
         s.update(gloo_addr=_plain(gloo), gloo_port=listening[0].local_port, gloo_iface=name,
                  gloo_iface_kind=kind, gloo_loopback=is_loopback(_plain(gloo)))
     if routes:
         s["master_route_addr"] = _plain(routes[0])
-        s["master_route_iface"] = interface_of(routes[0], last.host)[0]
+        s["master_route_iface"] = interface_of(routes[0], ifaces)[0]
     if listening and routes and not is_loopback(_plain(routes[0])):
         gloo, route = s["gloo_addr"], s["master_route_addr"]
         s["gloo_off_route"] = gloo != route and not s["gloo_loopback"] and (
@@ -62,12 +63,21 @@ def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     return s
 
 
-def interface_of(addr: str, host: Host | None) -> tuple[str | None, str | None]:
-    """(name, kind) of the interface holding `addr`, (None, None) when not on this
-    node's (a rank in another network namespace than the watcher's). All of 127/8
-    is loopback though `lo` lists only 127.0.0.1."""
+def _interfaces(snap: Snapshot, pid: int) -> tuple[Interface, ...]:
+    """The interfaces of the rank's network namespace: read there by the sockets
+    probe when it is not the watcher's (a container's), else the host probe's."""
+    entry = next((p for p in snap.sockets.pids if p.pid == pid), None) if snap.sockets else None
+    if entry is not None and entry.interfaces is not None:
+        return entry.interfaces
+    return snap.host.interfaces if snap.host else ()
+
+
+def interface_of(addr: str, interfaces: tuple[Interface, ...]) -> tuple[str | None, str | None]:
+    """(name, kind) of the interface holding `addr`, (None, None) when none of
+    `interfaces` does (a rank in another network namespace, not read on a lean
+    pass). All of 127/8 is loopback though `lo` lists only 127.0.0.1."""
     plain = _plain(addr)
-    for iface in host.interfaces if host else ():
+    for iface in interfaces:
         if plain in (a.partition("%")[0] for a in iface.addresses):
             return iface.name, iface.kind
     return ("lo", "loopback") if is_loopback(plain) else (None, None)

@@ -298,7 +298,9 @@ def test_gloo_on_a_docker_bridge(start_job, hb_dir, netns):
     master's node cannot reach (routed into the veth here and dropped there, so
     nothing leaves this host). Rank 0's Gloo connect to it sits in SYN-SENT, which
     alone looks like a firewall at rank 1; diagnose on the second node (which
-    knows its interfaces) names rank 1's interface instead, and rank 0 its victim."""
+    knows its interfaces) names rank 1's interface instead, and rank 0 its victim.
+    So does diagnose from the first, as a watcher on a host whose ranks run in
+    containers: it reads rank 1's interfaces inside rank 1's namespace."""
     bridge = f"10.230.{netns['host_addr'].split('.')[2]}.1"  # below the veth: dialled
     for cmd in ([*netns["exec"], "ip", "link", "add", "docker0", "type", "bridge"],
                 [*netns["exec"], "ip", "addr", "add", f"{bridge}/24", "dev", "docker0"],
@@ -321,9 +323,9 @@ def test_gloo_on_a_docker_bridge(start_job, hb_dir, netns):
     assert "wrong_interface" in findings(report)[1]
     assert rank0["rule"] == "unreachable-peer-off-route" and rank0["signals"]["syn_sent_to_rank"] == 1
     assert report["job"]["culprits"] == [1]
-    # From the master's node, which cannot see the bridge: the connect is all it has.
-    plain = until_verdict(r1, {0: ("unreachable_peer", "culprit")}, TIMEOUT, hb_dir=hb_dir)
-    assert by_rank(plain)[0]["rule"] == "unreachable-peer-data"
+    from_host = until_verdict(r1, expected, TIMEOUT, hb_dir=hb_dir)
+    assert by_rank(from_host)[1]["rule"] == "unreachable-gloo-address"
+    assert by_rank(from_host)[1]["signals"]["gloo_iface"] == "docker0"
 
 
 def test_killed_rank_on_the_same_host(start_job, hb_dir):

@@ -107,6 +107,11 @@ def fake_ss(monkeypatch):
         calls.append(ns_path)
         return outputs[ns_path]
     monkeypatch.setattr(S, "read_ss", read_ss)
+
+    def read_ip_addr(ns_path, timeout_s):
+        calls.append(("ip", ns_path))
+        return text("ss", "netns_ip_addr.txt")
+    monkeypatch.setattr(S, "read_ip_addr", read_ip_addr)
     monkeypatch.setattr(S, "_ns", lambda procfs, pid: HOST_NS if pid == "self" else
                         os.readlink(f"{procfs}/{pid}/ns/net"))
     return calls
@@ -124,7 +129,19 @@ def test_run_on_fixture_tree(fake_ss):
     assert netns.net_ns == "net:[4026532177]" and netns.info_error == ""
     (syn,) = netns.sockets
     assert (syn.state, syn.peer_addr, syn.bytes_sent) == ("SYN-SENT", "::ffff:10.9.9.2", 0)
-    assert fake_ss == [None, f"{PROC}/7799/ns/net"]  # ss once per namespace
+    # ss once per namespace; the interfaces only of the namespace that is not ours
+    assert fake_ss == [None, f"{PROC}/7799/ns/net", ("ip", f"{PROC}/7799/ns/net")]
+    assert r0.interfaces is None and r1.interfaces is None  # the host probe's
+    assert [(i.name, i.kind) for i in netns.interfaces] == [
+        ("docker0", "bridge"), ("lo", "loopback"), ("vcapB", "regular")]
+
+
+def test_parse_ip_addr():
+    ifaces = {i.name: i for i in S.parse_ip_addr(text("ss", "netns_ip_addr.txt"))}
+    assert ifaces["docker0"].addresses == ("10.230.9.1", "fe80::207a:34ff:fec1:3d7%docker0")
+    assert ifaces["docker0"].suspect and not ifaces["vcapB"].suspect
+    assert S.parse_ip_addr("5: eth0@if6    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth0"
+                           )[0].name == "eth0"
 
 
 def test_ss_failure_keeps_proc_fields(fake_ss, monkeypatch):

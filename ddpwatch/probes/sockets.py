@@ -5,8 +5,11 @@ addresses and states: /proc/PID/net/tcp{,6}, which is that pid's *network
 namespace* view (ranks of a multi-node test run in their own namespaces). Byte
 counters, retransmits, rtt and time since last send/receive: `ss -tineH`, run
 inside the pid's namespace with nsenter when it is not ours, matched by inode.
+For such a pid the namespace's interfaces too (`ip -o addr`): the host probe
+lists the watcher's, and a rank in a container listens on the container's.
 
-READ: `run`, `_read_*`, `read_ss`. PARSE (pure): `parse_proc_net_tcp`, `parse_ss`.
+READ: `run`, `_read_*`, `read_ss`, `read_ip_addr`. PARSE (pure): `parse_proc_net_tcp`,
+`parse_ss`, `parse_ip_addr`.
 Unknown numbers are -1: a socket ss did not describe must not look freshly active.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from .. import codec
 from . import ProbeContext, register
+from .host import Interface, interface_kind
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
 TCP_STATES = {
@@ -95,6 +99,9 @@ class PidSockets:
     sockets: tuple[TcpSocket, ...] = ()
     error: str = ""
     info_error: str = ""
+    # the interfaces of the pid's network namespace when it is not the watcher's
+    # (None: the watcher's own, the host probe's; or not read on a lean pass)
+    interfaces: tuple[Interface, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +258,35 @@ def read_table(procfs: str, pid: int) -> tuple[TableEntry, ...]:
     return rows
 
 
+def parse_ip_addr(text: str) -> tuple[Interface, ...]:
+    """`ip -o addr show up`: one line per address, e.g.
+    `5: eth0@if6    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth0\\ ...`.
+    Link-local IPv6 gets its %scope, as psutil (the host probe) writes it."""
+    addrs: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in ("inet", "inet6"):
+            continue
+        name = fields[1].partition("@")[0]  # veth peers: eth0@if6
+        addr = fields[3].partition("/")[0]
+        if fields[2] == "inet6" and addr.lower().startswith("fe80:"):
+            addr = f"{addr}%{name}"
+        addrs.setdefault(name, []).append(addr)
+    # only up ones are listed; mtu and speed are not said (0)
+    return tuple(Interface(name, tuple(ips), True, 0, 0, interface_kind(name),
+                           interface_kind(name) in ("vpn", "bridge", "veth"))
+                 for name, ips in sorted(addrs.items()))
+
+
+def read_ip_addr(ns_path: str, timeout_s: float) -> str:
+    """`ip -o addr show up` inside the namespace `ns_path` (needs root)."""
+    cmd = ["nsenter", f"--net={ns_path}", "ip", "-o", "addr", "show", "up"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
 def read_ss(ns_path: str | None, timeout_s: float) -> str:
     """`ss -tineH`, inside the namespace `ns_path` (needs root) when given."""
     ss = shutil.which("ss")
@@ -283,6 +319,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
     own_ns = _ns(ctx.procfs, "self")
     tables: dict[str, tuple[TableEntry, ...]] = {}  # one read per namespace
     infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
+    ifaces: dict[str, tuple[Interface, ...] | None] = {}
     out = []
     for pid in pids:
         try:
@@ -306,11 +343,19 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
                 infos[ns] = (parse_ss(text), "")
             except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                 infos[ns] = ((), f"{type(err).__name__}: {err}")
+            ifaces[ns] = None
+            if nsenter:
+                try:
+                    ifaces[ns] = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net",
+                                                            ctx.timeout_s))
+                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                    infos[ns] = (infos[ns][0], "; ".join(filter(None, (
+                        infos[ns][1], f"interfaces: {type(err).__name__}: {err}"))))
         ss_rows, info_error = infos[ns]
         mine = [e for e in tables[ns] if e.inode in inodes]
         found = match(mine, ss_rows)
         out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
-                              info_error=info_error))
+                              info_error=info_error, interfaces=ifaces.get(ns)))
     return Sockets(taken_at, tuple(out))
 
 
