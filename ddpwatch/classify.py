@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from .dropped import inbound_signals, link_dropped
 from .gloo_iface import interface_signals, link_unreached
 from .heartbeat import Record
 from .rules import Rule, render
@@ -127,6 +128,7 @@ def _with_peers(local: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             ranks.append(dict(s, remote=True))
     _cross(ranks)
     link_unreached(ranks)
+    link_dropped(ranks)
     return ranks
 
 
@@ -147,6 +149,7 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
         s.update(heartbeat_signals(history, pid))
         s.update(stack_signals(history, pid))
         s.update(interface_signals(history, pid))
+        s.update(inbound_signals(history, pid))
         if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
             s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
         s["launcher_only"] = not last.job.rank_pids

@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable)")
     p.add_argument("--window", type=float, default=1.0, metavar="S",
                    help="seconds between the two samples (default 1.0)")
+    p.add_argument("--syn-wait", type=float, default=35.0, metavar="S",
+                   help="when ranks wait for peers that have not connected, watch this node's "
+                   "interfaces up to S seconds for their connection attempts, to tell "
+                   "whether this node drops them (root; default 35: peers retry up to "
+                   "32 s apart; 0: do not wait)")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy")
     p.add_argument("--native", action="store_true", help="native frames too (running ranks only)")
     p.add_argument("--dir", help="heartbeat directory (default: $DDPWATCH_DIR or /dev/shm/ddpwatch); "

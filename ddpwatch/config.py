@@ -18,7 +18,8 @@ present). Strict: an unknown key is an error naming file and line (exit 78).
                                  # long; over the defaults {rendezvous_wait: 60,
                                  # straggler: 30, waiting_on_peer: 30, slow_collective: 30}
                                  # (any other problem: at once, on its second tick)
-    probes: {stacks: true, sockets: true}   # switch probes off by name
+    probes: {stacks: true, sockets: true}   # switch probes off by name (also host,
+                                 # traffic: the packet socket that sees connects dropped)
     rules: []                    # extra rule files (add or override by id)
     webhooks: []                 # [{type: generic|slack|alertmanager, url, secret, timeout_s}]
     log_format: text             # text | json
@@ -45,7 +46,7 @@ PROBLEMS = tuple(v for v in VERDICTS if v not in CALM)
 
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
-SWITCHABLE_PROBES = ("sockets", "stacks", "host")
+SWITCHABLE_PROBES = ("sockets", "stacks", "host", "traffic")
 # a daemon's base URL: http(s)://HOST[:PORT], HOST a name or address ([v6] too)
 PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")
 

@@ -21,6 +21,7 @@ from .config import Config
 from .heartbeat.paths import record_dirs
 from .incidents import IncidentBook
 from .probes import ProbeContext, run_probe
+from .probes.traffic import open_capture
 from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
 from .view import DaemonView, JobView
 
@@ -60,6 +61,10 @@ class Daemon:
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._dead_records: dict = {}  # records of gone writers: probes/heartbeats.py
         self._rank_heartbeat_dirs: tuple[str, ...] = ()  # named by the ranks (discovery)
+        # Connection attempts are counted across ticks (a peer retries seconds apart):
+        # the capture stays open while the probe is on (probes/traffic.py).
+        self._capture = open_capture(clock) if config.probe_on("traffic") else None
+        self._traffic = None
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
         # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
@@ -72,6 +77,14 @@ class Daemon:
         self.incidents.resolve_after_s = config.resolve_after_s
         self.incidents.open_after_s = config.open_after_s
         self.alert_route.grace_s = config.peer_max_age_s
+        if config.probe_on("traffic") != (self._capture is not None):
+            self.close()
+            self._capture = open_capture(self.clock) if config.probe_on("traffic") else None
+
+    def close(self) -> None:
+        if self._capture is not None:
+            self._capture.close()
+            self._capture, self._traffic = None, None
 
     def ctx(self) -> ProbeContext:
         # Every tick reads /proc only; `ss` (a fork and exec) waits for suspicion.
@@ -126,6 +139,10 @@ class Daemon:
         self._parents = {pid: info.ppid for pid, info in table.items()}
         self._exec_info = {pid: (info.cmdline, info.env) for pid, info in table.items()}
         self._heartbeats = hb.data if hb.ok else None
+        if self._capture is not None:  # drained every tick: packets carry their own times
+            traffic = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
+            statuses.append(status_of(traffic))
+            self._traffic = traffic.data if traffic.ok else None
         if self._host is None or self._tick % 60 == 0:
             if self.config.probe_on("host"):
                 host = run_probe("host", ctx, ())
@@ -151,7 +168,7 @@ class Daemon:
         data = {k: (r.data if r.ok else None) for k, r in results.items()}
         return Snapshot(SNAPSHOT_VERSION, self.clock(), time.time(), job, data["process"],
                         data.get("sockets"), None, self._host, self._heartbeats,
-                        tuple(status_of(r) for r in results.values()))
+                        tuple(status_of(r) for r in results.values()), self._traffic)
 
     def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
         history = self._history.setdefault(key, collections.deque())

@@ -89,6 +89,16 @@ SIGNALS = {
     "syn_sent_to_off_route": "that rank's Gloo listens off its own route to the master "
                              "(gloo_off_route or gloo_loopback)",
     "gloo_unreached_by": "peers whose connects to this rank's Gloo address sit in SYN-SENT",
+    "syn_in_unanswered": "peers' connection attempts that arrived on this node for a port the "
+                         "rank listens on and were never answered (traffic probe; None: no "
+                         "capture, or the rank is in another network namespace)",
+    "syn_in_from": "where those attempts come from", "syn_in_port": "the port they dial",
+    "syn_in_iface": "the interface they arrive on",
+    "syn_in_retries": "their retransmissions (each one the dialer giving up on an answer)",
+    "syn_in_for_s": "seconds since the first of them arrived",
+    "syn_in_dropped_at": "the address:port pairs they dial (space-separated)",
+    "syn_sent_dropped_by": "the rank whose node receives and drops this rank's stuck connect",
+    "syn_sent_dropped_node": "that rank's node",
     "loopback_peer": "another rank of a multi-node job whose Gloo listens on loopback and is "
                      "not connected to all its peers (None: no such rank)",
     "warming_up": "first steps or compilation frames",

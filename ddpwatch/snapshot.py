@@ -16,6 +16,7 @@ from .probes.host import Host
 from .probes.process import Processes
 from .probes.sockets import Sockets
 from .probes.stacks import Stacks
+from .probes.traffic import Traffic
 
 SNAPSHOT_VERSION = 1
 
@@ -50,6 +51,7 @@ class Snapshot:
     host: Host | None
     heartbeats: HeartbeatObs | None
     probes: tuple[ProbeStatus, ...]
+    traffic: Traffic | None = None  # connection attempts on the wire (root only)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

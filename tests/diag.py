@@ -83,3 +83,24 @@ def env_rank(port: int, rank: int, world: int = 2) -> dict:
     """Environment of a rank started by hand (env:// rendezvous, no torchrun)."""
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
             "RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
+def by_hand(start_job, rank: int, addr: str, port: int, env=None, prefix=()):
+    """A rank started by hand from a shell with env rendezvous (no torchrun)."""
+    argv = [*prefix, "bash", "-c", '"$@"; exit $?', f"rank{rank}",
+            sys.executable, "-m", "trainer", "--steps=0"]
+    e = {"MASTER_ADDR": addr, "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+         "RANK": str(rank), "LOCAL_RANK": "0"}
+    return start_job(argv, env=dict(e, **(env or {})), name=f"rank{rank}")
+
+
+def python_pid(job) -> int:
+    def found():
+        for p in job.processes():
+            try:
+                if "python" in os.path.basename(p.cmdline()[0]):
+                    return p.pid
+            except (psutil.Error, IndexError):
+                continue
+        return None
+    return wait_until(found, 60, what="the rank's python process")

@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO, free_port, need, torchrun, wait_until
+from diag import by_hand
 
 SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5"  # base64 of a test-only key
 
@@ -324,3 +325,34 @@ def test_no_stacks_for_a_starting_job_until_the_grace_ends(start_job, tmp_path, 
     assert not stacks_taken(STARTUP_GRACE_S - 1)[1]
     assert stacks_taken(STARTUP_GRACE_S + 1)[1]
     assert job.proc.poll() is None
+
+
+def test_a_firewall_on_this_node_is_named_from_the_wire(start_job, tmp_path, hb_dir, netns):
+    """The first field note, seen by the daemon of the node whose firewall lets
+    MASTER_PORT in and drops the rest: the second node's Gloo connects arrive on
+    the veth and are never answered. Its packet capture counts them across ticks
+    (they come seconds apart) and names this node's firewall, not the rank whose
+    connects sit in SYN-SENT."""
+    port = free_port()
+    drop = ["INPUT", "-i", netns["host_if"], "-p", "tcp", "--syn", "!", "--dport", str(port),
+            "-j", "DROP"]
+    subprocess.run(["iptables", "-A", *drop], check=True)
+    try:
+        daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
+        by_hand(start_job, 0, netns["host_addr"], port,
+                env={"GLOO_SOCKET_IFNAME": netns["host_if"]})
+        by_hand(start_job, 1, netns["host_addr"], port,
+                env={"GLOO_SOCKET_IFNAME": netns["peer_if"]}, prefix=netns["exec"])
+        key = f"{netns['host_addr']}:{port}"
+
+        def named():
+            job = next((j for j in daemon.status()["jobs"] if j["key"] == key), None)
+            return job if job and job["job"]["culprits"] == [0] else None
+        job = wait_until(named, 120, what="rank 0's node named in /status")
+    finally:
+        subprocess.run(["iptables", "-D", *drop], check=False)
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert ranks[0]["rule"] == "dropped-inbound"
+    assert ranks[0]["signals"]["syn_in_from"] == netns["peer_addr"]
+    assert ranks[1]["rule"] == "unreachable-peer-dropped-there"
+    assert 'ddpwatch_probe_success{probe="traffic"} 1.0' in daemon.metrics()

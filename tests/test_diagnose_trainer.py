@@ -11,8 +11,8 @@ import sys
 import psutil
 import pytest
 from conftest import REPO, free_port, need, torchrun, wait_until
-from diag import (by_rank, diagnose, env_rank, launcher_pid, pin, rank_pids, until_verdict,
-                  verdicts)
+from diag import (by_hand, by_rank, diagnose, env_rank, launcher_pid, pin, python_pid, rank_pids,
+                  until_verdict, verdicts)
 
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
@@ -185,27 +185,6 @@ def test_killed_rank_under_torchrun(start_job, hb_dir):
     assert rows[1]["pid"] == r1 and rows[1]["state"] == "gone" and rows[1]["step"] >= 2
 
 
-def by_hand(start_job, rank: int, addr: str, port: int, env=None, prefix=()):
-    """A rank started by hand from a shell with env rendezvous (no torchrun)."""
-    argv = [*prefix, "bash", "-c", '"$@"; exit $?', f"rank{rank}",
-            sys.executable, "-m", "trainer", "--steps=0"]
-    e = {"MASTER_ADDR": addr, "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-         "RANK": str(rank), "LOCAL_RANK": "0"}
-    return start_job(argv, env=dict(e, **(env or {})), name=f"rank{rank}")
-
-
-def python_pid(job) -> int:
-    def found():
-        for p in job.processes():
-            try:
-                if "python" in os.path.basename(p.cmdline()[0]):
-                    return p.pid
-            except (psutil.Error, IndexError):
-                continue
-        return None
-    return wait_until(found, TIMEOUT, what="the rank's python process")
-
-
 def test_killed_rank_whose_node_goes_silent(start_job, hb_dir, netns):
     """Rank 1 on a second node (a network namespace) dies with its node: no RST
     reaches rank 0, which waits in its collective (Gloo: for 30 minutes). Rank 1's
@@ -233,8 +212,9 @@ def test_firewall_that_opens_only_the_master_port(start_job, hb_dir, netns):
     Here the master's node (this host, the lower address on the veth) accepts
     connects from the second node to MASTER_PORT only: the store works, and both
     ranks sit in init_process_group, silently, for Gloo's 30 minutes. diagnose
-    of rank 1 names the connect nothing answers, toward the master's address on
-    another port, and says why that happens."""
+    on the master's node sees rank 1's SYNs arrive there and go unanswered: this
+    node's firewall is the culprit, and rank 1, whose connect sits in SYN-SENT
+    toward the master's address on another port, its victim."""
     port = free_port()
     drop = ["INPUT", "-i", netns["host_if"], "-p", "tcp", "--syn", "!", "--dport", str(port),
             "-j", "DROP"]
@@ -245,15 +225,21 @@ def test_firewall_that_opens_only_the_master_port(start_job, hb_dir, netns):
         r1 = python_pid(by_hand(start_job, 1, netns["host_addr"], port,
                                 env={"GLOO_SOCKET_IFNAME": netns["peer_if"]},
                                 prefix=netns["exec"]))
-        report = until_verdict(r1, {1: ("unreachable_peer", "culprit")}, TIMEOUT, hb_dir=hb_dir)
+        report = until_verdict(r1, {0: ("unreachable_peer", "culprit"),
+                                    1: ("unreachable_peer", "victim")}, TIMEOUT, hb_dir=hb_dir)
     finally:
         subprocess.run(["iptables", "-D", *drop], check=False)
-    rank1 = by_rank(report)[1]
-    assert rank1["rule"] == "unreachable-peer-data" and rank1["signals"]["syn_sent_data"] is True
+    rank0, rank1 = by_rank(report)[0], by_rank(report)[1]
+    assert rank1["rule"] == "unreachable-peer-dropped-there" and rank1["signals"]["syn_sent_data"]
     host, _, target_port = rank1["signals"]["syn_sent_to"].rpartition(":")
     assert host == netns["host_addr"] and int(target_port) != port  # not the store's port
-    assert "ephemeral" in rank1["remedy"] and netns["host_addr"] in rank1["evidence"]
-    assert report["job"]["verdict"] == "unreachable_peer" and report["job"]["culprits"] == [1]
+    assert rank1["signals"]["syn_sent_dropped_by"] == 0
+    assert rank0["rule"] == "dropped-inbound"
+    assert rank0["signals"]["syn_in_from"] == netns["peer_addr"]
+    assert rank0["signals"]["syn_in_port"] == int(target_port)
+    assert rank0["signals"]["syn_in_iface"] == netns["host_if"]
+    assert f"iptables -I INPUT -s {netns['peer_addr']}" in rank0["remedy"]
+    assert report["job"]["verdict"] == "unreachable_peer" and report["job"]["culprits"] == [0]
 
 
 # A second node whose hostname resolves to loopback, as Debian's /etc/hosts makes it
@@ -295,18 +281,20 @@ def test_hostname_that_resolves_to_loopback(start_job, hb_dir, netns):
 
 def test_gloo_on_a_docker_bridge(start_job, hb_dir, netns):
     """Rank 1's GLOO_SOCKET_IFNAME names the second node's docker bridge, which the
-    master's node cannot reach (routed into the veth here and dropped there, so
-    nothing leaves this host). Rank 0's Gloo connect to it sits in SYN-SENT, which
+    master's node cannot reach: as on a LAN, where such an address leads nowhere
+    from another node, it is routed here via a gateway that does not exist, so
+    nothing is ever sent (the second node never sees the attempts). Rank 0's Gloo
+    connect sits in SYN-SENT, which
     alone looks like a firewall at rank 1; diagnose on the second node (which
     knows its interfaces) names rank 1's interface instead, and rank 0 its victim.
     So does diagnose from the first, as a watcher on a host whose ranks run in
     containers: it reads rank 1's interfaces inside rank 1's namespace."""
     bridge = f"10.230.{netns['host_addr'].split('.')[2]}.1"  # below the veth: dialled
+    nowhere = netns["host_addr"].rpartition(".")[0] + ".99"  # no one answers its ARP
     for cmd in ([*netns["exec"], "ip", "link", "add", "docker0", "type", "bridge"],
                 [*netns["exec"], "ip", "addr", "add", f"{bridge}/24", "dev", "docker0"],
                 [*netns["exec"], "ip", "link", "set", "docker0", "up"],
-                ["ip", "route", "add", f"{bridge}/32", "dev", netns["host_if"]],
-                [*netns["exec"], "iptables", "-A", "INPUT", "-d", bridge, "-j", "DROP"]):
+                ["ip", "route", "add", f"{bridge}/32", "via", nowhere, "dev", netns["host_if"]]):
         subprocess.run(cmd, check=True, capture_output=True)
     port = free_port()
     python_pid(by_hand(start_job, 0, netns["host_addr"], port,

@@ -61,8 +61,14 @@ EXPECTED = {
                           1: ("dead", "culprit", "dead")}, [1], {}),
     "exited_early_silent": ({0: BLOCKED, 1: ("dead", "culprit", "exited-early")}, [1], {}),
     "unreachable_peer": ({1: ("unreachable_peer", "culprit", "unreachable-peer")}, [1], {}),
+    # the master's node lets the second in on MASTER_PORT only: judged on the second
+    # node, its rank's data connect sits in SYN-SENT ...
     "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
                           1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
+    # ... judged on the master's node, whose wire shows rank 1's SYNs arrive, unanswered
+    "dropped_inbound": ({0: ("unreachable_peer", "culprit", "dropped-inbound"),
+                         1: ("unreachable_peer", "victim", "unreachable-peer-dropped-there")},
+                        [0], {}),
     # rank 1's Gloo on loopback (its hostname's address; GLOO_SOCKET_IFNAME=lo): rank 0,
     # sent to its own loopback, gave up in init_process_group
     "hostname_loopback": LOOPBACK_PAIR,

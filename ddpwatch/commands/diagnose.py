@@ -11,6 +11,10 @@ import time
 from .. import classify, discovery, errors, report, rules as rules_mod
 from ..probes import ProbeContext, run_probe
 from ..probes.heartbeats import run as read_heartbeats
+from ..dropped import inbound_signals
+from ..signals import process_signals
+from ..gloo_iface import interface_signals
+from ..probes.traffic import SynCapture, open_capture
 from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
 
 CHEAP = ("process", "sockets", "heartbeats")
@@ -69,6 +73,7 @@ def find_job(ctx: ProbeContext, pid: int) -> tuple[Job, ProbeContext]:
 def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapshot:
     pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
     results = {name: run_probe(name, ctx, pids) for name in CHEAP}
+    results["traffic"] = run_probe("traffic", ctx, ())
     if with_stacks:
         results["stacks"] = run_probe("stacks", ctx, job.rank_pids or pids)
     if host is None:
@@ -85,17 +90,73 @@ def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapsho
         version=SNAPSHOT_VERSION, taken_at=ctx.clock(), wall_time=time.time(), job=job,
         processes=data["process"], sockets=data["sockets"], stacks=data.get("stacks"),
         host=data.get("host", host), heartbeats=data["heartbeats"],
-        probes=tuple(status_of(r) for r in results.values()))
+        probes=tuple(status_of(r) for r in results.values()), traffic=data["traffic"])
 
 
-def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool) -> tuple[Snapshot, ...]:
+def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
+            syn_wait_s: float = 0.0, rules=None) -> tuple[Snapshot, ...]:
+    """Two samples `window_s` apart. With `syn_wait_s` and `rules`, a job whose
+    ranks wait for peers on other nodes, and that the samples cannot yet blame,
+    is watched up to `syn_wait_s` longer for the peers' connection attempts."""
     job, ctx = find_job(ctx, pid)
-    first = sample(ctx, job, with_stacks)
-    deadline = first.taken_at + window_s
-    while ctx.clock() < deadline:
-        time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
-    second = sample(ctx, job, with_stacks, host=first.host)
+    capture = open_capture(ctx.clock, ctx.procfs)  # watched over the whole window
+    try:
+        ctx = dataclasses.replace(ctx, syn_capture=capture)
+        first = sample(ctx, job, with_stacks)
+        deadline = first.taken_at + window_s
+        while ctx.clock() < deadline:
+            time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
+        second = sample(ctx, job, with_stacks, host=first.host)
+        if (syn_wait_s > 0 and rules is not None and _waits_for_peers(second, capture)
+                and _unexplained(classify.judge((first, second), rules))):
+            second = _watch_connects(ctx, job, with_stacks, first, second, syn_wait_s)
+    finally:
+        capture.close()
     return first, second
+
+
+# Culprits named from the dialling side only: the packet view on this node may
+# show that the attempts arrive here and are dropped (dropped.py).
+_DIALLER_VIEWS = ("unreachable-peer-data", "unreachable-peer")
+
+
+def _unexplained(judgement) -> bool:
+    culprits = [r for r in judgement.ranks if r.role == "culprit"]
+    return judgement.job.verdict == "rendezvous_wait" or (
+        bool(culprits) and all(r.rule in _DIALLER_VIEWS for r in culprits))
+
+
+def _waits_for_peers(snap: Snapshot, capture) -> bool:
+    """A rank of a multi-node job waiting for peers that should dial it (more
+    peers unconnected than its own connects stuck in SYN-SENT), on a node whose
+    traffic is watched and shows no dropped attempt yet: worth waiting for the
+    peers' next SYN (a connect retries 1, 2, 4 ... 32 s apart)."""
+    if not isinstance(capture, SynCapture) or snap.sockets is None or snap.traffic is None:
+        return False
+    history = (snap,)
+    for pid in snap.job.rank_pids:
+        s = process_signals(history, pid)
+        if s.get("all_ranks_local") is not False:
+            continue
+        dialled_by = (interface_signals(history, pid).get("gloo_unconnected") or 0) - (
+            s.get("syn_sent") or 0)
+        if dialled_by >= 1 and not inbound_signals(history, pid).get("syn_in_unanswered"):
+            return True
+    return False
+
+
+def _watch_connects(ctx, job, with_stacks, first, second, wait_s: float) -> Snapshot:
+    """Sample lean (/proc and the capture) until the peers' attempts show up as
+    dropped, the peers connect, or `wait_s` ends; then a full sample."""
+    print(f"ddpwatch diagnose: ranks wait for peers on other nodes; watching this node's "
+          f"interfaces for their connection attempts (up to {wait_s:g} s, --syn-wait)",
+          file=sys.stderr, flush=True)
+    lean = dataclasses.replace(ctx, socket_info=False)
+    deadline, snap = ctx.clock() + wait_s, second
+    while ctx.clock() < deadline and _waits_for_peers(snap, ctx.syn_capture):
+        time.sleep(min(1.0, max(deadline - ctx.clock(), 0)))
+        snap = sample(lean, job, False, host=first.host)
+    return sample(ctx, job, with_stacks, host=first.host)
 
 
 def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
@@ -127,7 +188,7 @@ def main(args) -> int:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
         ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
-        history = collect(ctx, args.pid, args.window, not args.no_stacks)
+        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, rules)
     if args.save_snapshot:
         save(history, args.save_snapshot)
     judgement = classify.judge(history, rules, peer_signals(args, history[-1]))

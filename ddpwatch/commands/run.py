@@ -106,6 +106,7 @@ def main(args) -> int:
         daemon.peers.stop()
     left = dispatcher.close(timeout_s=5.0) if dispatcher is not None else 0
     server.stop()
+    daemon.close()
     log.info("ddpwatch run: stopped (%d alert(s) left undelivered)", left)
     return errors.OK
 

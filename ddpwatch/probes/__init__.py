@@ -40,6 +40,9 @@ class ProbeContext:
     # changes: it is not read again while the file stays the same (finished runs'
     # records pile up in the directory; reading them all every tick adds up)
     dead_records: dict | None = None
+    # traffic probe: the packet capture its caller opened and keeps across samples
+    # (traffic.SynCapture; None when it could not be opened)
+    syn_capture: Any = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class ProbeResult:
 
 
 REGISTRY: dict[str, ProbeSpec] = {}
-MODULES = ("heartbeats", "process", "sockets", "stacks", "host")
+MODULES = ("heartbeats", "process", "sockets", "stacks", "host", "traffic")
 
 
 def register(name: str, *, default_enabled: bool = True, expensive: bool = False,

@@ -1,0 +1,73 @@
+"""Connects this node drops: a peer's SYNs that arrive for a rank and are never
+answered (the traffic probe), while the rank listens on the port they dial.
+
+The kernel answers a SYN to a listening port at once (SYN-ACK), and to a closed
+one with a RST; silence for half a second, or the peer's retransmissions, mean
+something between the wire and the socket threw it away: the node's firewall.
+That node is the culprit of a job whose ranks sit at rendezvous, and the ranks
+whose connects it drops (SYN-SENT on their own node) are its victims.
+
+`inbound_signals` measures one rank; `link_dropped` ties each rank's stuck connect
+to the rank whose node drops it. Pure.
+"""
+from __future__ import annotations
+
+from .signals import sockets_of
+from .snapshot import Snapshot
+
+ANSWER_WITHIN_S = 0.5  # a SYN-ACK takes microseconds on the node; 0.5 s is no answer
+
+
+def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+    last = history[-1]
+    traffic, socks = last.traffic, sockets_of(last, pid)
+    entry = next((p for p in last.sockets.pids if p.pid == pid), None) if last.sockets else None
+    if traffic is None or entry is None or entry.error or entry.net_ns != traffic.net_ns:
+        return {}  # not captured, or the rank lives in another network namespace
+    dropped = unanswered(traffic, listening_on(socks))
+    s: dict = {"syn_in_unanswered": len(dropped)}
+    if dropped:
+        first = min(dropped, key=lambda f: f.first_s)
+        s.update(syn_in_from=", ".join(sorted({f.src for f in dropped})),
+                 syn_in_port=first.dport, syn_in_iface=first.iface,
+                 syn_in_retries=sum(f.syns - 1 for f in dropped),
+                 syn_in_for_s=round(traffic.taken_at - first.first_s, 1),
+                 syn_in_dropped_at=" ".join(sorted({f"{f.dst}:{f.dport}" for f in dropped})))
+    return s
+
+
+def listening_on(socks) -> set[tuple[str, int]]:
+    """(address, port) of the LISTEN sockets among `socks`."""
+    return {(_plain(k.local_addr), k.local_port) for k in socks if k.state == "LISTEN"}
+
+
+def unanswered(traffic, listening: set[tuple[str, int]]) -> list:
+    """Inbound attempts to `listening` that got no answer: retried by the dialer,
+    or unanswered for ANSWER_WITHIN_S."""
+    return [f for f in traffic.flows
+            if f.direction == "in" and not f.answer and _listens(listening, f.dst, f.dport)
+            and (f.syns > 1 or traffic.taken_at - f.first_s >= ANSWER_WITHIN_S)]
+
+
+def _listens(listening: set, addr: str, port: int) -> bool:
+    return (addr, port) in listening or ("0.0.0.0", port) in listening or ("::", port) in listening
+
+
+def _plain(addr: str) -> str:
+    return addr[7:] if addr.startswith("::ffff:") else addr
+
+
+def link_dropped(ranks: list[dict]) -> None:
+    """For each rank whose connect sits in SYN-SENT, the rank whose node receives
+    and drops it (`syn_sent_dropped_by`), with that node (`syn_sent_dropped_node`)."""
+    drops = {}
+    for p in ranks:
+        for target in (p.get("syn_in_dropped_at") or "").split():
+            drops[target] = p
+    for s in ranks:
+        host, _, port = (s.get("syn_sent_to") or "").rpartition(":")
+        peer = drops.get(f"{_plain(host.strip('[]'))}:{port}")
+        if peer is None or peer is s or not s.get("syn_sent"):
+            continue
+        s["syn_sent_dropped_by"] = peer.get("rank")
+        s["syn_sent_dropped_node"] = peer.get("node") or "its node"

@@ -1,0 +1,241 @@
+"""Traffic probe: TCP connection attempts seen on this node's interfaces.
+
+The sockets probe shows a connect stuck in SYN-SENT on the node that dials; the
+node that drops it shows nothing at all: its rank just waits at rendezvous. On
+the wire the dropping node is plain to see: the peer's SYNs arrive, again and
+again, and no SYN-ACK (nor RST) leaves. That is the field's first failure, a
+worker's firewall that lets MASTER_PORT in and drops Gloo's data connections.
+
+A packet socket (AF_PACKET, cooked, every interface but loopback) with a classic
+BPF filter that the kernel runs before anything is copied: only TCP segments
+with SYN or RST set pass, the few packets that open or refuse connections, so a
+training job's gigabytes cost nothing. Packet sockets see inbound frames before
+the firewall (netfilter INPUT) drops them, and outbound ones after it passed
+them. Needs CAP_NET_RAW; sees the watcher's network namespace only.
+
+The capture is opened once (`SynCapture`) and kept by its owner, the daemon or
+a diagnose, which drains it every sample: SYN retries come seconds apart, so a
+connect is judged over what accumulated, not over one instant. Headers are
+parsed with struct: scapy would cost the daemon some 40 MB for 40 bytes.
+
+READ: `SynCapture`, `run`. PARSE (pure): `parse_segment`, `SynLedger`.
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+from .. import codec
+from . import ProbeContext, register
+
+ETH_P_ALL = 0x0003
+ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
+SO_ATTACH_FILTER = 26
+SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35  # each packet's arrival, not when we got to it
+PACKET_HOST, PACKET_OUTGOING = 0, 4
+SYN, RST, ACK = 0x02, 0x04, 0x10
+KEEP_S = 300.0      # a flow not seen again for this long is forgotten
+MAX_FLOWS = 4096    # and at most this many are kept (a SYN flood must not grow us)
+
+# Classic BPF over a cooked packet (offsets from the network header):
+# IPv4 or IPv6, protocol TCP (no IPv6 extension headers), flags & (SYN|RST): keep
+# the first 96 bytes (headers); anything else: drop.
+_BPF = (
+    (0x28, 0, 0, 0xFFFFF000),  # ld  proto (SKF_AD_PROTOCOL)
+    (0x15, 0, 5, ETH_P_IP),    # jeq #IPv4 ? next : 7
+    (0x30, 0, 0, 9),           # ldb [9]            IPv4 protocol
+    (0x15, 0, 9, 6),           # jeq #TCP ? next : drop
+    (0xB1, 0, 0, 0),           # ldxb 4*([0]&0xf)   IPv4 header length
+    (0x50, 0, 0, 13),          # ldb [x+13]         TCP flags
+    (0x45, 5, 6, SYN | RST),   # jset ? accept : drop
+    (0x15, 0, 5, ETH_P_IPV6),  # jeq #IPv6 ? next : drop
+    (0x30, 0, 0, 6),           # ldb [6]            next header
+    (0x15, 0, 3, 6),           # jeq #TCP ? next : drop
+    (0x30, 0, 0, 53),          # ldb [53]           TCP flags (40 + 13)
+    (0x45, 0, 1, SYN | RST),   # jset ? accept : drop
+    (0x06, 0, 0, 96),          # ret #96
+    (0x06, 0, 0, 0),           # ret #0
+)
+
+
+@dataclass(frozen=True)
+class SynFlow:
+    """One connection attempt (a 4-tuple), as seen on this node's interfaces."""
+    direction: str   # "in": a peer dials us; "out": we dial a peer
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    iface: str
+    syns: int        # SYNs seen: more than one means the dialer got no answer and retried
+    first_s: float   # monotonic
+    last_s: float
+    answer: str      # "syn-ack" | "rst" | "" (none seen)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    taken_at: float
+    since: float     # the capture runs since: attempts before it are unknown
+    net_ns: str      # the namespace captured ("net:[...]"): other namespaces' ranks not
+    flows: tuple[SynFlow, ...]
+
+
+# ---------------------------------------------------------------- PARSE (pure)
+
+def parse_segment(data: bytes, ethertype: int) -> tuple[str, int, str, int, int] | None:
+    """(src, sport, dst, dport, tcp flags) of a cooked IPv4/IPv6 TCP packet."""
+    try:
+        if ethertype == ETH_P_IP:
+            ihl = (data[0] & 0x0F) * 4
+            if data[9] != 6:
+                return None
+            src, dst, tcp = data[12:16], data[16:20], data[ihl:]
+        elif ethertype == ETH_P_IPV6:
+            if data[6] != 6:
+                return None
+            src, dst, tcp = data[8:24], data[24:40], data[40:]
+        else:
+            return None
+        sport, dport = struct.unpack_from("!HH", tcp)
+        return (str(ipaddress.ip_address(src)), sport, str(ipaddress.ip_address(dst)), dport,
+                tcp[13])
+    except (IndexError, struct.error, ValueError):
+        return None
+
+
+class SynLedger:
+    """Connection attempts by 4-tuple, and whether this node saw them answered."""
+
+    def __init__(self):
+        self._flows: dict[tuple, dict] = {}
+
+    def add(self, segment: tuple[str, int, str, int, int], outgoing: bool, iface: str,
+            now: float) -> None:
+        src, sport, dst, dport, flags = segment
+        if flags & SYN and not flags & ACK:  # an attempt: ours out, a peer's in
+            key = (src, sport, dst, dport)
+            flow = self._flows.get(key)
+            if flow is None:
+                flow = self._flows[key] = dict(direction="out" if outgoing else "in", src=src,
+                                               sport=sport, dst=dst, dport=dport, iface=iface,
+                                               syns=0, first_s=now, answer="")
+            flow["syns"] += 1
+            flow["last_s"] = now
+        elif flags & (SYN | RST):  # an answer travels the other way
+            flow = self._flows.get((dst, dport, src, sport))
+            if flow is not None and (flow["direction"] == "in") == outgoing:
+                flow["answer"] = "syn-ack" if flags & SYN else "rst"
+                flow["last_s"] = now
+
+    def flows(self, now: float) -> tuple[SynFlow, ...]:
+        for key in [k for k, f in self._flows.items() if now - f["last_s"] > KEEP_S]:
+            del self._flows[key]
+        if len(self._flows) > MAX_FLOWS:  # keep the newest
+            newest = sorted(self._flows.items(), key=lambda kv: kv[1]["last_s"])[-MAX_FLOWS:]
+            self._flows = dict(newest)
+        return tuple(SynFlow(**f) for f in self._flows.values())
+
+
+# ---------------------------------------------------------------- READ (impure)
+
+class SynCapture:
+    """The open packet socket and what it has seen. `open()` raises OSError
+    (PermissionError without CAP_NET_RAW); `close()` when done."""
+
+    def __init__(self, sock: socket.socket, clock, net_ns: str):
+        self._sock, self._clock, self.net_ns = sock, clock, net_ns
+        self.since = clock()
+        self.ledger = SynLedger()
+
+    @classmethod
+    def open(cls, clock, procfs: str = "/proc") -> "SynCapture":
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+        try:
+            program = b"".join(struct.pack("HBBI", *insn) for insn in _BPF)
+            insns = ctypes.create_string_buffer(program)
+            fprog = struct.pack("HP", len(_BPF), ctypes.addressof(insns))  # struct sock_fprog
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            sock.setblocking(False)
+            try:
+                net_ns = os.readlink(f"{procfs}/self/ns/net")
+            except OSError:
+                net_ns = ""
+            capture = cls(sock, clock, net_ns)
+            capture.drain()  # what queued before the filter was attached: parsed, judged alike
+            return capture
+        except BaseException:
+            sock.close()
+            raise
+
+    def drain(self) -> None:
+        now = self._clock()
+        wall_to_clock = now - time.time()  # packet stamps are wall-clock time
+        for _ in range(100_000):  # bounded: a SYN flood must not hold the tick
+            try:
+                data, ancillary, _, (iface, ethertype, pkttype, _, _) = self._sock.recvmsg(
+                    128, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            if iface == "lo" or pkttype not in (PACKET_HOST, PACKET_OUTGOING):
+                continue  # loopback is seen twice and is never firewalled in our cases
+            segment = parse_segment(data, ethertype)
+            if segment is not None:
+                self.ledger.add(segment, pkttype == PACKET_OUTGOING, iface,
+                                _stamp(ancillary, now, wall_to_clock))
+
+    def snapshot(self) -> Traffic:
+        self.drain()
+        now = self._clock()
+        return Traffic(now, self.since, self.net_ns, self.ledger.flows(now))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class NoCapture:
+    """A capture that could not be opened: the probe then fails, saying why."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def snapshot(self) -> Traffic:
+        raise RuntimeError(self.why)
+
+    def close(self) -> None:
+        pass
+
+
+def open_capture(clock, procfs: str = "/proc") -> SynCapture | NoCapture:
+    try:
+        return SynCapture.open(clock, procfs)
+    except OSError as err:
+        hint = " (needs CAP_NET_RAW: run as root)" if isinstance(err, PermissionError) else ""
+        return NoCapture(f"cannot open a packet socket: {err.strerror or err}{hint}")
+
+
+def _stamp(ancillary, default: float, wall_to_clock: float) -> float:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = struct.unpack_from("qq", data)
+            return min(sec + nsec / 1e9 + wall_to_clock, default)
+    return default
+
+
+@register("traffic", help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
+                          "interfaces: a peer's connects this node drops (root)",
+          privileged=True)
+def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Traffic:
+    if ctx.syn_capture is None:
+        raise RuntimeError("no packet capture was opened for this probe")
+    return ctx.syn_capture.snapshot()
+
+
+def from_json(obj) -> Traffic:
+    return codec.from_json(Traffic, obj)
