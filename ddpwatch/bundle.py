@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 
 from . import report, snapshot
 from .codec import to_json
 from .classify import job_records
+from .heartbeat.layout import RECORD_SIZE
 from .heartbeat.paths import record_path
 
 
@@ -29,7 +31,7 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
         os.mkdir(os.path.join(work, "records"))
         for path in _record_files(view.last, heartbeat_dirs):
-            shutil.copy(path, os.path.join(work, "records"))
+            _copy_record(path, os.path.join(work, "records"))
         with open(os.path.join(work, "report.txt"), "w") as f:
             f.write(report.as_text(view.judgement, view.last) + "\n")
         if os.path.isdir(final):  # the judgement changed: the newer evidence replaces it
@@ -43,6 +45,27 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
         shutil.rmtree(work, ignore_errors=True)
         raise
     return final
+
+
+def _copy_record(path: str, into: str) -> None:
+    """One record file, as the reader opens them: not through a symlink, a regular
+    file, at most a record's size (a directory a rank names is that user's: what
+    is there may have changed since it was read). A name taken already (the same
+    file name in two directories) gets a suffix."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        data = src.read(RECORD_SIZE)
+    target, n = os.path.join(into, os.path.basename(path)), 1
+    while os.path.exists(target):
+        n += 1
+        target = os.path.join(into, f"{os.path.basename(path)}.{n}")
+    with open(target, "xb") as dst:
+        dst.write(data)
 
 
 def _record_files(last, heartbeat_dirs) -> list[str]:

@@ -21,7 +21,7 @@ from .config import Config
 from .heartbeat.paths import record_dirs
 from .incidents import IncidentBook
 from .probes import ProbeContext, run_probe
-from .probes.traffic import open_capture
+from .probes.traffic import for_ports, local_ports, open_capture
 from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
 from .view import DaemonView, JobView
 
@@ -131,7 +131,7 @@ class Daemon:
 
     def _discover(self, ctx: ProbeContext, statuses: list) -> list:
         table = discovery.read_table(ctx.procfs, self._exec_cache)
-        self._rank_heartbeat_dirs = discovery.heartbeat_dirs(table)
+        self._rank_heartbeat_dirs = discovery.heartbeat_dirs(table, ctx.procfs)
         hb = run_probe("heartbeats", dataclasses.replace(
             ctx, rank_heartbeat_dirs=self._rank_heartbeat_dirs), ())
         statuses.append(status_of(hb))
@@ -166,9 +166,11 @@ class Daemon:
             results["sockets"] = run_probe("sockets", ctx, job.rank_pids)
         statuses.extend(status_of(r) for r in results.values())
         data = {k: (r.data if r.ok else None) for k, r in results.items()}
+        # the node's connection attempts that concern this job only (bundles, snapshots)
+        traffic = for_ports(self._traffic, local_ports(data.get("sockets")))
         return Snapshot(SNAPSHOT_VERSION, self.clock(), time.time(), job, data["process"],
                         data.get("sockets"), None, self._host, self._heartbeats,
-                        tuple(status_of(r) for r in results.values()), self._traffic)
+                        tuple(status_of(r) for r in results.values()), traffic)
 
     def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
         history = self._history.setdefault(key, collections.deque())
@@ -205,7 +207,8 @@ class Daemon:
                                        job.rank_pids)
                     statuses.append(status_of(detail))
                     if detail.ok:
-                        last = dataclasses.replace(last, sockets=detail.data)
+                        last = dataclasses.replace(last, sockets=detail.data, traffic=for_ports(
+                            self._traffic, local_ports(detail.data)))
                 self._history[key][-1] = last
                 judgement, remote = self._judge(key, (first, last), remote)
         return JobView(key, judgement, last)

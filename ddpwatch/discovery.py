@@ -8,6 +8,7 @@ together, so first find them. `find_job` is pure over a process table;
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 from .probes.process import parse_cmdline, parse_environ, torchrun_args
@@ -104,10 +105,38 @@ def is_python(cmdline: tuple[str, ...]) -> bool:
     return bool(cmdline) and "python" in os.path.basename(cmdline[0])
 
 
-def heartbeat_dirs(table: dict[int, ProcInfo]) -> tuple[str, ...]:
-    """The record directories Python processes name in their DDPWATCH_DIR."""
-    return tuple(sorted({info.env["DDPWATCH_DIR"] for info in table.values()
-                         if info.env.get("DDPWATCH_DIR") and is_python(info.cmdline)}))
+MAX_NAMED_DIRS = 64
+
+
+def heartbeat_dirs(table: dict[int, ProcInfo], procfs: str = "/proc") -> tuple[str, ...]:
+    """The record directories Python processes name in their DDPWATCH_DIR, each
+    only if it is a directory of the naming process's own user that no one else
+    may write to: a reader running as root must not take another user's word for
+    where a rank's records are."""
+    named: dict[str, list[int]] = {}
+    for info in table.values():
+        directory = info.env.get("DDPWATCH_DIR")
+        if directory and is_python(info.cmdline):
+            if directory not in named and len(named) >= MAX_NAMED_DIRS:
+                continue
+            named.setdefault(directory, []).append(info.pid)
+    trusted = []
+    for directory, pids in named.items():
+        try:
+            st = os.stat(directory)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022 and any(
+                _uid(procfs, pid) == st.st_uid for pid in pids):
+            trusted.append(directory)
+    return tuple(sorted(trusted))
+
+
+def _uid(procfs: str, pid: int) -> int:
+    try:
+        return os.stat(f"{procfs}/{pid}").st_uid
+    except OSError:
+        return -1  # gone
 
 
 def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:

@@ -12,7 +12,7 @@ to the rank whose node drops it. Pure.
 """
 from __future__ import annotations
 
-from .signals import sockets_of
+from .signals import proc_of, sockets_of
 from .snapshot import Snapshot
 
 ANSWER_WITHIN_S = 0.5  # a SYN-ACK takes microseconds on the node; 0.5 s is no answer
@@ -22,18 +22,39 @@ def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     last = history[-1]
     traffic, socks = last.traffic, sockets_of(last, pid)
     entry = next((p for p in last.sockets.pids if p.pid == pid), None) if last.sockets else None
-    if traffic is None or entry is None or entry.error or entry.net_ns != traffic.net_ns:
+    proc = proc_of(last, pid)
+    if (traffic is None or entry is None or entry.error or proc is None
+            or entry.net_ns != traffic.net_ns):
         return {}  # not captured, or the rank lives in another network namespace
-    dropped = unanswered(traffic, listening_on(socks))
+    # the rank's own connections: an attempt it holds a socket for was answered,
+    # whatever the capture missed
+    held = {(_plain(k.peer_addr), k.peer_port) for k in socks if k.state != "LISTEN"}
+    started = _started_on_capture_clock(last, proc.start_time_s)
+    dropped = [f for f in unanswered(traffic, listening_on(socks))
+               if (f.src, f.sport) not in held and f.first_s >= started]
     s: dict = {"syn_in_unanswered": len(dropped)}
     if dropped:
-        first = min(dropped, key=lambda f: f.first_s)
+        first, latest = min(dropped, key=lambda f: f.first_s), max(f.last_s for f in dropped)
         s.update(syn_in_from=", ".join(sorted({f.src for f in dropped})),
-                 syn_in_port=first.dport, syn_in_iface=first.iface,
+                 syn_in_first_from=first.src, syn_in_port=first.dport,
+                 syn_in_ports=len({f.dport for f in dropped}), syn_in_iface=first.iface,
                  syn_in_retries=sum(f.syns - 1 for f in dropped),
                  syn_in_for_s=round(traffic.taken_at - first.first_s, 1),
+                 syn_in_last_s=round(traffic.taken_at - latest, 1),
                  syn_in_dropped_at=" ".join(sorted({f"{f.dst}:{f.dport}" for f in dropped})))
     return s
+
+
+def _started_on_capture_clock(snap: Snapshot, start_since_boot: float) -> float:
+    """A process's start (seconds after boot, /proc) on the capture's clock, through
+    wall time: the boot clock counts suspended time, the monotonic one does not."""
+    procs, traffic = snap.processes, snap.traffic
+    if start_since_boot < 0 or procs is None or procs.uptime_s < 0:
+        return float("-inf")
+    def wall(t: float) -> float:  # snapshot clock -> wall time
+        return snap.wall_time - (snap.taken_at - t)
+    boot_wall = wall(procs.taken_at) - procs.uptime_s
+    return traffic.taken_at - (wall(traffic.taken_at) - (boot_wall + start_since_boot))
 
 
 def listening_on(socks) -> set[tuple[str, int]]:
@@ -46,7 +67,8 @@ def unanswered(traffic, listening: set[tuple[str, int]]) -> list:
     or unanswered for ANSWER_WITHIN_S."""
     return [f for f in traffic.flows
             if f.direction == "in" and not f.answer and _listens(listening, f.dst, f.dport)
-            and (f.syns > 1 or traffic.taken_at - f.first_s >= ANSWER_WITHIN_S)]
+            and (f.syns > 1 or traffic.taken_at - f.first_s >= ANSWER_WITHIN_S)
+            and f.first_s > traffic.last_loss_s]  # its answer may be among the lost
 
 
 def _listens(listening: set, addr: str, port: int) -> bool:
@@ -70,4 +92,4 @@ def link_dropped(ranks: list[dict]) -> None:
         if peer is None or peer is s or not s.get("syn_sent"):
             continue
         s["syn_sent_dropped_by"] = peer.get("rank")
-        s["syn_sent_dropped_node"] = peer.get("node") or "its node"
+        s["syn_sent_dropped_node"] = peer.get("node") or "that node"

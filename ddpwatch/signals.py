@@ -92,7 +92,11 @@ SIGNALS = {
     "syn_in_unanswered": "peers' connection attempts that arrived on this node for a port the "
                          "rank listens on and were never answered (traffic probe; None: no "
                          "capture, or the rank is in another network namespace)",
-    "syn_in_from": "where those attempts come from", "syn_in_port": "the port they dial",
+    "syn_in_from": "where those attempts come from",
+    "syn_in_first_from": "where the first of them came from",
+    "syn_in_port": "the port the first of them dials",
+    "syn_in_ports": "how many of the rank's ports they dial",
+    "syn_in_last_s": "seconds since the last of them arrived",
     "syn_in_iface": "the interface they arrive on",
     "syn_in_retries": "their retransmissions (each one the dialer giving up on an answer)",
     "syn_in_for_s": "seconds since the first of them arrived",
@@ -155,9 +159,14 @@ def owns(snap: Snapshot, record: Record) -> bool:
     proc = proc_of(snap, record.pid)
     if proc is None:
         return True
+    if proc.uid >= 0 and record.uid != proc.uid:
+        return False  # another user's file claiming this pid: not the rank's
     procs = snap.processes
-    suspended = procs.uptime_s - procs.taken_at if procs.uptime_s >= 0 else 0.0
-    return wrote(record, proc.start_time_s, max(suspended, 0.0))
+    if procs.uptime_s < 0:
+        return wrote(record, proc.start_time_s)
+    suspended = max(procs.uptime_s - procs.taken_at, 0.0)  # boot clock ahead of monotonic
+    boot_wall = snap.wall_time - (snap.taken_at - procs.taken_at) - procs.uptime_s
+    return wrote(record, proc.start_time_s, suspended, boot_wall)
 
 
 def _stacks(snaps: tuple[Snapshot, ...], pid: int):

@@ -31,8 +31,13 @@ def findings(report: dict) -> dict[int, set[str]]:
 def test_healthy(start_job, hb_dir):
     job = start_job(trainer())
     rank_pids(job, 2)
-    # diagnose is not told the directory: it reads where the ranks' DDPWATCH_DIR says
-    report = until_verdict(launcher_pid(job), HEALTHY, TIMEOUT)
+    # diagnose is not told the directory: it reads where the ranks' DDPWATCH_DIR says.
+    # (Until the ranks have written their records, they are judged from CPU alone.)
+    def from_heartbeats():
+        report = diagnose(launcher_pid(job))[1]
+        rules = [r["rule"] for r in report["ranks"]]
+        return report if rules == ["healthy-heartbeat"] * 2 else None
+    report = wait_until(from_heartbeats, TIMEOUT, what="healthy, judged from heartbeats")
     assert report["job"]["verdict"] == "healthy" and report["job"]["culprits"] == []
     assert report["job"]["launcher_kind"] == "torchrun"
     for r in report["ranks"]:

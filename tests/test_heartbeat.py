@@ -121,13 +121,22 @@ def test_a_fifo_under_a_record_name_is_skipped_not_waited_on(tmp_path):
 
 
 def test_a_writer_is_a_process_that_started_before_its_record():
-    record = types.SimpleNamespace(started_at=1000.0)
+    record = types.SimpleNamespace(started_at=1000.0, started_wall=0.0)
     assert wrote(record, 999.0) and wrote(record, 1000.9)  # /proc start: 10 ms ticks
     assert not wrote(record, 1002.0)                       # a later process, same pid
     # /proc start times count suspended time, records' monotonic times do not
     assert wrote(record, 999.0 + 3600, suspended=3600)
     assert not wrote(record, 1002.0 + 3600, suspended=3600)
     assert wrote(record, -1.0)                             # start unknown: no evidence
+
+
+def test_a_record_of_an_earlier_boot_is_no_running_process():
+    """A DDPWATCH_DIR on disk outlives a reboot; its records' monotonic times mean
+    nothing after one, and would let any process with the pid pass for the writer."""
+    before = types.SimpleNamespace(started_at=50_000.0, started_wall=1_000_000.0)
+    assert wrote(before, 30.0)                                     # times alone: passes
+    assert not wrote(before, 30.0, boot_wall=1_000_000.0 + 3600)   # booted an hour later
+    assert wrote(before, 30.0, boot_wall=1_000_000.0 - 60)         # made in this boot
 
 
 def test_truncated_copy_of_a_real_record(tmp_path):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import wait_until
+from conftest import need, wait_until
 from ddpwatch import codec
 from ddpwatch.probes import ProbeContext, load_all, run_probe
 from ddpwatch.probes import process as P
@@ -245,3 +245,20 @@ def test_live_self_and_children(start_job):
     assert me.cpu_seconds > 0 and me.start_time_s > 0
     # (not threads[0]: once pids wrap, a later thread can have a lower tid)
     assert os.getpid() in [t.tid for t in me.threads]
+
+
+def test_record_directories_named_by_processes_are_trusted_only_when_theirs(tmp_path):
+    """The daemon runs as root and reads the directories ranks name in DDPWATCH_DIR:
+    only a directory of the naming process's user, writable by no one else."""
+    from ddpwatch.discovery import ProcInfo, heartbeat_dirs
+    need(os.geteuid() == 0, "needs root to give a directory to another user")
+    own, shared, foreign = tmp_path / "own", tmp_path / "shared", tmp_path / "foreign"
+    for d in (own, shared, foreign):
+        d.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    os.chown(foreign, 65534, -1)  # nobody
+    python = (sys.executable, "train.py")
+    table = {n: ProcInfo(os.getpid(), 1, python, {"DDPWATCH_DIR": str(d)})
+             for n, d in enumerate((own, shared, foreign, tmp_path / "missing"))}
+    table[9] = ProcInfo(os.getpid(), 1, ("bash",), {"DDPWATCH_DIR": str(own / "x")})
+    assert heartbeat_dirs(table) == (str(own),)

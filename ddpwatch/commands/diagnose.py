@@ -14,7 +14,7 @@ from ..probes.heartbeats import run as read_heartbeats
 from ..dropped import inbound_signals
 from ..signals import process_signals
 from ..gloo_iface import interface_signals
-from ..probes.traffic import SynCapture, open_capture
+from ..probes.traffic import SynCapture, for_ports, local_ports, open_capture
 from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
 
 CHEAP = ("process", "sockets", "heartbeats")
@@ -57,7 +57,8 @@ def find_job(ctx: ProbeContext, pid: int) -> tuple[Job, ProbeContext]:
             f"pid {pid} belongs to uid {target_uid}: reading its environment, sockets and "
             f"stacks needs {missing}; run as uid {target_uid} or as root (sudo)")
     table = discovery.read_table(ctx.procfs)
-    ctx = dataclasses.replace(ctx, rank_heartbeat_dirs=discovery.heartbeat_dirs(table))
+    named = discovery.heartbeat_dirs(table, ctx.procfs)
+    ctx = dataclasses.replace(ctx, rank_heartbeat_dirs=named)
     hb = read_heartbeats(ctx, ())
     record_pids = {r.pid for r, alive in zip(hb.records, hb.alive) if alive}
     info = table.get(pid)
@@ -86,6 +87,7 @@ def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapsho
                     f"pid {job.target_pid}: {denied[0].error}: run as the ranks' user or root "
                     f"(reading another user's /proc needs CAP_SYS_PTRACE)")
     data = {name: r.data if r.ok else None for name, r in results.items()}
+    data["traffic"] = for_ports(data["traffic"], local_ports(data["sockets"]))
     return Snapshot(
         version=SNAPSHOT_VERSION, taken_at=ctx.clock(), wall_time=time.time(), job=job,
         processes=data["process"], sockets=data["sockets"], stacks=data.get("stacks"),
@@ -94,60 +96,58 @@ def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapsho
 
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
-            syn_wait_s: float = 0.0, rules=None) -> tuple[Snapshot, ...]:
-    """Two samples `window_s` apart. With `syn_wait_s` and `rules`, a job whose
-    ranks wait for peers on other nodes, and that the samples cannot yet blame,
-    is watched up to `syn_wait_s` longer for the peers' connection attempts."""
+            syn_wait_s: float = 0.0) -> tuple[Snapshot, ...]:
+    """Two samples `window_s` apart. With `syn_wait_s`, a job whose ranks wait for
+    peers on other nodes that should dial them is watched up to `syn_wait_s`
+    longer for the peers' connection attempts, then sampled twice again."""
     job, ctx = find_job(ctx, pid)
     capture = open_capture(ctx.clock, ctx.procfs)  # watched over the whole window
     try:
         ctx = dataclasses.replace(ctx, syn_capture=capture)
         first = sample(ctx, job, with_stacks)
-        deadline = first.taken_at + window_s
-        while ctx.clock() < deadline:
-            time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
+        _sleep_until(ctx, first.taken_at + window_s)
         second = sample(ctx, job, with_stacks, host=first.host)
-        if (syn_wait_s > 0 and rules is not None and _waits_for_peers(second, capture)
-                and _unexplained(classify.judge((first, second), rules))):
-            second = _watch_connects(ctx, job, with_stacks, first, second, syn_wait_s)
+        if syn_wait_s > 0 and _waits_for_peers(second, capture):
+            _watch_connects(ctx, job, second, syn_wait_s)
+            # judged over a window like any other, not over the wait
+            first = sample(ctx, job, with_stacks, host=first.host)
+            _sleep_until(ctx, first.taken_at + window_s)
+            second = sample(ctx, job, with_stacks, host=first.host)
     finally:
         capture.close()
     return first, second
 
 
-# Culprits named from the dialling side only: the packet view on this node may
-# show that the attempts arrive here and are dropped (dropped.py).
-_DIALLER_VIEWS = ("unreachable-peer-data", "unreachable-peer")
-
-
-def _unexplained(judgement) -> bool:
-    culprits = [r for r in judgement.ranks if r.role == "culprit"]
-    return judgement.job.verdict == "rendezvous_wait" or (
-        bool(culprits) and all(r.rule in _DIALLER_VIEWS for r in culprits))
+def _sleep_until(ctx: ProbeContext, deadline: float) -> None:
+    while ctx.clock() < deadline:
+        time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
 
 
 def _waits_for_peers(snap: Snapshot, capture) -> bool:
     """A rank of a multi-node job waiting for peers that should dial it (more
-    peers unconnected than its own connects stuck in SYN-SENT), on a node whose
-    traffic is watched and shows no dropped attempt yet: worth waiting for the
-    peers' next SYN (a connect retries 1, 2, 4 ... 32 s apart)."""
+    peers unconnected than its own connects stuck in SYN-SENT), listening where
+    they can reach it (not loopback, not off its route: then their attempts do
+    not come here), on a node whose traffic is watched and shows no dropped
+    attempt yet: worth waiting for the peers' next SYN (a connect retries 1, 2,
+    4 ... 32 s apart). Decided from signals, not from rule ids."""
     if not isinstance(capture, SynCapture) or snap.sockets is None or snap.traffic is None:
         return False
     history = (snap,)
     for pid in snap.job.rank_pids:
         s = process_signals(history, pid)
-        if s.get("all_ranks_local") is not False:
+        iface = interface_signals(history, pid)
+        if (s.get("all_ranks_local") is not False or iface.get("gloo_loopback")
+                or iface.get("gloo_off_route")):
             continue
-        dialled_by = (interface_signals(history, pid).get("gloo_unconnected") or 0) - (
-            s.get("syn_sent") or 0)
+        dialled_by = (iface.get("gloo_unconnected") or 0) - (s.get("syn_sent") or 0)
         if dialled_by >= 1 and not inbound_signals(history, pid).get("syn_in_unanswered"):
             return True
     return False
 
 
-def _watch_connects(ctx, job, with_stacks, first, second, wait_s: float) -> Snapshot:
+def _watch_connects(ctx, job, second, wait_s: float) -> None:
     """Sample lean (/proc and the capture) until the peers' attempts show up as
-    dropped, the peers connect, or `wait_s` ends; then a full sample."""
+    dropped, the peers connect, or `wait_s` ends."""
     print(f"ddpwatch diagnose: ranks wait for peers on other nodes; watching this node's "
           f"interfaces for their connection attempts (up to {wait_s:g} s, --syn-wait)",
           file=sys.stderr, flush=True)
@@ -155,8 +155,7 @@ def _watch_connects(ctx, job, with_stacks, first, second, wait_s: float) -> Snap
     deadline, snap = ctx.clock() + wait_s, second
     while ctx.clock() < deadline and _waits_for_peers(snap, ctx.syn_capture):
         time.sleep(min(1.0, max(deadline - ctx.clock(), 0)))
-        snap = sample(lean, job, False, host=first.host)
-    return sample(ctx, job, with_stacks, host=first.host)
+        snap = sample(lean, job, False, host=second.host)
 
 
 def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
@@ -188,7 +187,7 @@ def main(args) -> int:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
         ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
-        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, rules)
+        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait)
     if args.save_snapshot:
         save(history, args.save_snapshot)
     judgement = classify.judge(history, rules, peer_signals(args, history[-1]))

@@ -74,6 +74,7 @@ def main(args) -> int:
         server = Server(host, port, lambda: daemon.view, lambda: render(registry), cfg.token,
                         request_stacks=lambda: setattr(daemon, "stacks_requested", True))
     except OSError as err:
+        daemon.close()
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
     server.start()
     if poller is not None:

@@ -23,7 +23,8 @@ def record_alive(record: Record, procfs: str = "/proc") -> bool:
         started = int(text[text.rindex(")") + 2:].split()[19]) / _CLK_TCK
     except (OSError, IndexError, ValueError):
         return False
-    return wrote(record, started, suspended_s())
+    return wrote(record, started, suspended_s(), time.time() - time.clock_gettime(
+        time.CLOCK_BOOTTIME))
 
 
 def suspended_s() -> float:
@@ -32,11 +33,21 @@ def suspended_s() -> float:
     return max(time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic(), 0.0)
 
 
-def wrote(record: Record, process_start_s: float, suspended: float = 0.0) -> bool:
+# Wall-clock slack for telling a record of an earlier boot: NTP may step the clock.
+BOOT_SLACK_S = 5.0
+
+
+def wrote(record: Record, process_start_s: float, suspended: float = 0.0,
+          boot_wall: float | None = None) -> bool:
     """Whether the process that started `process_start_s` after boot (as
     /proc/PID/stat says) can be the writer of `record`: it started no later than
-    the record was created. A later one holds a reused pid."""
+    the record was created. A later one holds a reused pid. `boot_wall`, the
+    wall time of this boot: a record made before it (a directory that outlives
+    reboots) is no running process's, whatever its monotonic times say."""
+    if boot_wall is not None and record.started_wall < boot_wall - BOOT_SLACK_S:
+        return False
     if process_start_s < 0:
         return True  # start unknown (an old snapshot): nothing to tell them apart by
-    # Process start is in clock ticks (10 ms); allow slack for rounding.
+    # Process start is in clock ticks (10 ms); allow slack for rounding. Suspended
+    # time since boot is taken off whole, which errs toward "the writer".
     return process_start_s - suspended <= record.started_at + 1.0

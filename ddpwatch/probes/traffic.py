@@ -23,6 +23,7 @@ READ: `SynCapture`, `run`. PARSE (pure): `parse_segment`, `SynLedger`.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import ipaddress
 import os
 import socket
@@ -37,30 +38,35 @@ ETH_P_ALL = 0x0003
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
 SO_ATTACH_FILTER = 26
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35  # each packet's arrival, not when we got to it
+SOL_PACKET, PACKET_STATISTICS = 263, 6
 PACKET_HOST, PACKET_OUTGOING = 0, 4
 SYN, RST, ACK = 0x02, 0x04, 0x10
 KEEP_S = 300.0      # a flow not seen again for this long is forgotten
 MAX_FLOWS = 4096    # and at most this many are kept (a SYN flood must not grow us)
 
-# Classic BPF over a cooked packet (offsets from the network header):
-# IPv4 or IPv6, protocol TCP (no IPv6 extension headers), flags & (SYN|RST): keep
-# the first 96 bytes (headers); anything else: drop.
+# Classic BPF over a cooked packet (offsets from the network header): IPv4 (not a
+# later fragment) or IPv6 (no extension headers), protocol TCP, flags & (SYN|RST):
+# keep the first 96 bytes (headers); anything else: drop. (jt, jf: instructions
+# to skip.)
 _BPF = (
-    (0x28, 0, 0, 0xFFFFF000),  # ld  proto (SKF_AD_PROTOCOL)
-    (0x15, 0, 5, ETH_P_IP),    # jeq #IPv4 ? next : 7
-    (0x30, 0, 0, 9),           # ldb [9]            IPv4 protocol
-    (0x15, 0, 9, 6),           # jeq #TCP ? next : drop
-    (0xB1, 0, 0, 0),           # ldxb 4*([0]&0xf)   IPv4 header length
-    (0x50, 0, 0, 13),          # ldb [x+13]         TCP flags
-    (0x45, 5, 6, SYN | RST),   # jset ? accept : drop
-    (0x15, 0, 5, ETH_P_IPV6),  # jeq #IPv6 ? next : drop
-    (0x30, 0, 0, 6),           # ldb [6]            next header
-    (0x15, 0, 3, 6),           # jeq #TCP ? next : drop
-    (0x30, 0, 0, 53),          # ldb [53]           TCP flags (40 + 13)
-    (0x45, 0, 1, SYN | RST),   # jset ? accept : drop
-    (0x06, 0, 0, 96),          # ret #96
-    (0x06, 0, 0, 0),           # ret #0
+    (0x28, 0, 0, 0xFFFFF000),  # 0  ld   proto (SKF_AD_PROTOCOL)
+    (0x15, 0, 7, ETH_P_IP),    # 1  jeq  #IPv4 ? 2 : 9
+    (0x30, 0, 0, 9),           # 2  ldb  [9]           IPv4 protocol
+    (0x15, 0, 11, 6),          # 3  jeq  #TCP ? 4 : 15
+    (0x28, 0, 0, 6),           # 4  ldh  [6]           flags, fragment offset
+    (0x45, 9, 0, 0x1FFF),      # 5  jset #offset ? 15 : 6
+    (0xB1, 0, 0, 0),           # 6  ldxb 4*([0]&0xf)   IPv4 header length
+    (0x50, 0, 0, 13),          # 7  ldb  [x+13]        TCP flags
+    (0x45, 5, 6, SYN | RST),   # 8  jset ? 14 : 15
+    (0x15, 0, 5, ETH_P_IPV6),  # 9  jeq  #IPv6 ? 10 : 15
+    (0x30, 0, 0, 6),           # 10 ldb  [6]           next header
+    (0x15, 0, 3, 6),           # 11 jeq  #TCP ? 12 : 15
+    (0x30, 0, 0, 53),          # 12 ldb  [53]          TCP flags (40 + 13)
+    (0x45, 0, 1, SYN | RST),   # 13 jset ? 14 : 15
+    (0x06, 0, 0, 96),          # 14 ret  #96
+    (0x06, 0, 0, 0),           # 15 ret  #0
 )
+_REJECT_ALL = ((0x06, 0, 0, 0),)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,25 @@ class Traffic:
     since: float     # the capture runs since: attempts before it are unknown
     net_ns: str      # the namespace captured ("net:[...]"): other namespaces' ranks not
     flows: tuple[SynFlow, ...]
+    lost: int = 0             # packets the kernel dropped for want of buffer, since open
+    last_loss_s: float = -1.0  # when a drain last found some lost: answers may be missing
+
+
+def local_ports(sockets) -> set[int]:
+    """The local ports of a sockets probe's result (probes/sockets.Sockets)."""
+    if sockets is None:
+        return set()
+    return {k.local_port for p in sockets.pids for k in p.sockets}
+
+
+def for_ports(traffic: Traffic | None, ports: set[int]) -> Traffic | None:
+    """Only the attempts to or from these local ports (a job's sockets'): what a
+    snapshot of the job keeps, not the node's other connections."""
+    if traffic is None:
+        return None
+    flows = tuple(f for f in traffic.flows
+                  if (f.dport if f.direction == "in" else f.sport) in ports)
+    return dataclasses.replace(traffic, flows=flows)
 
 
 # ---------------------------------------------------------------- PARSE (pure)
@@ -125,8 +150,9 @@ class SynLedger:
                 flow = self._flows[key] = dict(direction="out" if outgoing else "in", src=src,
                                                sport=sport, dst=dst, dport=dport, iface=iface,
                                                syns=0, first_s=now, answer="")
-            flow["syns"] += 1
-            flow["last_s"] = now
+            if flow["iface"] == iface:  # a bridge and its port both see each SYN
+                flow["syns"] += 1
+                flow["last_s"] = now
         elif flags & (SYN | RST):  # an answer travels the other way
             flow = self._flows.get((dst, dport, src, sport))
             if flow is not None and (flow["direction"] == "in") == outgoing:
@@ -152,30 +178,44 @@ class SynCapture:
         self._sock, self._clock, self.net_ns = sock, clock, net_ns
         self.since = clock()
         self.ledger = SynLedger()
+        self.lost, self.last_loss_s = 0, -1.0
 
     @classmethod
     def open(cls, clock, procfs: str = "/proc") -> "SynCapture":
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
         try:
-            program = b"".join(struct.pack("HBBI", *insn) for insn in _BPF)
-            insns = ctypes.create_string_buffer(program)
-            fprog = struct.pack("HP", len(_BPF), ctypes.addressof(insns))  # struct sock_fprog
-            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            # Packets queue from the moment the socket exists: let none in until the
+            # real filter is attached, then throw away what came before.
+            _attach(sock, _REJECT_ALL)
             sock.setblocking(False)
+            while True:
+                try:
+                    sock.recv(1)
+                except (BlockingIOError, InterruptedError):
+                    break
+            _attach(sock, _BPF)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            # a burst of a job's connects (each pair of ranks) must fit between drains
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             try:
                 net_ns = os.readlink(f"{procfs}/self/ns/net")
             except OSError:
                 net_ns = ""
-            capture = cls(sock, clock, net_ns)
-            capture.drain()  # what queued before the filter was attached: parsed, judged alike
-            return capture
+            return cls(sock, clock, net_ns)
         except BaseException:
             sock.close()
             raise
 
     def drain(self) -> None:
         now = self._clock()
+        try:  # struct tpacket_stats; reading it resets the kernel's counters
+            _, drops = struct.unpack("II", self._sock.getsockopt(
+                SOL_PACKET, PACKET_STATISTICS, 8))
+        except OSError:
+            drops = 0
+        if drops:
+            self.lost += drops
+            self.last_loss_s = now
         wall_to_clock = now - time.time()  # packet stamps are wall-clock time
         for _ in range(100_000):  # bounded: a SYN flood must not hold the tick
             try:
@@ -193,10 +233,18 @@ class SynCapture:
     def snapshot(self) -> Traffic:
         self.drain()
         now = self._clock()
-        return Traffic(now, self.since, self.net_ns, self.ledger.flows(now))
+        return Traffic(now, self.since, self.net_ns, self.ledger.flows(now), self.lost,
+                       self.last_loss_s)
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _attach(sock: socket.socket, program) -> None:
+    code = b"".join(struct.pack("HBBI", *insn) for insn in program)  # struct sock_filter
+    insns = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HP", len(program), ctypes.addressof(insns))  # struct sock_fprog
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
 class NoCapture:
