@@ -12,6 +12,7 @@ to the rank whose node drops it. Pure.
 """
 from __future__ import annotations
 
+from .gloo_iface import dialled, plain_addr
 from .signals import proc_of, sockets_of
 from .snapshot import Snapshot
 
@@ -28,7 +29,7 @@ def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
         return {}  # not captured, or the rank lives in another network namespace
     # the rank's own connections: an attempt it holds a socket for was answered,
     # whatever the capture missed
-    held = {(_plain(k.peer_addr), k.peer_port) for k in socks if k.state != "LISTEN"}
+    held = {(plain_addr(k.peer_addr), k.peer_port) for k in socks if k.state != "LISTEN"}
     started = _started_on_capture_clock(last, proc.start_time_s)
     dropped = [f for f in unanswered(traffic, listening_on(socks))
                if (f.src, f.sport) not in held and f.first_s >= started]
@@ -59,7 +60,7 @@ def _started_on_capture_clock(snap: Snapshot, start_since_boot: float) -> float:
 
 def listening_on(socks) -> set[tuple[str, int]]:
     """(address, port) of the LISTEN sockets among `socks`."""
-    return {(_plain(k.local_addr), k.local_port) for k in socks if k.state == "LISTEN"}
+    return {(plain_addr(k.local_addr), k.local_port) for k in socks if k.state == "LISTEN"}
 
 
 def unanswered(traffic, listening: set[tuple[str, int]]) -> list:
@@ -75,10 +76,6 @@ def _listens(listening: set, addr: str, port: int) -> bool:
     return (addr, port) in listening or ("0.0.0.0", port) in listening or ("::", port) in listening
 
 
-def _plain(addr: str) -> str:
-    return addr[7:] if addr.startswith("::ffff:") else addr
-
-
 def link_dropped(ranks: list[dict]) -> None:
     """For each rank whose connect sits in SYN-SENT, the rank whose node receives
     and drops it (`syn_sent_dropped_by`), with that node (`syn_sent_dropped_node`)."""
@@ -87,9 +84,8 @@ def link_dropped(ranks: list[dict]) -> None:
         for target in (p.get("syn_in_dropped_at") or "").split():
             drops[target] = p
     for s in ranks:
-        host, _, port = (s.get("syn_sent_to") or "").rpartition(":")
-        peer = drops.get(f"{_plain(host.strip('[]'))}:{port}")
-        if peer is None or peer is s or not s.get("syn_sent"):
+        peer = dialled(s, drops)
+        if peer is None:
             continue
         s["syn_sent_dropped_by"] = peer.get("rank")
         s["syn_sent_dropped_node"] = peer.get("node") or "that node"

@@ -50,12 +50,12 @@ def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     if listening:
         gloo = listening[0].local_addr
         name, kind = interface_of(gloo, ifaces)
-        s.update(gloo_addr=_plain(gloo), gloo_port=listening[0].local_port, gloo_iface=name,
-                 gloo_iface_kind=kind, gloo_loopback=is_loopback(_plain(gloo)))
+        s.update(gloo_addr=plain_addr(gloo), gloo_port=listening[0].local_port, gloo_iface=name,
+                 gloo_iface_kind=kind, gloo_loopback=is_loopback(plain_addr(gloo)))
     if routes:
-        s["master_route_addr"] = _plain(routes[0])
+        s["master_route_addr"] = plain_addr(routes[0])
         s["master_route_iface"] = interface_of(routes[0], ifaces)[0]
-    if listening and routes and not is_loopback(_plain(routes[0])):
+    if listening and routes and not is_loopback(plain_addr(routes[0])):
         gloo, route = s["gloo_addr"], s["master_route_addr"]
         s["gloo_off_route"] = gloo != route and not s["gloo_loopback"] and (
             not s["gloo_ifname"] or s["gloo_iface_kind"] in SUSPECT_KINDS
@@ -76,14 +76,22 @@ def interface_of(addr: str, interfaces: tuple[Interface, ...]) -> tuple[str | No
     """(name, kind) of the interface holding `addr`, (None, None) when none of
     `interfaces` does (a rank in another network namespace, not read on a lean
     pass). All of 127/8 is loopback though `lo` lists only 127.0.0.1."""
-    plain = _plain(addr)
+    plain = plain_addr(addr)
     for iface in interfaces:
         if plain in (a.partition("%")[0] for a in iface.addresses):
             return iface.name, iface.kind
     return ("lo", "loopback") if is_loopback(plain) else (None, None)
 
 
-def _plain(addr: str) -> str:
+def dialled(rank: dict, by_endpoint: dict) -> dict | None:
+    """The rank of `by_endpoint` ("addr:port" -> rank signals) that `rank`'s
+    connect stuck in SYN-SENT dials, if any (never `rank` itself)."""
+    host, _, port = (rank.get("syn_sent_to") or "").rpartition(":")
+    peer = by_endpoint.get(f"{plain_addr(host.strip('[]'))}:{port}")
+    return peer if peer is not rank and rank.get("syn_sent") else None
+
+
+def plain_addr(addr: str) -> str:
     """'::ffff:10.0.0.1' (an IPv4 peer on an IPv6 socket) as '10.0.0.1'."""
     return addr[7:] if addr.startswith("::ffff:") else addr
 
@@ -102,7 +110,7 @@ def link_unreached(ranks: list[dict]) -> None:
     listeners = {}
     for p in ranks:
         if p.get("gloo_addr") and p.get("gloo_port"):
-            listeners[f"{_plain(p['gloo_addr'])}:{p['gloo_port']}"] = p
+            listeners[f"{plain_addr(p['gloo_addr'])}:{p['gloo_port']}"] = p
     # Refused rather than unanswered: a peer's Gloo on loopback sends this
     # node's ranks to their own loopback.
     on_loopback = [p.get("rank") for p in ranks if p.get("alive") and p.get("gloo_loopback")
@@ -111,9 +119,8 @@ def link_unreached(ranks: list[dict]) -> None:
         p.setdefault("gloo_unreached_by", 0 if p.get("gloo_addr") else None)
         p["loopback_peer"] = next((r for r in on_loopback if r != p.get("rank")), None)
     for s in ranks:
-        host, _, port = (s.get("syn_sent_to") or "").rpartition(":")
-        peer = listeners.get(f"{_plain(host)}:{port}")
-        if peer is None or peer is s or not s.get("syn_sent"):
+        peer = dialled(s, listeners)
+        if peer is None:
             continue
         s["syn_sent_to_rank"] = peer.get("rank")
         s["syn_sent_to_off_route"] = bool(peer.get("gloo_off_route") or peer.get("gloo_loopback"))

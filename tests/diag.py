@@ -94,7 +94,8 @@ def by_hand(start_job, rank: int, addr: str, port: int, env=None, prefix=()):
     return start_job(argv, env=dict(e, **(env or {})), name=f"rank{rank}")
 
 
-def python_pid(job) -> int:
+def python_pid(job, timeout: float = 60.0) -> int:
+    """The one python process of a job started through a shell or `ip netns exec`."""
     def found():
         for p in job.processes():
             try:
@@ -103,4 +104,4 @@ def python_pid(job) -> int:
             except (psutil.Error, IndexError):
                 continue
         return None
-    return wait_until(found, 60, what="the rank's python process")
+    return wait_until(found, timeout, what="the rank's python process")
