@@ -9,12 +9,12 @@ import sys
 import time
 
 from .. import classify, discovery, errors, report, rules as rules_mod
+from ..dropped import inbound_signals
+from ..gloo_iface import interface_signals
 from ..probes import ProbeContext, run_probe
 from ..probes.heartbeats import run as read_heartbeats
-from ..dropped import inbound_signals
-from ..signals import process_signals
-from ..gloo_iface import interface_signals
 from ..probes.traffic import SynCapture, for_ports, local_ports, open_capture
+from ..signals import process_signals
 from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
 
 CHEAP = ("process", "sockets", "heartbeats")
