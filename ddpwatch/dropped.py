@@ -13,7 +13,7 @@ to the rank whose node drops it. Pure.
 from __future__ import annotations
 
 from .gloo_iface import dialled, plain_addr
-from .signals import proc_of, sockets_of
+from .signals import proc_of, socket_entry, sockets_of
 from .snapshot import Snapshot
 
 ANSWER_WITHIN_S = 0.5  # a SYN-ACK takes microseconds on the node; 0.5 s is no answer
@@ -22,7 +22,7 @@ ANSWER_WITHIN_S = 0.5  # a SYN-ACK takes microseconds on the node; 0.5 s is no a
 def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     last = history[-1]
     traffic, socks = last.traffic, sockets_of(last, pid)
-    entry = next((p for p in last.sockets.pids if p.pid == pid), None) if last.sockets else None
+    entry = socket_entry(last, pid)
     proc = proc_of(last, pid)
     if (traffic is None or entry is None or entry.error or proc is None
             or entry.net_ns != traffic.net_ns):
@@ -30,7 +30,7 @@ def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     # the rank's own connections: an attempt it holds a socket for was answered,
     # whatever the capture missed
     held = {(plain_addr(k.peer_addr), k.peer_port) for k in socks if k.state != "LISTEN"}
-    started = _started_on_capture_clock(last, proc.start_time_s)
+    started = _monotonic_start(last, proc.start_time_s)
     dropped = [f for f in unanswered(traffic, listening_on(socks))
                if (f.src, f.sport) not in held and f.first_s >= started]
     s: dict = {"syn_in_unanswered": len(dropped)}
@@ -46,16 +46,13 @@ def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
     return s
 
 
-def _started_on_capture_clock(snap: Snapshot, start_since_boot: float) -> float:
-    """A process's start (seconds after boot, /proc) on the capture's clock, through
-    wall time: the boot clock counts suspended time, the monotonic one does not."""
-    procs, traffic = snap.processes, snap.traffic
+def _monotonic_start(snap: Snapshot, start_since_boot: float) -> float:
+    """A process's start (seconds after boot, /proc) on the monotonic clock the
+    capture stamps with: the boot clock runs ahead of it by the time suspended."""
+    procs = snap.processes
     if start_since_boot < 0 or procs is None or procs.uptime_s < 0:
         return float("-inf")
-    def wall(t: float) -> float:  # snapshot clock -> wall time
-        return snap.wall_time - (snap.taken_at - t)
-    boot_wall = wall(procs.taken_at) - procs.uptime_s
-    return traffic.taken_at - (wall(traffic.taken_at) - (boot_wall + start_since_boot))
+    return start_since_boot - (procs.uptime_s - procs.taken_at)
 
 
 def listening_on(socks) -> set[tuple[str, int]]:

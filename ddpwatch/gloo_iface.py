@@ -14,7 +14,7 @@ connect that gets no answer to the peer whose Gloo address it dials. Pure.
 from __future__ import annotations
 
 from .probes.host import Interface, is_loopback
-from .signals import proc_of, sockets_of
+from .signals import proc_of, socket_entry, sockets_of
 from .snapshot import Snapshot
 
 SUSPECT_KINDS = ("vpn", "bridge", "veth")
@@ -66,7 +66,7 @@ def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
 def _interfaces(snap: Snapshot, pid: int) -> tuple[Interface, ...]:
     """The interfaces of the rank's network namespace: read there by the sockets
     probe when it is not the watcher's (a container's), else the host probe's."""
-    entry = next((p for p in snap.sockets.pids if p.pid == pid), None) if snap.sockets else None
+    entry = socket_entry(snap, pid)
     if entry is not None and entry.interfaces is not None:
         return entry.interfaces
     return snap.host.interfaces if snap.host else ()

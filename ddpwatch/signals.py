@@ -178,10 +178,15 @@ def _stacks(snaps: tuple[Snapshot, ...], pid: int):
     return found
 
 
-def sockets_of(snap: Snapshot, pid: int):
+def socket_entry(snap: Snapshot, pid: int):
+    """The sockets probe's PidSockets of `pid` (its namespace, error, interfaces)."""
     if snap.sockets is None:
-        return ()
-    entry = next((p for p in snap.sockets.pids if p.pid == pid), None)
+        return None
+    return next((p for p in snap.sockets.pids if p.pid == pid), None)
+
+
+def sockets_of(snap: Snapshot, pid: int):
+    entry = socket_entry(snap, pid)
     return entry.sockets if entry else ()
 
 
