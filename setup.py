@@ -4,5 +4,5 @@ on and the heartbeat writer and wrappers fall back to pure Python (slower, same
 records)."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ddpwatch._hotpath", ["ddpwatch/_hotpath.c"], optional=True,
+setup(ext_modules=[Extension("ddpwatch.heartbeat._hotpath", ["ddpwatch/heartbeat/_hotpath.c"], optional=True,
                              extra_compile_args=["-O2", "-std=c11"])])

@@ -101,7 +101,7 @@ def allreduce_worker(calls: int, blocks: int, out_path: str) -> None:
     import torch.distributed as dist
 
     import ddpwatch
-    from ddpwatch import instrumentation as ins
+    from ddpwatch.rank import instrumentation as ins
     from ddpwatch.heartbeat import open_writer
     ddpwatch.instrument()
     dist.init_process_group("gloo")
@@ -202,7 +202,7 @@ def wrapper_cpu_us(n: int, python: bool) -> float:
     """CPU cost of the instrumented wrapper alone: around a collective that does nothing."""
     import torch
 
-    from ddpwatch import instrumentation as ins
+    from ddpwatch.rank import instrumentation as ins
     from ddpwatch.heartbeat import open_writer
     with tempfile.TemporaryDirectory(dir=shm_base()) as d, pure_python(python):
         ins._writer = open_writer(d, rank=0)

@@ -58,7 +58,7 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddpwatch
-    from ddpwatch import instrumentation
+    from ddpwatch.rank import instrumentation
     from trainer import data
     from trainer.model import GPT, GPTConfig
     from trainer.train import build_parser, no_buffer_sync

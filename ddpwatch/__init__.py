@@ -14,17 +14,17 @@ def instrument(model=None, **identity):
     at its first forward). `identity` fields (compute_dtype, data_fingerprint,
     data_batches, data_shards, run_id...) go into the record.
     """
-    from . import instrumentation
+    from .rank import instrumentation
     return instrumentation.instrument(model=model, **identity)
 
 
 def step(tokens: int = 0) -> None:
     """Mark the end of a training step that processed `tokens` tokens."""
-    from . import instrumentation
+    from .rank import instrumentation
     instrumentation.step(tokens)
 
 
 def set_identity(**fields) -> None:
     """Update identity fields of this process's heartbeat record."""
-    from . import instrumentation
+    from .rank import instrumentation
     instrumentation.set_identity(**fields)

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from .errors import ConfigError
-from .incidents import CALM
-from .rules import VERDICTS
+from .publish.incidents import CALM
+from .judge.rules import VERDICTS
 
 # job verdicts an incident can be opened for
 PROBLEMS = tuple(v for v in VERDICTS if v not in CALM)

@@ -14,16 +14,17 @@ import logging
 import socket
 import time
 
-from . import classify, discovery, rules as rules_mod, stackmatch
-from .alerts.route import AlertRoute, owner_node
-from .bundle import write_bundle
+from .judge import classify, rules as rules_mod, stackmatch
+from .observe import discovery
+from .publish.alerts.route import AlertRoute, owner_node
+from .publish.bundle import write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
-from .incidents import IncidentBook
-from .probes import ProbeContext, run_probe
-from .probes.traffic import for_ports, local_ports, open_capture
-from .snapshot import SNAPSHOT_VERSION, Snapshot, status_of
-from .view import DaemonView, JobView
+from .publish.incidents import IncidentBook
+from .observe.probes import ProbeContext, run_probe
+from .observe.probes.traffic import for_ports, local_ports, open_capture
+from .observe.snapshot import SNAPSHOT_VERSION, Snapshot, status_of
+from .publish.view import DaemonView, JobView
 
 log = logging.getLogger("ddpwatch")
 
@@ -298,7 +299,7 @@ class Daemon:
 
 
 def alert_for(incident, node: str, status_url: str):
-    from .alerts import Alert
+    from .publish.alerts import Alert
     firing = incident.state != "resolved"
     return Alert(status="firing" if firing else "resolved", incident_id=incident.id, node=node,
                  job=incident.job, verdict=incident.verdict, culprits=incident.culprits,

@@ -137,7 +137,7 @@ def torchrun(nproc: int, *args: str) -> list[str]:
 
 def need_c_core():
     try:
-        from ddpwatch import _hotpath  # noqa: F401
+        from ddpwatch.heartbeat import _hotpath  # noqa: F401
     except ImportError as err:
         need(False, f"the C hot path is not built ({err}): pip install -e . "
                     "or python setup.py build_ext --inplace")
@@ -145,7 +145,7 @@ def need_c_core():
 
 @pytest.fixture
 def need_py_spy():
-    from ddpwatch.probes.stacks import find_py_spy
+    from ddpwatch.observe.probes.stacks import find_py_spy
     need(find_py_spy() is not None, "py-spy is not installed")
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:

@@ -1,4 +1,4 @@
-"""Which node sends a cross-node job's webhooks (ddpwatch/alerts/route.py), on
+"""Which node sends a cross-node job's webhooks (ddpwatch/publish/alerts/route.py), on
 judgements of a replayed 2-rank hang split into two "nodes" as the peer view
 joins them (test_peers_unit.py), and the per-incident routing state machine."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from conftest import REPO
 from test_peers_unit import node_view, over_the_wire
 
-from ddpwatch import classify, rules as rules_mod
-from ddpwatch.alerts.route import AlertRoute, owner_node
-from ddpwatch.peers import PeerDocumentError, parse
-from ddpwatch.snapshot import load
+from ddpwatch.judge import classify, rules as rules_mod
+from ddpwatch.publish.alerts.route import AlertRoute, owner_node
+from ddpwatch.publish.peers import PeerDocumentError, parse
+from ddpwatch.observe.snapshot import load
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 

@@ -16,7 +16,7 @@ import time
 import pytest
 from conftest import REPO, free_port, wait_until
 
-from ddpwatch.alerts import (
+from ddpwatch.publish.alerts import (
     Alert,
     Dispatcher,
     alertmanager,
@@ -26,8 +26,8 @@ from ddpwatch.alerts import (
     verify_hub,
     verify_standard,
 )
-from ddpwatch.alerts.dispatch import backoff_delay
-from ddpwatch.alerts.transport import parse_retry_after
+from ddpwatch.publish.alerts.dispatch import backoff_delay
+from ddpwatch.publish.alerts.transport import parse_retry_after
 from ddpwatch.errors import ConfigError
 
 FAST = dict(base_delay_s=0.05, max_delay_s=0.2)
@@ -446,6 +446,6 @@ def test_build_sinks_names_and_defaults():
 
 
 def test_importing_alerts_does_not_import_torch():
-    code = "import sys, ddpwatch.alerts; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, ddpwatch.publish.alerts; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
                    env=dict(os.environ, PYTHONPATH=REPO))

@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port, need, wait_until
 from test_alerts import Receiver, alert
 
-from ddpwatch.alerts import Dispatcher, build_sinks
+from ddpwatch.publish.alerts import Dispatcher, build_sinks
 
 BINARY = "/usr/bin/prometheus-alertmanager"
 

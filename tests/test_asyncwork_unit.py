@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from ddpwatch import asyncwork, callbacks
+from ddpwatch.rank import asyncwork, callbacks
 
 
 class FakeWork:

@@ -129,7 +129,7 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
                                  and b["job"] == key], 30, what="firing webhook")
     assert firing[0]["culprits"] == [1] and firing[0]["verdict"] == "stopped"
-    from ddpwatch.alerts.generic import verify_hub, verify_standard
+    from ddpwatch.publish.alerts.generic import verify_hub, verify_standard
     headers, body, _ = next(r for r in hook.requests if json.loads(r[1])["job"] == key)
     assert verify_standard(SECRET, headers, body) and verify_hub(SECRET, headers, body)
     assert not verify_standard(SECRET + "x", headers, body)

@@ -208,8 +208,8 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     """The daemon's probe keeps records of exited writers (real processes): read
     again while their writer might still have published its last word, then
     reused until the file changes or goes away."""
-    from ddpwatch.probes import ProbeContext
-    from ddpwatch.probes import heartbeats as probe
+    from ddpwatch.observe.probes import ProbeContext
+    from ddpwatch.observe.probes import heartbeats as probe
     script = ("import sys; sys.path.insert(0, %r); from ddpwatch.heartbeat import open_writer; "
               "w = open_writer(%r, rank=0); w.step(5); w.close()" % (REPO, str(tmp_path)))
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The C hot path (ddpwatch/_hotpath.c) against its pure-Python reference."""
+"""The C hot path (ddpwatch/heartbeat/_hotpath.c) against its pure-Python reference."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ CORES = ("c", "python")
 
 def test_the_c_core_is_used_when_built_and_pure_python_on_request(monkeypatch):
     need_c_core()
-    from ddpwatch import _hotpath
+    from ddpwatch.heartbeat import _hotpath
     monkeypatch.delenv("DDPWATCH_PURE_PYTHON", raising=False)
     assert core_class() is _hotpath.Core
     monkeypatch.setenv("DDPWATCH_PURE_PYTHON", "1")
@@ -76,7 +76,7 @@ def test_c_read_once_matches_python_and_refuses_unpublished_or_mid_write(tmp_pat
     need_c_core()
     import mmap
 
-    from ddpwatch import _hotpath
+    from ddpwatch.heartbeat import _hotpath
     from ddpwatch.heartbeat.reader import _read_once_python
     w = open_writer(str(tmp_path), rank=0)
     _script(w)

@@ -1,9 +1,9 @@
-"""The incident state machine (ddpwatch/incidents.py) over per-tick job verdicts,
+"""The incident state machine (ddpwatch/publish/incidents.py) over per-tick job verdicts,
 with the clock given: confirmation on a second tick, the rendezvous grace,
 changes, resolution."""
 from __future__ import annotations
 
-from ddpwatch.incidents import OPEN_AFTER_S, IncidentBook
+from ddpwatch.publish.incidents import OPEN_AFTER_S, IncidentBook
 
 RENDEZVOUS_GRACE_S = OPEN_AFTER_S["rendezvous_wait"]
 

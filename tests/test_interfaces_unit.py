@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddpwatch.probes.host import CpuInfo, Host, Interface, LoadAvg
-from ddpwatch.probes.process import ProcessObs, Processes
-from ddpwatch.probes.sockets import PidSockets, Sockets, TcpSocket
-from ddpwatch.gloo_iface import interface_signals
-from ddpwatch.snapshot import Job, Snapshot
+from ddpwatch.observe.probes.host import CpuInfo, Host, Interface, LoadAvg
+from ddpwatch.observe.probes.process import ProcessObs, Processes
+from ddpwatch.observe.probes.sockets import PidSockets, Sockets, TcpSocket
+from ddpwatch.judge.gloo_iface import interface_signals
+from ddpwatch.observe.snapshot import Job, Snapshot
 
 PID, MASTER = 4242, 29500
 ENV = {"MASTER_ADDR": "192.168.1.10", "MASTER_PORT": str(MASTER), "WORLD_SIZE": "2",

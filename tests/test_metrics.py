@@ -16,14 +16,14 @@ import pytest
 from conftest import REPO, need
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddpwatch.classify import Finding, JobVerdict, Judgement, RankVerdict
-from ddpwatch.exporters.metrics import JOB, arrival_lateness, make_registry, render
+from ddpwatch.judge.classify import Finding, JobVerdict, Judgement, RankVerdict
+from ddpwatch.publish.metrics import JOB, arrival_lateness, make_registry, render
 from ddpwatch.heartbeat import Record, RingEntry
-from ddpwatch.probes.heartbeats import HeartbeatObs
-from ddpwatch.probes.process import Processes, ProcessObs
-from ddpwatch.rules import FINDINGS, ROLES, VERDICTS
-from ddpwatch.snapshot import Job, ProbeStatus, Snapshot
-from ddpwatch.view import DaemonView, Incident, JobView, PeerView
+from ddpwatch.observe.probes.heartbeats import HeartbeatObs
+from ddpwatch.observe.probes.process import Processes, ProcessObs
+from ddpwatch.judge.rules import FINDINGS, ROLES, VERDICTS
+from ddpwatch.observe.snapshot import Job, ProbeStatus, Snapshot
+from ddpwatch.publish.view import DaemonView, Incident, JobView, PeerView
 
 GOLDEN = os.path.join(REPO, "tests", "fixtures", "metrics", "golden.prom")
 NOW = 1000.0          # monotonic seconds of the last snapshot

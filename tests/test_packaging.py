@@ -61,7 +61,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     venv = tmp_path / "venv"
     assert any(n.endswith("data/data/share/ddpwatch/rules/default.yaml") for n in names), names
     assert any(n.startswith("trainer/") for n in names)
-    assert any(n.startswith("ddpwatch/_hotpath") and n.endswith(".so") for n in names), names
+    assert any(n.startswith("ddpwatch/heartbeat/_hotpath") and n.endswith(".so") for n in names), names
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDPWATCH_PURE_PYTHON")}
     hot = subprocess.run([py, "-c", "from ddpwatch import _hotpath; "
                           "from ddpwatch.heartbeat.writer import core_class; "

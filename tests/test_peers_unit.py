@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import REPO
 
-from ddpwatch import classify, rules as rules_mod
-from ddpwatch.peers import PeerPoller
-from ddpwatch.discovery import job_key
-from ddpwatch.snapshot import load, save
+from ddpwatch.judge import classify, rules as rules_mod
+from ddpwatch.publish.peers import PeerPoller
+from ddpwatch.observe.discovery import job_key
+from ddpwatch.observe.snapshot import load, save
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 

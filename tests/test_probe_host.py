@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from ddpwatch import codec
-from ddpwatch.probes import ProbeContext, load_all, run_probe
-from ddpwatch.probes import host as H
+from ddpwatch.observe.probes import ProbeContext, load_all, run_probe
+from ddpwatch.observe.probes import host as H
 
 CPUINFO = os.path.join(os.path.dirname(__file__), "fixtures", "cpuinfo")
 

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import need, wait_until
 from ddpwatch import codec
-from ddpwatch.probes import ProbeContext, load_all, run_probe
-from ddpwatch.probes import sockets as S
+from ddpwatch.observe.probes import ProbeContext, load_all, run_probe
+from ddpwatch.observe.probes import sockets as S
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 PROC = os.path.join(FIX, "proc")

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO, need, wait_until
 from ddpwatch import codec
-from ddpwatch.probes import ProbeContext, load_all
-from ddpwatch.probes import process
-from ddpwatch.probes import stacks as K
+from ddpwatch.observe.probes import ProbeContext, load_all
+from ddpwatch.observe.probes import process
+from ddpwatch.observe.probes import stacks as K
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 PYSPY = os.path.join(FIX, "pyspy")
@@ -147,7 +147,7 @@ def _live_python(start_job):
 
 def _frames(result):
     # by tid == pid: py-spy leaves the thread's Python name empty for some interpreters
-    from ddpwatch.stackmatch import main_thread as main_of
+    from ddpwatch.judge.stackmatch import main_thread as main_of
     return [f.name for f in main_of(result).frames]
 
 
@@ -193,8 +193,8 @@ def test_earlier_stacks_are_kept_only_for_ranks_that_have_not_moved():
     heartbeat advanced since is elsewhere, and its old dump must not judge it."""
     import dataclasses
 
-    from ddpwatch.snapshot import load
-    from ddpwatch.stackmatch import progress_of, still_current
+    from ddpwatch.observe.snapshot import load
+    from ddpwatch.judge.stackmatch import progress_of, still_current
     snap = load(os.path.join(REPO, "tests", "fixtures", "snapshots", "trainer_hang.json"))[-1]
     then = progress_of(snap.heartbeats)
     assert len(then) == 2 and len(snap.stacks.pids) >= 2

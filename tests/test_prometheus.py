@@ -24,8 +24,8 @@ from conftest import REPO, free_port, need, wait_until
 from prometheus_client import CONTENT_TYPE_LATEST
 from test_metrics import ALERT_STATS, PEERS, daemon_view, straggler_job
 
-from ddpwatch.exporters.metrics import make_registry, render
-from ddpwatch.rules import VERDICTS
+from ddpwatch.publish.metrics import make_registry, render
+from ddpwatch.judge.rules import VERDICTS
 
 DASHBOARD = os.path.join(REPO, "grafana", "ddpwatch.json")
 ALERTS = os.path.join(REPO, "rules", "prometheus", "ddpwatch-alerts.yaml")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ipaddress
 import struct
 
-from ddpwatch.dropped import unanswered
-from ddpwatch.probes import traffic as T
+from ddpwatch.judge.dropped import unanswered
+from ddpwatch.observe.probes import traffic as T
 
 
 def ipv4_tcp(src, dst, sport, dport, flags) -> bytes:

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data
-from . import faults as faultlib
-from .dtype import choose_dtype, cpu_flags, cuda_capability, resolve_device
-from .model import GPT, GPTConfig, param_breakdown
+from ddpwatch import data
+from ddpwatch import faults as faultlib
+from ddpwatch.dtype import choose_dtype, cpu_flags, cuda_capability, resolve_device
+from ddpwatch.model import GPT, GPTConfig, param_breakdown
 
 # -----------------------------------------------------------------------------
 # default config values
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         + f", grad accum steps {grad_accum}, {tokens_per_step} tokens per step")
     log(f"data: {plan.description}, fingerprint {plan.fingerprint}")
     if watching:
-        from ddpwatch import instrumentation
+        from ddpwatch.rank import instrumentation
         counters = instrumentation.writer().counters
         log(f"ddpwatch: heartbeats in {heartbeat.path or 'nowhere (writer off)'}")
     else:

@@ -8,14 +8,17 @@ import os
 import sys
 import time
 
-from .. import classify, discovery, errors, report, rules as rules_mod
-from ..dropped import inbound_signals
-from ..gloo_iface import interface_signals
-from ..probes import ProbeContext, run_probe
-from ..probes.heartbeats import run as read_heartbeats
-from ..probes.traffic import SynCapture, for_ports, local_ports, open_capture
-from ..signals import process_signals
-from ..snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
+from ..judge import classify, rules as rules_mod
+from ..observe import discovery
+from .. import errors
+from ..publish import report
+from ..judge.dropped import inbound_signals
+from ..judge.gloo_iface import interface_signals
+from ..observe.probes import ProbeContext, run_probe
+from ..observe.probes.heartbeats import run as read_heartbeats
+from ..observe.probes.traffic import SynCapture, for_ports, local_ports, open_capture
+from ..judge.signals import process_signals
+from ..observe.snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
 
 CHEAP = ("process", "sockets", "heartbeats")
 
@@ -165,7 +168,7 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
     if not args.peer:
         return ()
     from ..config import PEER_URL
-    from ..peers import PeerPoller
+    from ..publish.peers import PeerPoller
     for url in args.peer:
         if not PEER_URL.fullmatch(url):
             raise errors.UsageError(f"--peer {url!r} is not a daemon's base URL (http://HOST:PORT)")

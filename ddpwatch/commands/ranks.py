@@ -5,9 +5,11 @@ import json
 import sys
 import time
 
-from .. import discovery, errors, ranks
-from ..probes import ProbeContext
-from ..probes.heartbeats import run as read_heartbeats
+from ..observe import discovery
+from .. import errors
+from ..publish import ranks
+from ..observe.probes import ProbeContext
+from ..observe.probes.heartbeats import run as read_heartbeats
 
 
 def main(args) -> int:

@@ -1,7 +1,8 @@
 """`ddpwatch rules check [FILE...]`: validate rule files; exit 78 on the first error."""
 from __future__ import annotations
 
-from .. import errors, rules
+from .. import errors
+from ..judge import rules
 from ..resources import shipped
 
 

@@ -10,7 +10,7 @@ import time
 
 from .. import config as config_mod, errors
 from ..daemon import Daemon, load_rules
-from ..httpd import Server
+from ..publish.httpd import Server
 from ..sdnotify import notify
 
 log = logging.getLogger("ddpwatch")
@@ -37,7 +37,7 @@ def setup_logging(fmt: str) -> None:
 def build_dispatcher(cfg):
     if not cfg.webhooks:
         return None
-    from ..alerts import Dispatcher, build_sinks
+    from ..publish.alerts import Dispatcher, build_sinks
     return Dispatcher(build_sinks(list(cfg.webhooks), cfg.source))
 
 
@@ -50,7 +50,7 @@ def poller_inputs(cfg) -> tuple:
 def build_poller(cfg):
     if not cfg.peers:
         return None
-    from ..peers import PeerPoller
+    from ..publish.peers import PeerPoller
     peers, token, tick_s, timeout_s, max_age_s = poller_inputs(cfg)
     return PeerPoller(peers, token, interval_s=tick_s, timeout_s=timeout_s, max_age_s=max_age_s)
 
@@ -67,7 +67,7 @@ def main(args) -> int:
     dispatcher = build_dispatcher(cfg)
     poller = build_poller(cfg)
     daemon = Daemon(cfg, rules, dispatcher, peers=poller)
-    from ..exporters.metrics import make_registry, render
+    from ..publish.metrics import make_registry, render
     registry = make_registry(lambda: daemon.view)
     host, port = cfg.host_port
     try:

@@ -1,4 +1,4 @@
-"""Which parts of the heartbeat channel run in C: ddpwatch/_hotpath.c, where it
+"""Which parts of the heartbeat channel run in C: ddpwatch/heartbeat/_hotpath.c, where it
 was built for this record layout, else the pure-Python reference everywhere
 (also on request: DDPWATCH_PURE_PYTHON=1). Asked at each use, not once at
 import, so tests and benchmarks can switch between the two in one process."""
@@ -21,7 +21,7 @@ def hotpath():
     if pure_python_forced():
         return None
     try:
-        from .. import _hotpath
+        from . import _hotpath
     except ImportError:
         return None
     fields = tuple((name, code) for name, code in layout.PROGRESS_FIELDS)

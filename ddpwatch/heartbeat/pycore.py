@@ -1,7 +1,7 @@
 """`PyCore`: one record's progress state and its seqlock publishing, in Python.
 
 The reference implementation of the record's state machine, and the fallback
-where the C one (ddpwatch/_hotpath.c, which mirrors this method for method) was
+where the C one (ddpwatch/heartbeat/_hotpath.c, which mirrors this method for method) was
 not built. writer.py picks one.
 
 The seqlock: every publish stores `seq` odd (one aligned 8-byte store through

@@ -6,7 +6,7 @@ mapping: no syscall, no allocation beyond the values, and no exception can
 escape (set-up problems turn the writer off with one warning).
 
 Two implementations of the record's state machine, one behaviour:
-`ddpwatch._hotpath.Core` (C, used when it was built: about a tenth of the CPU
+`ddpwatch.heartbeat._hotpath.Core` (C, used when it was built: about a tenth of the CPU
 per collective) and `pycore.PyCore` (the reference, and the fallback where no
 compiler was found or DDPWATCH_PURE_PYTHON=1). The tests run against both.
 

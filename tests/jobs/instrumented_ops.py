@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ddpwatch
-import ddpwatch.instrumentation
+import ddpwatch.rank.instrumentation
 
 ddpwatch.instrument()
 dist.init_process_group("gloo")
@@ -40,6 +40,6 @@ for _ in range(3):
 params = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"rank": rank, "param_bytes": params, "pid": os.getpid(),
                   "wrapper": type(dist.all_reduce).__name__,
-                  "core": type(ddpwatch.instrumentation.writer().core).__name__}), flush=True)
+                  "core": type(ddpwatch.rank.instrumentation.writer().core).__name__}), flush=True)
 dist.barrier()
 dist.destroy_process_group()

@@ -1,0 +1,63 @@
+"""Heartbeat probe: the records ranks write about themselves, plus whether each
+record's process is still the one that wrote it (heartbeat/liveness.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ...heartbeat import Record, Skipped, read_file
+from ...heartbeat.reader import attempt_reader, list_records
+from ...heartbeat.liveness import record_alive
+from ...heartbeat.paths import record_dirs
+from . import ProbeContext, register
+
+@dataclass(frozen=True)
+class HeartbeatObs:
+    records: tuple[Record, ...]
+    alive: tuple[bool, ...]          # per record, same order
+    skipped: tuple[Skipped, ...]
+
+
+@register("heartbeats", help="heartbeat records the ranks write (ddpwatch.instrument)")
+def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
+    dead = ctx.dead_records
+    records, alive, skipped = [], [], []
+    paths = [p for d in record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
+             for p in list_records(d)]
+    read_once = attempt_reader()
+    for path in paths:
+        identity = _file_identity(path) if dead is not None else None
+        cached = dead.get(path) if dead is not None else None
+        if cached is not None and cached[2] and identity is not None and cached[0] == identity:
+            records.append(cached[1])
+            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
+            continue
+        result = read_file(path, read_once)
+        if isinstance(result, Skipped):
+            skipped.append(result)
+            continue
+        is_alive = record_alive(result, ctx.procfs)
+        records.append(result)
+        alive.append(is_alive)
+        if dead is not None:
+            if is_alive or identity is None:
+                dead.pop(path, None)
+            else:
+                # Reused only once read with its writer already gone a tick
+                # before: a read that raced the writer's last publish (EXITED,
+                # at exit) is not final, and mmap stores leave mtime alone.
+                dead[path] = (identity, result, path in dead)
+    if dead is not None:
+        for path in set(dead) - set(paths):  # files removed since
+            del dead[path]
+    return HeartbeatObs(tuple(records), tuple(alive), tuple(skipped))
+
+
+def _file_identity(path: str) -> tuple | None:
+    """What changes when a record file is rewritten or replaced."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

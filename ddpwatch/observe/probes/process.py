@@ -1,0 +1,374 @@
+"""Process probe: what /proc says about each rank, its threads and its launch.
+
+READ is `read_process` / `_read_thread` / `run` (tiny, impure: files under
+`ctx.procfs`); PARSE is `parse_*`, `torchrun_args` and `env_from_cmdline` (pure,
+tested on saved fixtures). Counters are cumulative (cpu seconds, schedstat): the
+classifier takes deltas between two snapshots, so CPU% is never computed here.
+
+Unknown numbers are -1 (never 0: a blind watcher must not look idle or healthy).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ... import codec
+from . import ProbeContext, register
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Only these variables leave the host: an environment can hold secrets.
+ENV_ALLOW = frozenset((
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+    "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+    "DDPWATCH_DIR", "TORCH_DISTRIBUTED_DEBUG",
+))
+
+
+@dataclass(frozen=True)
+class SchedStat:
+    """/proc/PID/task/TID/schedstat. Run-queue wait growing while run time does not
+    is a CPU-starved thread (straggler); neither growing is a blocked one."""
+    run_s: float
+    runqueue_wait_s: float
+    timeslices: int
+
+
+NO_SCHEDSTAT = SchedStat(-1.0, -1.0, -1)  # kernel without CONFIG_SCHED_INFO, or unreadable
+
+
+@dataclass(frozen=True)
+class StatFields:
+    """The fields of /proc/PID/stat that ddpwatch uses (times in seconds)."""
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+    cpu_seconds: float
+    num_threads: int
+    start_time_s: float
+    processor: int
+
+
+@dataclass(frozen=True)
+class ThreadObs:
+    tid: int
+    comm: str
+    state: str
+    wchan: str  # kernel function the thread sleeps in ("" when running/unknown)
+    cpu_seconds: float
+    processor: int  # CPU it last ran on
+    sched: SchedStat
+
+
+@dataclass(frozen=True)
+class ProcessObs:
+    """One pid. `error` is "" when observed, else "gone" / "denied: ..." and the
+    other fields keep their defaults."""
+    pid: int
+    error: str = ""
+    ppid: int = -1
+    pgrp: int = -1
+    comm: str = ""
+    cmdline: tuple[str, ...] = ()
+    state: str = ""  # R S D T(SIGSTOP) t(debugger stop) Z X I
+    uid: int = -1
+    tracer_pid: int = 0  # non-zero: a debugger (or py-spy --native) is attached
+    start_time_s: float = -1.0  # since boot; with pid it identifies the process (pid reuse)
+    cpu_seconds: float = -1.0
+    num_threads: int = -1
+    rss_bytes: int = -1
+    cpus_allowed: tuple[int, ...] = ()
+    threads: tuple[ThreadObs, ...] = ()
+    children: tuple[int, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # allow-listed ENV_ALLOW only
+    env_source: str = ""  # "environ" | "cmdline" (environ unreadable/empty) | "none"
+    torchrun: dict[str, str] = field(default_factory=dict)  # launcher flags, if a launcher
+
+
+@dataclass(frozen=True)
+class Processes:
+    taken_at: float  # ctx.clock() when read
+    uptime_s: float
+    clk_tck: int
+    procs: tuple[ProcessObs, ...]
+
+
+# ---------------------------------------------------------------- PARSE (pure)
+
+def parse_stat(text: str, clk_tck: int = CLK_TCK) -> StatFields:
+    """/proc/PID/stat. comm sits in parens and may itself hold spaces and parens
+    (`prctl(PR_SET_NAME, "a) S (b")`), so split at the *last* ')'."""
+    head, _, tail = text.rpartition(")")
+    pid_s, _, comm = head.partition(" (")
+    f = tail.split()
+    # f[0] is field 3 (state) of proc(5); field n is f[n - 3].
+    return StatFields(
+        pid=int(pid_s), comm=comm, state=f[0], ppid=int(f[1]), pgrp=int(f[2]),
+        session=int(f[3]), cpu_seconds=(int(f[11]) + int(f[12])) / clk_tck,
+        num_threads=int(f[17]), start_time_s=int(f[19]) / clk_tck,
+        processor=int(f[36]) if len(f) > 36 else -1)
+
+
+def parse_status(text: str) -> dict[str, str]:
+    """/proc/PID/status as {key: raw value}."""
+    pairs = (line.partition(":") for line in text.splitlines())
+    return {key: value.strip() for key, sep, value in pairs if sep}
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(cpus)
+
+
+def parse_schedstat(text: str) -> SchedStat:
+    """'run_ns wait_ns timeslices'."""
+    run_ns, wait_ns, slices = text.split()[:3]
+    return SchedStat(int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices))
+
+
+def parse_cmdline(data: bytes) -> tuple[str, ...]:
+    """NUL-separated argv. Kernel threads and zombies have none: ()."""
+    if data.endswith(b"\0"):
+        data = data[:-1]
+    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0")) if data else ()
+
+
+def parse_environ(data: bytes, allow: frozenset[str] = ENV_ALLOW) -> dict[str, str]:
+    """NUL-separated exec-time environment, restricted to `allow`."""
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        k = key.decode("utf-8", "replace")
+        if sep and k in allow:
+            env[k] = value.decode("utf-8", "replace")
+    return env
+
+
+# torchrun's own flags (torch.distributed.run.get_args_parser, torch 2.13; use_env from
+# the older torch.distributed.launch). All take a value except _TORCHRUN_BOOL; knowing
+# which lets us stop at the training script.
+_TORCHRUN_BOOL = ("standalone", "module", "no_python", "run_path", "virtual_local_rank",
+                  "use_env")
+_TORCHRUN_FLAGS = _TORCHRUN_BOOL + tuple("""nnodes nproc_per_node rdzv_backend rdzv_endpoint
+    rdzv_id rdzv_conf max_restarts monitor_interval start_method event_log_handler role
+    log_dir redirects tee local_ranks_filter duplicate_stdout_filters
+    duplicate_stderr_filters node_rank master_addr master_port local_addr logs_specs
+    numa_binding signals_to_handle shutdown_timeout""".split())
+_SHORT = {"-m": "module", "-r": "redirects", "-t": "tee"}
+
+
+def _launcher_start(argv: tuple[str, ...]) -> int:
+    """Index of the first launcher flag, or -1 if argv is not torchrun/launch."""
+    for i, arg in enumerate(argv[:3]):
+        if os.path.basename(arg) == "torchrun":
+            return i + 1
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in (
+                "torch.distributed.run", "torch.distributed.launch"):
+            return i + 2
+    return -1
+
+
+def torchrun_args(cmdline: tuple[str, ...]) -> dict[str, str]:
+    """Launcher flags of a torchrun / `python -m torch.distributed.run` cmdline,
+    normalised to argparse dests (`--nproc-per-node 2` -> nproc_per_node='2'), plus
+    'script'. Argparse accepts unique prefixes (`--nproc 2`), so do we. {} if not
+    a launcher."""
+    argv = cmdline
+    if len(argv) == 1 and " " in argv[0]:  # setproctitle-style rewritten cmdline
+        argv = tuple(argv[0].split())
+    i = _launcher_start(argv)
+    if i < 0:
+        return {}
+    out: dict[str, str] = {}
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            out["script"] = arg
+            break
+        name, eq, value = arg.partition("=")
+        if name in _SHORT:
+            dest = _SHORT[name]
+        else:
+            dest = name.lstrip("-").replace("-", "_")
+            matches = [f for f in _TORCHRUN_FLAGS if f.startswith(dest)]
+            dest = dest if dest in _TORCHRUN_FLAGS or len(matches) != 1 else matches[0]
+        if dest in _TORCHRUN_BOOL:
+            out[dest] = "1"
+        elif eq:
+            out[dest] = value
+        elif i + 1 < len(argv):
+            out[dest] = argv[i + 1]
+            i += 1
+        i += 1
+    return out
+
+
+def env_from_cmdline(cmdline: tuple[str, ...]) -> dict[str, str]:
+    """Best-effort ENV_ALLOW values when environ is unreadable: from launcher flags,
+    or a script's `--local-rank N` (what torch.distributed.launch passes)."""
+    args = torchrun_args(cmdline)
+    env: dict[str, str] = {}
+    simple = {"nproc_per_node": "LOCAL_WORLD_SIZE", "master_addr": "MASTER_ADDR",
+              "master_port": "MASTER_PORT", "node_rank": "GROUP_RANK",
+              "rdzv_id": "TORCHELASTIC_RUN_ID"}
+    for dest, var in simple.items():
+        if dest in args:
+            env[var] = args[dest]
+    # With the c10d rendezvous, workers reuse the agent's store at the rendezvous
+    # endpoint as their MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
+    endpoint = args.get("rdzv_endpoint", "")
+    if endpoint and "MASTER_ADDR" not in env:
+        host, sep, port = endpoint.rpartition(":")
+        if sep and port.isdigit() and not host.endswith(":"):
+            env["MASTER_ADDR"], env["MASTER_PORT"] = host.strip("[]"), port
+        else:  # no port: torchrun's default 29400 applies, don't guess
+            env["MASTER_ADDR"] = endpoint.strip("[]")
+    if not args:
+        for i, arg in enumerate(cmdline):
+            name, eq, value = arg.partition("=")
+            if name in ("--local-rank", "--local_rank"):
+                value = value if eq else (cmdline[i + 1] if i + 1 < len(cmdline) else "")
+                if value.isdigit():
+                    env["LOCAL_RANK"] = value
+    return env
+
+
+# ---------------------------------------------------------------- READ (impure)
+
+def _read(path: str, binary: bool = False):
+    # Plain open(): pathlib's object per path costs more than the small read itself.
+    if binary:
+        with open(path, "rb") as f:
+            return f.read()
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def all_pids(procfs: str = "/proc") -> tuple[int, ...]:
+    return tuple(sorted(int(d) for d in os.listdir(procfs) if d.isdigit()))
+
+
+def ppid_map(procfs: str = "/proc") -> dict[int, int]:
+    """{pid: ppid} of every readable process (vanishing ones are skipped)."""
+    out = {}
+    for pid in all_pids(procfs):
+        try:
+            out[pid] = parse_stat(_read(f"{procfs}/{pid}/stat")).ppid
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def read_state(procfs: str, pid: int) -> str:
+    """The state letter of one pid, "" if it cannot be read (for other probes)."""
+    try:
+        return parse_stat(_read(f"{procfs}/{pid}/stat")).state
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def _read_thread(procfs: str, pid: int, tid: int, detail: bool = True) -> ThreadObs | None:
+    """One thread; without `detail` only its schedstat (state, wchan, CPU unknown)."""
+    base = f"{procfs}/{pid}/task/{tid}"
+    if detail:
+        try:
+            st = parse_stat(_read(f"{base}/stat"))
+        except (OSError, ValueError, IndexError):
+            return None  # thread exited between listdir and read
+        try:
+            wchan = _read(f"{base}/wchan").strip()
+        except OSError:
+            wchan = ""
+    try:
+        sched = parse_schedstat(_read(f"{base}/schedstat"))
+    except (OSError, ValueError):
+        if not detail and not os.path.isdir(base):
+            return None  # thread exited between listdir and read
+        sched = NO_SCHEDSTAT  # a kernel without CONFIG_SCHED_INFO has no file
+    if not detail:
+        return ThreadObs(tid, "", "", "", -1.0, -1, sched)
+    return ThreadObs(tid, st.comm, st.state, "" if wchan == "0" else wchan,
+                     st.cpu_seconds, st.processor, sched)
+
+
+def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
+                 exec_info: tuple | None = None, thread_detail: bool = True) -> ProcessObs:
+    """Everything about one pid; per-pid failures become `error`, never raise.
+
+    exec_info: the pid's (cmdline, allow-listed env) when the caller already has them."""
+    base = f"{procfs}/{pid}"
+    try:
+        st = parse_stat(_read(f"{base}/stat"))
+        status = parse_status(_read(f"{base}/status"))
+    except (FileNotFoundError, ProcessLookupError):
+        return ProcessObs(pid, error="gone")
+    except PermissionError as err:
+        return ProcessObs(pid, error=f"denied: {err.strerror}")
+    except (ValueError, IndexError) as err:  # torn or foreign file
+        return ProcessObs(pid, error=f"unparsable stat: {err}")
+    if exec_info is not None:
+        cmdline, env = exec_info
+        source = "environ" if env else ""
+    else:
+        try:
+            cmdline = parse_cmdline(_read(f"{base}/cmdline", binary=True))
+        except OSError:
+            cmdline = ()
+        try:  # zombies answer ESRCH, other users' processes EACCES
+            env = parse_environ(_read(f"{base}/environ", binary=True))
+            source = "environ" if env else ""
+        except OSError:
+            env, source = {}, ""
+    if not env:
+        env = env_from_cmdline(cmdline)
+        source = "cmdline" if env else "none"
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"{base}/task") if t.isdigit())
+    except OSError:
+        tids = []
+    threads = tuple(t for t in (_read_thread(procfs, pid, tid, thread_detail)
+                           for tid in tids) if t)
+    uid = status.get("Uid", "-1").split()[0]
+    rss_kb = status.get("VmRSS", "").split()
+    return ProcessObs(
+        pid=pid, ppid=st.ppid, pgrp=st.pgrp, comm=st.comm, cmdline=cmdline,
+        state=st.state, uid=int(uid), tracer_pid=int(status.get("TracerPid", "0")),
+        start_time_s=st.start_time_s, cpu_seconds=st.cpu_seconds,
+        num_threads=st.num_threads, rss_bytes=int(rss_kb[0]) * 1024 if rss_kb else 0,
+        cpus_allowed=parse_cpu_list(status.get("Cpus_allowed_list", "")),
+        threads=threads, children=children, env=env, env_source=source,
+        torchrun=torchrun_args(cmdline))
+
+
+@register("process", help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
+def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
+    taken_at = ctx.clock()
+    parents = ctx.parents if ctx.parents is not None else ppid_map(ctx.procfs)
+    kids: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        kids.setdefault(parent, []).append(child)
+    try:
+        uptime = float(_read(f"{ctx.procfs}/uptime").split()[0])
+    except (OSError, ValueError, IndexError):
+        uptime = -1.0
+    known = ctx.exec_info or {}
+    procs = tuple(read_process(ctx.procfs, pid, tuple(sorted(kids.get(pid, ()))),
+                               known.get(pid), ctx.thread_detail)
+                  for pid in pids)
+    return Processes(taken_at, uptime, CLK_TCK, procs)
+
+
+def from_json(obj) -> Processes:
+    """Replay a saved snapshot's process data (codec.to_json / dataclasses.asdict)."""
+    return codec.from_json(Processes, obj)

@@ -1,0 +1,363 @@
+"""Sockets probe: each rank's TCP connections, their queues and their silence.
+
+Which sockets belong to a pid: the `socket:[INODE]` links in /proc/PID/fd. Their
+addresses and states: /proc/PID/net/tcp{,6}, which is that pid's *network
+namespace* view (ranks of a multi-node test run in their own namespaces). Byte
+counters, retransmits, rtt and time since last send/receive: `ss -tineH`, run
+inside the pid's namespace with nsenter when it is not ours, matched by inode.
+For such a pid the namespace's interfaces too (`ip -o addr`): the host probe
+lists the watcher's, and a rank in a container listens on the container's.
+
+READ: `run`, `_read_*`, `read_ss`, `read_ip_addr`. PARSE (pure): `parse_proc_net_tcp`,
+`parse_ss`, `parse_ip_addr`.
+Unknown numbers are -1: a socket ss did not describe must not look freshly active.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+
+from ... import codec
+from . import ProbeContext, register
+from .host import Interface, interface_kind
+
+# include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
+TCP_STATES = {
+    1: "ESTABLISHED", 2: "SYN-SENT", 3: "SYN-RECV", 4: "FIN-WAIT-1", 5: "FIN-WAIT-2",
+    6: "TIME-WAIT", 7: "CLOSE", 8: "CLOSE-WAIT", 9: "LAST-ACK", 10: "LISTEN",
+    11: "CLOSING", 12: "NEW-SYN-RECV",
+}
+_SS_STATE = {"ESTAB": "ESTABLISHED", "UNCONN": "CLOSE"}
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One row of /proc/net/tcp{,6}."""
+    inode: int
+    family: str  # "tcp" | "tcp6"
+    state: str
+    local_addr: str
+    local_port: int
+    peer_addr: str
+    peer_port: int
+    send_q: int  # tx_queue: bytes not yet acked by the peer
+    recv_q: int  # rx_queue: bytes not yet read by the process (LISTEN: accept backlog)
+    retries: int  # consecutive unanswered retransmissions (SYN-SENT: SYN retries)
+
+
+@dataclass(frozen=True)
+class SsInfo:
+    """One socket of `ss -tinH` / `-tineH` (inode 0 without -e)."""
+    state: str
+    local_addr: str
+    local_port: int
+    peer_addr: str
+    peer_port: int
+    recv_q: int
+    send_q: int
+    inode: int
+    bytes_sent: int
+    bytes_received: int
+    bytes_acked: int
+    retransmits: int  # total over the connection's life (retrans:cur/TOTAL)
+    rtt_ms: float
+    last_send_ms: int  # ms since the last send/receive; huge in SYN-SENT (never sent)
+    last_recv_ms: int
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    inode: int
+    family: str
+    state: str
+    local_addr: str
+    local_port: int
+    peer_addr: str
+    peer_port: int
+    recv_q: int
+    send_q: int
+    retries: int
+    bytes_sent: int = -1
+    bytes_received: int = -1
+    bytes_acked: int = -1
+    retransmits: int = -1
+    rtt_ms: float = -1.0
+    last_send_ms: int = -1
+    last_recv_ms: int = -1
+
+
+@dataclass(frozen=True)
+class PidSockets:
+    """`error` non-empty: the pid could not be observed. `info_error`: ss failed for
+    its namespace, so only the /proc fields are known."""
+    pid: int
+    net_ns: str = ""
+    sockets: tuple[TcpSocket, ...] = ()
+    error: str = ""
+    info_error: str = ""
+    # the interfaces of the pid's network namespace when it is not the watcher's
+    # (None: the watcher's own, the host probe's; or not read on a lean pass)
+    interfaces: tuple[Interface, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Sockets:
+    taken_at: float
+    pids: tuple[PidSockets, ...]
+
+
+# ---------------------------------------------------------------- PARSE (pure)
+
+def fmt_ip(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """IPv4-mapped IPv6 as '::ffff:10.0.0.1' (as ss prints it; Python < 3.13 would
+    say '::ffff:a00:1'). Kept apart from plain IPv4: a v4/v6 family mismatch between
+    ranks is itself a finding (Gloo's `ss_family == ss2.ss_family. 10 vs 2`)."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+        return f"::ffff:{addr.ipv4_mapped}"
+    return str(addr)
+
+
+def _hex_addr(text: str, byteorder: str) -> str:
+    """/proc/net/tcp prints addresses as 32-bit words in host byte order."""
+    raw = bytes.fromhex(text)
+    words = b"".join(int.from_bytes(raw[i:i + 4], byteorder).to_bytes(4, "big")
+                     for i in range(0, len(raw), 4))
+    return fmt_ip(ipaddress.ip_address(words))
+
+
+def parse_proc_net_tcp(text: str, family: str = "tcp",
+                       byteorder: str = sys.byteorder) -> tuple[TableEntry, ...]:
+    """/proc/net/tcp or tcp6 (same columns, longer addresses)."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10:
+            continue
+        local, peer = f[1].split(":"), f[2].split(":")
+        tx, rx = f[4].split(":")
+        rows.append(TableEntry(
+            inode=int(f[9]), family=family, state=TCP_STATES.get(int(f[3], 16), f[3]),
+            local_addr=_hex_addr(local[0], byteorder), local_port=int(local[1], 16),
+            peer_addr=_hex_addr(peer[0], byteorder), peer_port=int(peer[1], 16),
+            send_q=int(tx, 16), recv_q=int(rx, 16), retries=int(f[6], 16)))
+    return tuple(rows)
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """ss endpoints: '10.0.0.1:29500', '[::ffff:127.0.0.1]:45840', '*:22',
+    '127.0.0.1%lo:53' (bound to a device)."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]").partition("%")[0]
+    if host == "*":
+        host = "::"
+    try:
+        host = fmt_ip(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    return host, int(port) if port.isdigit() else 0
+
+
+def _ms(value: str) -> int:
+    return int(float(value))
+
+
+def parse_ss(text: str) -> tuple[SsInfo, ...]:
+    """`ss -tin[e]H`: a socket line, then an indented info line (blank for
+    TIME-WAIT). Only `key:value` tokens are read; `send 1bps` style pairs skipped."""
+    out = []
+    head: list[str] | None = None
+    info: dict[str, str] = {}
+
+    def flush():
+        if head is None:
+            return
+        local, peer = _endpoint(head[3]), _endpoint(head[4])
+        extra = dict(t.split(":", 1) for t in head[5:] if ":" in t)
+        retrans = info.get("retrans", "0/0").partition("/")[2] or "0"
+        has_info = bool(info)
+        out.append(SsInfo(
+            state=_SS_STATE.get(head[0], head[0]), local_addr=local[0],
+            local_port=local[1], peer_addr=peer[0], peer_port=peer[1],
+            recv_q=int(head[1]), send_q=int(head[2]), inode=int(extra.get("ino", "0")),
+            bytes_sent=int(info.get("bytes_sent", "0")) if has_info else -1,
+            bytes_received=int(info.get("bytes_received", "0")) if has_info else -1,
+            bytes_acked=int(info.get("bytes_acked", "0")) if has_info else -1,
+            retransmits=int(retrans) if has_info else -1,
+            rtt_ms=float(info["rtt"].partition("/")[0]) if "rtt" in info else -1.0,
+            last_send_ms=_ms(info["lastsnd"]) if "lastsnd" in info else -1,
+            last_recv_ms=_ms(info["lastrcv"]) if "lastrcv" in info else -1))
+
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line[0].isspace():  # info line of the socket above
+            info = dict(t.split(":", 1) for t in line.split() if ":" in t)
+            continue
+        flush()
+        head, info = line.split(), {}
+    flush()
+    return tuple(out)
+
+
+_SS_FIELDS = ("bytes_sent", "bytes_received", "bytes_acked", "retransmits", "rtt_ms",
+              "last_send_ms", "last_recv_ms")
+
+
+def merge(entry: TableEntry, ss: SsInfo | None) -> TcpSocket:
+    base = TcpSocket(entry.inode, entry.family, entry.state, entry.local_addr,
+                     entry.local_port, entry.peer_addr, entry.peer_port,
+                     entry.recv_q, entry.send_q, entry.retries)
+    if ss is None:
+        return base
+    return replace(base, **{k: getattr(ss, k) for k in _SS_FIELDS})
+
+
+def match(entries, infos) -> dict[int, SsInfo]:
+    """{inode: SsInfo}. By `ino:` (ss -e); without it, by the 4-tuple."""
+    by_ino = {i.inode: i for i in infos if i.inode}
+    by_tuple = {(i.local_addr, i.local_port, i.peer_addr, i.peer_port): i for i in infos}
+    out = {}
+    for e in entries:
+        hit = by_ino.get(e.inode) or by_tuple.get(
+            (e.local_addr, e.local_port, e.peer_addr, e.peer_port))
+        if hit is not None:
+            out[e.inode] = hit
+    return out
+
+
+# ---------------------------------------------------------------- READ (impure)
+
+def socket_inodes(procfs: str, pid: int) -> set[int]:
+    """Inodes of the pid's sockets; raises OSError if the fd table is unreadable."""
+    inodes = set()
+    fd_dir = f"{procfs}/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue  # closed between listdir and readlink
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def read_table(procfs: str, pid: int) -> tuple[TableEntry, ...]:
+    rows: tuple[TableEntry, ...] = ()
+    for family in ("tcp", "tcp6"):
+        try:
+            with open(f"{procfs}/{pid}/net/{family}") as f:
+                rows += parse_proc_net_tcp(f.read(), family)
+        except FileNotFoundError:
+            if family == "tcp":
+                raise
+            # tcp6 is absent when IPv6 is disabled
+    return rows
+
+
+def parse_ip_addr(text: str) -> tuple[Interface, ...]:
+    """`ip -o addr show up`: one line per address, e.g.
+    `5: eth0@if6    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth0\\ ...`.
+    Link-local IPv6 gets its %scope, as psutil (the host probe) writes it."""
+    addrs: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in ("inet", "inet6"):
+            continue
+        name = fields[1].partition("@")[0]  # veth peers: eth0@if6
+        addr = fields[3].partition("/")[0]
+        if fields[2] == "inet6" and addr.lower().startswith("fe80:"):
+            addr = f"{addr}%{name}"
+        addrs.setdefault(name, []).append(addr)
+    # only up ones are listed; mtu and speed are not said (0)
+    return tuple(Interface(name, tuple(ips), True, 0, 0, interface_kind(name),
+                           interface_kind(name) in ("vpn", "bridge", "veth"))
+                 for name, ips in sorted(addrs.items()))
+
+
+def read_ip_addr(ns_path: str, timeout_s: float) -> str:
+    """`ip -o addr show up` inside the namespace `ns_path` (needs root)."""
+    cmd = ["nsenter", f"--net={ns_path}", "ip", "-o", "addr", "show", "up"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def read_ss(ns_path: str | None, timeout_s: float) -> str:
+    """`ss -tineH`, inside the namespace `ns_path` (needs root) when given."""
+    ss = shutil.which("ss")
+    if ss is None:
+        raise FileNotFoundError("ss (iproute2) not found on PATH")
+    cmd = [ss, "-tineH"]
+    if ns_path:
+        cmd = ["nsenter", f"--net={ns_path}"] + cmd
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _ns(procfs: str, pid: int | str) -> str:
+    try:
+        return os.readlink(f"{procfs}/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+@register("sockets", help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
+def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
+    if ctx.socket_info and shutil.which("ss") is None:  # blind without it
+        raise FileNotFoundError("ss (iproute2) not found on PATH")
+    taken_at = ctx.clock()
+    # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
+    # daemon reading a host /proc mounted elsewhere compares like with like; a
+    # fixture tree has no self: "" then means never nsenter.
+    own_ns = _ns(ctx.procfs, "self")
+    tables: dict[str, tuple[TableEntry, ...]] = {}  # one read per namespace
+    infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
+    ifaces: dict[str, tuple[Interface, ...] | None] = {}
+    out = []
+    for pid in pids:
+        try:
+            inodes = socket_inodes(ctx.procfs, pid)
+            ns = _ns(ctx.procfs, pid)
+            if ns not in tables or not ns:
+                tables[ns] = read_table(ctx.procfs, pid)
+        except (FileNotFoundError, ProcessLookupError):
+            out.append(PidSockets(pid, error="gone"))
+            continue
+        except PermissionError as err:
+            out.append(PidSockets(pid, error=f"denied: {err.strerror}"))
+            continue
+        if ns not in infos and not ctx.socket_info:
+            infos[ns] = ((), "")  # states and queues from /proc are enough this time
+        if ns not in infos:
+            nsenter = ns and own_ns and ns != own_ns
+            try:
+                text = read_ss(f"{ctx.procfs}/{pid}/ns/net" if nsenter else None,
+                               ctx.timeout_s)
+                infos[ns] = (parse_ss(text), "")
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                infos[ns] = ((), f"{type(err).__name__}: {err}")
+            ifaces[ns] = None
+            if nsenter:
+                try:
+                    ifaces[ns] = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net",
+                                                            ctx.timeout_s))
+                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                    infos[ns] = (infos[ns][0], "; ".join(filter(None, (
+                        infos[ns][1], f"interfaces: {type(err).__name__}: {err}"))))
+        ss_rows, info_error = infos[ns]
+        mine = [e for e in tables[ns] if e.inode in inodes]
+        found = match(mine, ss_rows)
+        out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
+                              info_error=info_error, interfaces=ifaces.get(ns)))
+    return Sockets(taken_at, tuple(out))
+
+
+def from_json(obj) -> Sockets:
+    return codec.from_json(Sockets, obj)

@@ -1,0 +1,87 @@
+"""One frozen value per tick: everything the probes saw, with monotonic times.
+
+Snapshots are saved as JSON (`diagnose --save-snapshot`) and replayed
+(`diagnose --replay`), so the classifier is testable without processes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .. import codec
+from ..errors import DdpwatchError
+from .probes import ProbeResult
+from .probes.heartbeats import HeartbeatObs
+from .probes.host import Host
+from .probes.process import Processes
+from .probes.sockets import Sockets
+from .probes.stacks import Stacks
+from .probes.traffic import Traffic
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    name: str
+    ok: bool
+    duration_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    """Which local processes make up the job under watch (see discovery.py)."""
+    target_pid: int
+    launcher_pid: int              # torchrun agent or spawn parent; -1 if none
+    launcher_kind: str             # "torchrun" | "spawn" | "none"
+    rank_pids: tuple[int, ...]     # live processes judged as ranks
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    taken_at: float                # monotonic seconds
+    wall_time: float               # unix time, for people only
+    job: Job
+    processes: Processes | None
+    sockets: Sockets | None
+    stacks: Stacks | None
+    host: Host | None
+    heartbeats: HeartbeatObs | None
+    probes: tuple[ProbeStatus, ...]
+    traffic: Traffic | None = None  # connection attempts on the wire (root only)
+
+
+def status_of(result: ProbeResult) -> ProbeStatus:
+    return ProbeStatus(result.name, result.ok, round(result.duration_s, 4), result.error)
+
+
+class SnapshotFileError(DdpwatchError):
+    exit_code = 2
+
+
+def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({"ddpwatch_snapshots": SNAPSHOT_VERSION,
+                   "history": [codec.to_json(s) for s in history]}, f, indent=1)
+
+
+def load(path: str) -> tuple[Snapshot, ...]:
+    """Read a saved history; errors name the file and the JSON path."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as err:
+        raise SnapshotFileError(f"{path}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise SnapshotFileError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    if not isinstance(data, dict) or data.get("ddpwatch_snapshots") != SNAPSHOT_VERSION:
+        raise SnapshotFileError(f"{path}: not a ddpwatch snapshot file of version "
+                                f"{SNAPSHOT_VERSION}")
+    try:
+        return tuple(codec.from_json(Snapshot, s, f"history[{i}]")
+                     for i, s in enumerate(data["history"]))
+    except codec.DecodeError as err:
+        raise SnapshotFileError(f"{path}: {err}") from err

@@ -1,0 +1,301 @@
+"""/metrics: a Prometheus custom collector over the daemon's latest DaemonView.
+
+Built at scrape time from one frozen view, in a registry of its own (not the
+global one), so a rank or job that leaves the view leaves /metrics with it.
+One job that cannot be exported never breaks the scrape (STYLE 4, 8): it is
+left out, logged, and counted in `ddpwatch_collect_errors`.
+
+Labels stay bounded: no pid, no socket peer (`peer` is a configured daemon
+URL, `sink` a configured webhook). A DDP job is labelled `ddp_job`
+(JobView.key), never `job`: Prometheus owns `job` and `instance` as target
+labels and renames a scraped `job` to `exported_job` (honor_labels: false, its
+default), which would silently merge every run into the scrape job in the
+alert rules' `by (...)` aggregations.
+
+Values a probe could not measure are left out, never written as 0 (a blind
+watcher must not look idle): a rank without a heartbeat record has no step,
+seq or collective series; a rank whose /proc was unreadable has no CPU series.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from ..judge.classify import job_records
+from ..heartbeat import Record
+from ..judge.rules import FINDINGS, ROLES, VERDICTS
+from .view import DaemonView, IncidentState, JobView
+
+log = logging.getLogger(__name__)
+
+JOB = "ddp_job"
+_R = (JOB, "rank")
+RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
+                    "compute_dtype", "torch_version", "data_fingerprint")
+
+# name -> (type, label names, help). Order here is the order on /metrics.
+SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "ddpwatch_up": ("gauge", (), "1: the ddpwatch daemon answered this scrape."),
+    "ddpwatch_ready": ("gauge", (), (
+        "1 once the daemon completed a first tick; 0 before (no job, rank or probe series "
+        "then).")),
+    "ddpwatch_build_info": ("gauge", ("version",), "ddpwatch version; the value is always 1."),
+    "ddpwatch_collect_errors": ("gauge", (), (
+        "Jobs (or the whole view) left out of this scrape because exporting them failed (see "
+        "the daemon log).")),
+    "ddpwatch_ticks_total": ("counter", (), "Ticks the daemon completed since it started."),
+    "ddpwatch_tick_duration_seconds": ("gauge", (), "Duration of the last tick."),
+    "ddpwatch_last_tick_timestamp_seconds": ("gauge", (), "Unix time of the last tick."),
+    "ddpwatch_probe_success": ("gauge", ("probe",), (
+        "1 if every run of the probe in the last tick succeeded, else 0. Probes run only on "
+        "suspicion (stacks) appear only in ticks that ran them.")),
+    "ddpwatch_probe_duration_seconds": ("gauge", ("probe",), (
+        "Time the probe took in the last tick (summed over its runs).")),
+    "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
+    "ddpwatch_incidents_opened_total": ("counter", ("verdict",), (
+        "Incidents opened since the daemon started, by the verdict that opened them.")),
+    "ddpwatch_webhook_alerts_total": ("counter", ("sink", "outcome"), (
+        "Alerts per webhook sink since the daemon started, by outcome: sent, failed (given up "
+        "after retries), dropped (the sink's queue was full); retried counts extra attempts.")),
+    "ddpwatch_webhook_alerts_pending": ("gauge", ("sink",), (
+        "Alerts queued or in flight for the webhook sink.")),
+    "ddpwatch_peer_up": ("gauge", ("peer",), (
+        "1 if the peer daemon's last answer is recent enough that its ranks are judged here "
+        "(the peer view), else 0.")),
+    "ddpwatch_peer_answer_age_seconds": ("gauge", ("peer",), (
+        "Seconds since the peer daemon last answered /peer; absent until it has.")),
+    "ddpwatch_job_ranks": ("gauge", (JOB,), (
+        "Ranks of the job judged on this node (dead ones included).")),
+    "ddpwatch_job_state": ("gauge", (JOB, "verdict"), (
+        "The job's verdict on this node: 1 for the current verdict, 0 for the others.")),
+    "ddpwatch_job_culprit": ("gauge", _R, (
+        "1 for each rank this node names as the job's culprit; absent for the others.")),
+    "ddpwatch_rank_info": ("gauge", RANK_INFO_LABELS, (
+        "Identity of a rank from its heartbeat record (\"\" where unknown); the value is "
+        "always 1.")),
+    "ddpwatch_rank_state": ("gauge", _R + ("verdict",), (
+        "The rank's verdict: 1 for the current verdict, 0 for the others.")),
+    "ddpwatch_rank_role": ("gauge", _R + ("role",), (
+        "The rank's role in the job's problem: 1 for the current role, 0 for the others.")),
+    "ddpwatch_rank_finding": ("gauge", _R + ("finding",), (
+        "1 if the finding holds for the rank, else 0.")),
+    "ddpwatch_rank_alive": ("gauge", _R, (
+        "1 while the rank's process exists, 0 once it is gone (its heartbeat record remains).")),
+    "ddpwatch_rank_verdict_confidence": ("gauge", _R, (
+        "Confidence of the rank's verdict, 0..1.")),
+    "ddpwatch_rank_cpu_seconds_total": ("counter", _R, (
+        "CPU time of the rank's process (user + system).")),
+    "ddpwatch_rank_step": ("gauge", _R, "Training step the rank is in (steps completed)."),
+    "ddpwatch_rank_collective_seq": ("gauge", _R, (
+        "Number of the collective the rank is in or last entered.")),
+    "ddpwatch_rank_heartbeat_age_seconds": ("gauge", _R, (
+        "Seconds since the rank's last heartbeat.")),
+    "ddpwatch_rank_in_collective_seconds": ("gauge", _R, (
+        "Seconds the rank has been inside its current collective; 0 when outside.")),
+    "ddpwatch_rank_step_duration_seconds": ("gauge", _R, (
+        "Duration of the rank's last completed step.")),
+    "ddpwatch_rank_step_seconds_total": ("counter", _R, "Seconds in completed steps."),
+    "ddpwatch_rank_collectives_total": ("counter", _R, "Collectives completed."),
+    "ddpwatch_rank_collective_seconds_total": ("counter", _R, (
+        "Wall time with a collective outstanding (overlaps counted once).")),
+    "ddpwatch_rank_collective_bytes_total": ("counter", _R, (
+        "Bytes moved by completed collectives.")),
+    "ddpwatch_rank_tokens_total": ("counter", _R, "Tokens the rank processed."),
+    "ddpwatch_rank_arrival_lateness_seconds": ("gauge", _R, (
+        "At the newest collective every local live rank completed: this rank's start minus "
+        "the earliest local start. The straggler arrives last.")),
+}
+
+Row = tuple[str, tuple[str, ...], float]
+
+
+def arrival_lateness(records: Iterable[Record]) -> dict[int, float]:
+    """{rank: seconds it entered the newest commonly completed collective after the
+    first of them}. Rings are matched by collective seq (collective n is the same
+    call on every rank) and skipped where the ops differ (a desync: no common
+    collective to compare). Start times are CLOCK_MONOTONIC, one clock per host,
+    so only records of one node compare. Fewer than two ranks, or no common
+    completed collective: {}."""
+    rings = {r.rank: {e.seq: e for e in r.ring if e.end > 0} for r in records}
+    if len(rings) < 2:
+        return {}
+    common = set.intersection(*(set(ring) for ring in rings.values()))
+    for seq in sorted(common, reverse=True):
+        entries = {rank: ring[seq] for rank, ring in rings.items()}
+        if len({e.op for e in entries.values()}) != 1:
+            continue
+        first = min(e.start for e in entries.values())
+        return {rank: round(e.start - first, 6) for rank, e in entries.items()}
+    return {}
+
+
+def _str(value) -> str:
+    return "" if value is None else str(value)
+
+
+def _num(value: float) -> float:
+    return round(float(value), 6)
+
+
+def _job_rows(jv: JobView) -> list[Row]:
+    """Every job and rank series of one JobView (raises on a malformed view)."""
+    snap, key, job = jv.last, jv.key, jv.judgement.job
+    records = {r.pid: (r, alive) for r, alive in job_records(snap)}
+    procs = {p.pid: p for p in snap.processes.procs if not p.error} if snap.processes else {}
+    # Ranks judged here from a peer's signals are exported by their own node's
+    # daemon; the job's verdict and culprits here include them.
+    local = [rv for rv in jv.judgement.ranks if not rv.remote]
+    rows: list[Row] = [("ddpwatch_job_ranks", (key,), len(local))]
+    rows += [("ddpwatch_job_state", (key, v), float(v == job.verdict)) for v in VERDICTS]
+    rows += [("ddpwatch_job_culprit", (key, str(rank)), 1.0) for rank in sorted(set(job.culprits))]
+    seen: set[str] = set()
+    live: list[Record] = []
+
+    def alive_of(rv) -> bool:
+        return bool(rv.signals.get("alive", records.get(rv.pid, (None, False))[1]))
+    # Two processes may claim one rank (a restarted rank next to its dead
+    # predecessor's record) or several be unidentified (rank -1): a second series
+    # would be a duplicate Prometheus rejects. The live one speaks for the rank.
+    for rv in sorted(local, key=lambda rv: not alive_of(rv)):
+        rank = str(rv.rank)
+        if rank in seen:
+            continue
+        seen.add(rank)
+        r = (key, rank)
+        sig = rv.signals
+        rec = records.get(rv.pid, (None, False))[0]
+        alive = alive_of(rv)
+        rows.append(("ddpwatch_rank_info", (
+            key, rank, str(rv.local_rank), rv.host or (rec.hostname if rec else ""),
+            rec.backend if rec else "", _str(sig.get("device_type") or (rec and rec.device_type)),
+            _str(sig.get("compute_dtype") or (rec and rec.compute_dtype)),
+            rec.torch_version if rec else "", rec.data_fingerprint if rec else ""), 1.0))
+        rows += [("ddpwatch_rank_state", r + (v,), float(v == rv.verdict)) for v in VERDICTS]
+        rows += [("ddpwatch_rank_role", r + (v,), float(v == rv.role)) for v in ROLES]
+        present = {f.id for f in rv.findings}
+        rows += [("ddpwatch_rank_finding", r + (f,), float(f in present)) for f in FINDINGS]
+        rows.append(("ddpwatch_rank_alive", r, float(alive)))
+        rows.append(("ddpwatch_rank_verdict_confidence", r, _num(rv.confidence)))
+        proc = procs.get(rv.pid)
+        if proc is not None and proc.cpu_seconds >= 0:
+            rows.append(("ddpwatch_rank_cpu_seconds_total", r, _num(proc.cpu_seconds)))
+        if rec is None:
+            continue
+        if alive and rv.rank >= 0:
+            live.append(rec)
+        inside = snap.taken_at - rec.entered_at if alive and rec.in_collective else 0.0
+        age = snap.taken_at - rec.updated_at
+        rows += [
+            ("ddpwatch_rank_step", r, float(rec.step)),
+            ("ddpwatch_rank_collective_seq", r, float(rec.collective_seq)),
+            ("ddpwatch_rank_heartbeat_age_seconds", r, _num(max(age, 0.0))),
+            ("ddpwatch_rank_in_collective_seconds", r, _num(max(inside, 0.0))),
+            ("ddpwatch_rank_step_duration_seconds", r, _num(rec.last_step_seconds)),
+            ("ddpwatch_rank_step_seconds_total", r, _num(rec.step_seconds)),
+            ("ddpwatch_rank_collectives_total", r, float(rec.collectives_completed)),
+            ("ddpwatch_rank_collective_seconds_total", r, _num(rec.collective_seconds)),
+            ("ddpwatch_rank_collective_bytes_total", r, float(rec.bytes_total)),
+            ("ddpwatch_rank_tokens_total", r, float(rec.tokens)),
+        ]
+    for rank, late in sorted(arrival_lateness(live).items()):
+        rows.append(("ddpwatch_rank_arrival_lateness_seconds", (key, str(rank)), late))
+    return rows
+
+
+def _daemon_rows(view: DaemonView) -> list[Row]:
+    rows: list[Row] = [
+        ("ddpwatch_ticks_total", (), float(view.tick)),
+        ("ddpwatch_tick_duration_seconds", (), _num(view.tick_duration_s)),
+        ("ddpwatch_last_tick_timestamp_seconds", (), _num(view.wall_time)),
+    ]
+    probes: dict[str, list] = {}
+    for p in view.probes:
+        probes.setdefault(p.name, []).append(p)
+    for name, runs in sorted(probes.items()):
+        rows.append(("ddpwatch_probe_success", (name,), float(all(p.ok for p in runs))))
+        rows.append(("ddpwatch_probe_duration_seconds", (name,),
+                     _num(sum(p.duration_s for p in runs))))
+    open_by_job = {jv.key: 0 for jv in view.jobs}
+    for inc in view.incidents:
+        if inc.state != IncidentState.RESOLVED:
+            open_by_job[inc.job] = open_by_job.get(inc.job, 0) + 1
+        else:
+            open_by_job.setdefault(inc.job, 0)
+    rows += [("ddpwatch_incidents_open", (job,), float(n))
+             for job, n in sorted(open_by_job.items())]
+    # Every verdict from 0, so the first incident of a kind is an increase to rate().
+    opened = dict.fromkeys(VERDICTS, 0) | dict(view.incidents_opened_total)
+    rows += [("ddpwatch_incidents_opened_total", (v,), float(n)) for v, n in opened.items()]
+    for sink, counts in sorted((view.alert_stats or {}).items()):
+        rows += [("ddpwatch_webhook_alerts_total", (sink, outcome), float(counts[outcome]))
+                 for outcome in ("sent", "failed", "dropped", "retried")]
+        rows.append(("ddpwatch_webhook_alerts_pending", (sink,), float(counts["pending"])))
+    for peer in view.peers:
+        rows.append(("ddpwatch_peer_up", (peer.url,), float(peer.fresh)))
+        if peer.age_s is not None:
+            rows.append(("ddpwatch_peer_answer_age_seconds", (peer.url,), _num(peer.age_s)))
+    return rows
+
+
+def families(view: DaemonView | None, errors: int = 0) -> list[Metric]:
+    """The metric families for one view (None: the daemon has no view yet);
+    `errors` counts failures the caller already met."""
+    rows: list[Row] = [("ddpwatch_up", (), 1.0), ("ddpwatch_build_info", (__version__,), 1.0)]
+    ready = view is not None and view.ready
+    rows.append(("ddpwatch_ready", (), float(ready)))
+    if ready:
+        rows += _daemon_rows(view)
+        for jv in view.jobs:
+            try:
+                rows += _job_rows(jv)
+            except Exception:  # one job must not break the scrape
+                errors += 1
+                log.exception("metrics: could not export job %s", getattr(jv, "key", "?"))
+    rows.append(("ddpwatch_collect_errors", (), float(errors)))
+    by_name: dict[str, list[Row]] = {}
+    for row in rows:
+        by_name.setdefault(row[0], []).append(row)
+    out: list[Metric] = []
+    for name, (kind, labels, doc) in SPECS.items():
+        if name not in by_name:
+            continue
+        cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        family = cls(name, doc, labels=labels)
+        for _, values, value in by_name[name]:
+            family.add_metric(values, value)
+        out.append(family)
+    return out
+
+
+class ViewCollector(Collector):
+    """Collects from whatever view `get_view` returns at scrape time."""
+
+    def __init__(self, get_view: Callable[[], DaemonView | None]):
+        self._get_view = get_view
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing at registration: the view may not exist yet
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            view, errors = self._get_view(), 0
+        except Exception:  # a broken getter is reported, not raised
+            log.exception("metrics: could not get the daemon view")
+            view, errors = None, 1
+        yield from families(view, errors)
+
+
+def make_registry(get_view: Callable[[], DaemonView | None]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ViewCollector(get_view))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The text exposition format (Content-Type prometheus_client.CONTENT_TYPE_LATEST)."""
+    return generate_latest(registry)

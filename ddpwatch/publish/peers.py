@@ -1,0 +1,191 @@
+"""The peer view: this daemon asks the other nodes' daemons what their ranks do.
+
+For people without Prometheus (two machines on a home LAN): a job spread over
+nodes has its culprit on one node and its waiting ranks on the others, and no
+daemon alone can tell who the waiting ranks wait for. Each daemon serves its own
+ranks' signals at `/peer` (measured there, clock-free: classify.local_signals);
+a daemon with `peers:` configured fetches them in the background and judges its
+jobs with the remote ranks added (classify.judge(..., remote=...)).
+
+The fetching never blocks a tick: one thread per peer polls it once per
+interval, with a timeout, and keeps the last answer. A tick takes only answers younger than
+`max_age_s`; a peer that stops answering drops out of the judgement (its ranks are
+not judged from stale data) and shows with its error in /status.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from .. import __version__
+from .view import PeerView
+
+log = logging.getLogger("ddpwatch")
+MAX_ANSWER_BYTES = 4 << 20  # a /peer answer of thousands of ranks is well under this
+
+
+@dataclass(frozen=True)
+class PeerState:
+    url: str
+    node: str = ""
+    fetched_at: float = 0.0        # monotonic; 0.0 until a first good answer
+    jobs: dict = field(default_factory=dict)  # job key -> tuple of signal dicts
+    error: str = ""                 # the last attempt's failure ("" if it succeeded)
+    alerting: frozenset = frozenset()  # job keys it sends webhooks for (alerts/route.py)
+    webhooks: bool = True  # it has webhooks to send (an older daemon does not say: assume so)
+
+
+class PeerDocumentError(ValueError):
+    pass
+
+
+def parse(doc) -> tuple[str, dict, frozenset, bool]:
+    """(node, {job key: (signal dict, ...)}, job keys it alerts for, whether it has
+    webhooks) from a /peer answer; PeerDocumentError names the first field that
+    is wrong. An answer without "alerting" (a daemon older than alert routing)
+    claims nothing, and one without "webhooks" is taken to have them."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+        raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, dict):
+        raise PeerDocumentError("'jobs' is not a mapping")
+    out = {}
+    for key, ranks in jobs.items():
+        if not isinstance(ranks, list):
+            raise PeerDocumentError(f"jobs[{key!r}] is not a list")
+        checked = []
+        for i, s in enumerate(ranks):
+            if not isinstance(s, dict) or not all(
+                    _int(s.get(k)) for k in ("pid", "rank")) or not all(
+                    v is None or isinstance(v, (int, float, str, bool)) for v in s.values()):
+                raise PeerDocumentError(f"jobs[{key!r}][{i}] is not a rank's signals")
+            if s["rank"] < 0:
+                continue  # a rank its own node could not identify: nothing to line up with
+            checked.append(dict(s, node=s.get("node") or doc["node"]))
+        out[key] = tuple(checked)
+    alerting = doc.get("alerting", [])
+    if not isinstance(alerting, list) or not all(isinstance(k, str) for k in alerting):
+        raise PeerDocumentError("'alerting' is not a list of job keys")
+    webhooks = doc.get("webhooks", True)
+    if not isinstance(webhooks, bool):
+        raise PeerDocumentError("'webhooks' is not true or false")
+    return doc["node"], out, frozenset(alerting), webhooks
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def document(view) -> dict:
+    """What this daemon serves at /peer: its own ranks' signals, per job."""
+    return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
+            "version": __version__,
+            "jobs": {j.key: list(j.judgement.local) for j in view.jobs},
+            "alerting": sorted(view.alerting_jobs), "webhooks": view.webhooks}
+
+
+class PeerPoller:
+    def __init__(self, urls, token: str = "", interval_s: float = 1.0, timeout_s: float = 2.0,
+                 max_age_s: float = 5.0, clock=time.monotonic):
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        self.token = token
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_age_s = max_age_s
+        self.clock = clock
+        # url -> PeerState, replaced whole by that peer's thread (readers see one or the other)
+        self._states = {u: PeerState(u) for u in self.urls}
+        self._stop = threading.Event()
+        # One thread per peer: a peer that times out must not age the others' answers.
+        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True,
+                                          name=f"ddpwatch-peer-{i}")
+                         for i, u in enumerate(self.urls)]
+        # No proxy and no redirects: the bearer token goes to the configured peer only.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   _NoRedirects())
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def states(self) -> tuple[PeerState, ...]:
+        return tuple(self._states[u] for u in self.urls)
+
+    def _fresh(self, state: PeerState, now: float) -> bool:
+        return bool(state.fetched_at) and now - state.fetched_at <= self.max_age_s
+
+    def views(self) -> tuple[PeerView, ...]:
+        """Each peer as of now, for /status and /metrics."""
+        now = self.clock()
+        return tuple(PeerView(st.url, st.node, st.error,
+                              round(now - st.fetched_at, 3) if st.fetched_at else None,
+                              self._fresh(st, now)) for st in self.states())
+
+    def remote_signals(self, key: str) -> tuple[dict, ...]:
+        """The ranks of job `key` that fresh peers report."""
+        now = self.clock()
+        return tuple(s for st in self.states() if self._fresh(st, now)
+                     for s in st.jobs.get(key, ()))
+
+    def claims(self) -> dict[str, frozenset]:
+        """Fresh peers' node -> the job keys it sends webhooks for."""
+        now = self.clock()
+        return {st.node: st.alerting for st in self.states() if self._fresh(st, now) and st.node}
+
+    def without_webhooks(self) -> frozenset:
+        """Fresh peers' nodes that have no webhooks to send: never a job's alerter."""
+        now = self.clock()
+        return frozenset(st.node for st in self.states()
+                         if self._fresh(st, now) and st.node and not st.webhooks)
+
+    def poll_once(self) -> None:
+        for url in self.urls:
+            self._states[url] = self._fetch(url, self._states[url])
+
+    def _run(self, url: str) -> None:
+        while not self._stop.is_set():
+            started = self.clock()
+            self._states[url] = self._fetch(url, self._states[url])
+            self._stop.wait(max(0.0, self.interval_s - (self.clock() - started)))
+
+    def _fetch(self, url: str, old: PeerState) -> PeerState:
+        """One poll; every failure becomes the peer's error (this thread must not die)."""
+        request = urllib.request.Request(url + "/peer")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                body = response.read(MAX_ANSWER_BYTES + 1)
+            if len(body) > MAX_ANSWER_BYTES:
+                raise PeerDocumentError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+            node, jobs, alerting, webhooks = parse(json.loads(body))
+            if old.error:
+                log.info("peer %s answers again", url)
+            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks)
+        except urllib.error.HTTPError as err:
+            error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else
+                                          " (redirects are not followed)" if 300 <= err.code < 400
+                                          else "")
+        except (urllib.error.URLError, OSError) as err:
+            error = f"no answer ({getattr(err, 'reason', err)})"
+        except (ValueError, PeerDocumentError) as err:  # JSON errors are ValueErrors
+            error = f"bad answer: {err}"
+        except Exception as err:  # not HTTP at all (a wrong port), nesting too deep...
+            error = f"bad answer: {err!r}"
+        if error != old.error:
+            log.warning("peer %s: %s", url, error)
+        return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting,
+                         old.webhooks)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the 3xx is then raised as an HTTPError

@@ -1,0 +1,59 @@
+"""What people read: the judgement as text (verdict first, then evidence, then
+remedy) and as JSON (`job` and `ranks[]`, a contract other tools rely on)."""
+from __future__ import annotations
+
+import textwrap
+
+from ..judge.classify import Judgement
+from ..codec import to_json
+from ..observe.snapshot import Snapshot
+
+
+def as_json(judgement: Judgement, last: Snapshot) -> dict:
+    job = judgement.job
+    return {
+        "job": {"verdict": job.verdict, "culprits": list(job.culprits), "summary": job.summary,
+                "launcher_pid": last.job.launcher_pid, "launcher_kind": last.job.launcher_kind,
+                "run_id": last.job.run_id},
+        "ranks": [{
+            "pid": r.pid, "rank": r.rank, "local_rank": r.local_rank, "host": r.host,
+            "verdict": r.verdict, "role": r.role, "confidence": r.confidence, "rule": r.rule,
+            "evidence": r.evidence, "remedy": r.remedy,
+            "findings": [to_json(f) for f in r.findings],
+            "stack": r.stack, "signals": r.signals,
+        } for r in judgement.ranks],
+        "probes": [to_json(p) for p in last.probes],
+    }
+
+
+def _wrap(text: str, indent: str) -> str:
+    return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def as_text(judgement: Judgement, last: Snapshot) -> str:
+    job = judgement.job
+    lines = []
+    culprits = ", ".join(f"rank {c}" for c in job.culprits) or "none found locally"
+    lines.append(f"JOB: {job.verdict.upper().replace('_', ' ')}   culprit: {culprits}")
+    lines.append(_wrap(job.summary, "  "))
+    launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
+                if last.job.launcher_pid > 0 else "no launcher")
+    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es), {launcher})")
+    for r in judgement.ranks:
+        who = f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid else "rank ?"
+        lines.append("")
+        where = f" on {r.host or 'a peer node'} (peer view)" if r.remote else ""
+        lines.append(f"{who:<8} pid {r.pid:<8} {r.verdict.upper().replace('_', ' ')}"
+                     f"  ({r.role}, confidence {r.confidence:.0%}){where}")
+        lines.append(_wrap(f"evidence: {r.evidence}", "  "))
+        lines.append(_wrap(f"remedy:   {r.remedy}", "  "))
+        if r.stack:
+            lines.append(_wrap(f"stack:    {r.stack}", "  "))
+        for f in r.findings:
+            lines.append(_wrap(f"finding {f.id} ({f.severity}): {f.evidence} -> {f.remedy}", "  "))
+    failed = [p for p in last.probes if not p.ok]
+    if failed:
+        lines.append("")
+        lines.append("probes that failed (their signals are unknown): " +
+                     "; ".join(f"{p.name}: {p.error}" for p in failed))
+    return "\n".join(lines)

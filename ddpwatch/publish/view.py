@@ -1,0 +1,68 @@
+"""What the daemon publishes after each tick; exporters (HTTP, metrics, alerts)
+only read this. Frozen, so a reader never sees a half-updated tick."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..judge.classify import Judgement
+from ..observe.snapshot import ProbeStatus, Snapshot
+
+
+class IncidentState:
+    """open -> ongoing -> resolved. `open` on the tick a problem is first judged,
+    `ongoing` while it lasts, `resolved` once the job has been healthy (or gone)
+    for `resolve_after_s`. A resolved incident is kept for a while, then dropped."""
+    OPEN = "open"
+    ONGOING = "ongoing"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: str
+    job: str
+    state: str
+    verdict: str
+    culprits: tuple[int, ...]
+    summary: str
+    opened_at: float      # unix time
+    updated_at: float
+    resolved_at: float    # 0.0 until resolved
+    bundle: str           # directory of the evidence bundle ("" if it could not be written)
+    # the node whose daemon sends this incident's webhooks: this one, or a peer
+    # (alerts/route.py); "" while undecided or when no webhooks are configured
+    alerts_from: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    key: str              # stable label: the run id, else "pid<launcher or first rank>"
+    judgement: Judgement
+    last: Snapshot
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """A configured peer daemon as of this tick (the peer view, peers.py)."""
+    url: str
+    node: str               # "" until it first answered
+    error: str              # the last attempt's failure, "" if it answered
+    age_s: float | None     # since its last good answer; None if it never answered
+    fresh: bool             # its ranks were part of this tick's judgement
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    node: str
+    tick: int
+    wall_time: float
+    tick_duration_s: float
+    jobs: tuple[JobView, ...]
+    incidents: tuple[Incident, ...]
+    probes: tuple[ProbeStatus, ...]      # this tick's probe runs (stacks only when run)
+    incidents_opened_total: dict[str, int]  # by verdict, since start
+    ready: bool                           # a first tick has completed
+    peers: tuple[PeerView, ...] = ()       # each configured peer, when the peer view is on
+    alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
+    alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
+    webhooks: bool = False  # this node has webhooks configured (told to peers)

@@ -1,0 +1,5 @@
+"""Everything that runs inside a training process: `instrument()` wraps the
+torch.distributed collectives and DDP's gradient buckets, and writes the
+heartbeat record (ddpwatch.heartbeat). The only stage that imports torch.
+
+Imports only `ddpwatch.heartbeat` and the base modules (errors, codec)."""
