@@ -38,11 +38,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .errors import ConfigError
-from .publish.incidents import CALM
-from .judge.rules import VERDICTS
-
-# job verdicts an incident can be opened for
-PROBLEMS = tuple(v for v in VERDICTS if v not in CALM)
+from .judge.vocabulary import PROBLEMS  # job verdicts an incident can be opened for
 
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"

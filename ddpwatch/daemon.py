@@ -14,7 +14,7 @@ import logging
 import socket
 import time
 
-from .judge import classify, rules as rules_mod, stackmatch
+from .judge import classify, rules as rules_mod, stackmatch, vocabulary
 from .observe import discovery
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import write_bundle
@@ -109,7 +109,7 @@ class Daemon:
         self._forget_vanished({v.key for v in views})
         self._guard("incidents", lambda: self._incidents(ctx, views), None)
         self._tick += 1
-        views.sort(key=lambda v: (classify.SEVERITY.index(v.judgement.job.verdict), v.key))
+        views.sort(key=lambda v: (vocabulary.SEVERITY.index(v.judgement.job.verdict), v.key))
         self.view = DaemonView(
             node=self.node, tick=self._tick, wall_time=time.time(),
             tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
@@ -193,7 +193,7 @@ class Daemon:
             last = self._history[key][-1] = self._snapshot(ctx, job, statuses, True)
             judgement, remote = self._judge(key, (first, last), remote)
         self._verdicts[key] = judgement.job.verdict
-        suspicious = judgement.job.verdict not in ("healthy", "warming_up")
+        suspicious = judgement.job.verdict not in vocabulary.FINE
         if judgement.job.verdict == "unknown":
             suspicious = self.clock() - first_seen >= STARTUP_GRACE_S
         if (suspicious or self._requested_now) and self.config.probe_on("stacks"):

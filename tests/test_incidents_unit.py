@@ -3,7 +3,8 @@ with the clock given: confirmation on a second tick, the rendezvous grace,
 changes, resolution."""
 from __future__ import annotations
 
-from ddpwatch.publish.incidents import OPEN_AFTER_S, IncidentBook
+from ddpwatch.judge.vocabulary import OPEN_AFTER_S
+from ddpwatch.publish.incidents import IncidentBook
 
 RENDEZVOUS_GRACE_S = OPEN_AFTER_S["rendezvous_wait"]
 

@@ -21,7 +21,7 @@ from ddpwatch.publish.metrics import JOB, arrival_lateness, make_registry, rende
 from ddpwatch.heartbeat import Record, RingEntry
 from ddpwatch.observe.probes.heartbeats import HeartbeatObs
 from ddpwatch.observe.probes.process import Processes, ProcessObs
-from ddpwatch.judge.rules import FINDINGS, ROLES, VERDICTS
+from ddpwatch.judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from ddpwatch.observe.snapshot import Job, ProbeStatus, Snapshot
 from ddpwatch.publish.view import DaemonView, Incident, JobView, PeerView
 

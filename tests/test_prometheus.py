@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -25,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from test_metrics import ALERT_STATS, PEERS, daemon_view, straggler_job
 
 from ddpwatch.publish.metrics import make_registry, render
-from ddpwatch.judge.rules import VERDICTS
+from ddpwatch.judge.vocabulary import NAMES as VERDICTS
 
 DASHBOARD = os.path.join(REPO, "grafana", "ddpwatch.json")
 ALERTS = os.path.join(REPO, "rules", "prometheus", "ddpwatch-alerts.yaml")
@@ -69,6 +70,13 @@ def test_dashboard_verdict_mappings_follow_rules_verdicts():
             (v, i) for i, v in enumerate(VERDICTS)]
     for p in dashboard_panels(dash):
         assert p["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, p["title"]
+
+
+def test_dashboard_verdict_panels_are_generated_from_the_vocabulary():
+    """A new verdict is a vocabulary line: the generator brings the dashboard along."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "dashboard_verdicts.py"),
+                           "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_promtool_checks_the_rules_and_their_unit_tests():

@@ -13,6 +13,7 @@ from ..observe import discovery
 from .. import errors
 from ..publish import report
 from ..judge.dropped import inbound_signals
+from ..judge.vocabulary import FINE
 from ..judge.gloo_iface import interface_signals
 from ..observe.probes import ProbeContext, run_probe
 from ..observe.probes.heartbeats import run as read_heartbeats
@@ -198,5 +199,5 @@ def main(args) -> int:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
         print(report.as_text(judgement, history[-1]))
-    return errors.OK if judgement.job.verdict in ("healthy", "warming_up") and not any(
+    return errors.OK if judgement.job.verdict in FINE and not any(
         f.severity != "info" for r in judgement.ranks for f in r.findings) else errors.PROBLEM_FOUND

@@ -17,11 +17,8 @@ from ..heartbeat import Record
 from .rules import Rule, render
 from .signals import IDLE_CPU, heartbeat_signals, owns, process_signals, record_of, stack_signals
 from ..observe.snapshot import Snapshot
+from .vocabulary import SEVERITY
 
-# Which verdict speaks for the job when no rank is a culprit: most severe first.
-SEVERITY = ("dead", "stopped", "hung_outside_collective", "desync", "unreachable_peer",
-            "straggler", "blocked_in_collective", "slow_collective", "rendezvous_wait",
-            "waiting_on_peer", "warming_up", "unknown", "healthy")
 STALL_FLOOR_S = 2.0      # never call a collective stalled before this
 STALL_FACTOR = 10.0      # ... nor before 10x the slowest of its recent durations
 WARMUP_STEPS = 2

@@ -27,13 +27,8 @@ import yaml
 
 from ..errors import ConfigError
 from .signals import SIGNALS
+from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
 
-VERDICTS = ("healthy", "warming_up", "blocked_in_collective", "hung_outside_collective",
-            "stopped", "dead", "straggler", "waiting_on_peer", "slow_collective",
-            "rendezvous_wait", "unreachable_peer", "desync", "unknown")
-FINDINGS = ("bf16_on_cpu", "oversubscribed", "data_parity", "orphan", "wrong_interface")
-ROLES = ("culprit", "victim", "none")
-SEVERITIES = ("info", "warning", "critical")
 RULE_KEYS = {"id", "verdict", "finding", "role", "priority", "confidence", "severity", "when",
              "evidence", "remedy", "description"}
 _OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,

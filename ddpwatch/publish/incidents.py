@@ -6,22 +6,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..judge.vocabulary import CALM, OPEN_AFTER_S  # which verdicts page, and when
 from .view import Incident, IncidentState
 
-# Job verdicts that are not a problem: nothing to open an incident for.
-CALM = frozenset(("healthy", "warming_up", "unknown"))
 KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
 OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
                           # one tick may see the victims before the culprit, or a rank
                           # between two states; the second confirms (and costs one tick)
-# Verdicts that open an incident only once they have lasted this long. Every job
-# waits at rendezvous while it starts, for as long as its last node takes to be
-# started (by hand, on a LAN: seconds to a minute); waiting longer is worth a page
-# (a node that never comes). A rank slow for a few seconds (a checkpoint save, a
-# busy host) is no page; one slow for half a minute is. A stall or a culprit that
-# cannot connect (unreachable_peer) opens at once, as every other problem does.
-OPEN_AFTER_S = {"rendezvous_wait": 60.0, "straggler": 30.0, "waiting_on_peer": 30.0,
-                "slow_collective": 30.0}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..judge.classify import job_records
 from ..heartbeat import Record
-from ..judge.rules import FINDINGS, ROLES, VERDICTS
+from ..judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from .view import DaemonView, IncidentState, JobView
 
 log = logging.getLogger(__name__)

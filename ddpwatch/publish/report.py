@@ -7,6 +7,7 @@ import textwrap
 from ..judge.classify import Judgement
 from ..codec import to_json
 from ..observe.snapshot import Snapshot
+from ..judge.vocabulary import label
 
 
 def as_json(judgement: Judgement, last: Snapshot) -> dict:
@@ -34,7 +35,7 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     job = judgement.job
     lines = []
     culprits = ", ".join(f"rank {c}" for c in job.culprits) or "none found locally"
-    lines.append(f"JOB: {job.verdict.upper().replace('_', ' ')}   culprit: {culprits}")
+    lines.append(f"JOB: {label(job.verdict)}   culprit: {culprits}")
     lines.append(_wrap(job.summary, "  "))
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
                 if last.job.launcher_pid > 0 else "no launcher")
@@ -43,7 +44,7 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
         who = f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid else "rank ?"
         lines.append("")
         where = f" on {r.host or 'a peer node'} (peer view)" if r.remote else ""
-        lines.append(f"{who:<8} pid {r.pid:<8} {r.verdict.upper().replace('_', ' ')}"
+        lines.append(f"{who:<8} pid {r.pid:<8} {label(r.verdict)}"
                      f"  ({r.role}, confidence {r.confidence:.0%}){where}")
         lines.append(_wrap(f"evidence: {r.evidence}", "  "))
         lines.append(_wrap(f"remedy:   {r.remedy}", "  "))

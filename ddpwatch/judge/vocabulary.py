@@ -1,0 +1,81 @@
+"""Every word ddpwatch judges with: verdicts, roles and findings, in one place.
+
+A new verdict is one line in VERDICTS plus the rules (rules/*.yaml) that give it;
+everything else (rule validation, the job's verdict when no rank is a culprit,
+incidents, metrics, reports, exit codes, the dashboard's value mappings, the
+config's `open_after_s`) reads it from here. The dashboard is regenerated from
+this table by `scripts/dashboard_verdicts.py` (a test checks they agree).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    severity: int       # 0 is worst: the job's verdict when no rank is a culprit
+    fine: bool          # nothing wrong seen (exit 0 of diagnose, no stack dump)
+    calm: bool          # opens no incident (fine, or could not be judged)
+    open_after_s: float  # a problem opens an incident once it lasted this long
+                         # (0: on its second tick in a row; see publish/incidents.py)
+    meaning: str
+    color: str          # its colour on the dashboard (Grafana's named colours)
+
+    @property
+    def label(self) -> str:
+        """How text reports show it."""
+        return self.name.upper().replace("_", " ")
+
+
+# Declaration order is the order of metrics series and of the dashboard's value
+# mappings (0, 1, 2...): append new verdicts at the end.
+#
+# Slow problems wait before they page (open_after_s): every job waits at rendezvous
+# while its last node is being started (by hand: seconds to a minute); a rank slow
+# for a few seconds (a checkpoint, a busy host) is no page, one slow for half a
+# minute is. Stalls and culprits open at once.
+VERDICTS: tuple[Verdict, ...] = (
+    Verdict("healthy", 12, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
+    Verdict("warming_up", 10, True, True, 0.0,
+            "first steps, compilation, or not yet at the first collective", "blue"),
+    Verdict("blocked_in_collective", 6, False, False, 0.0,
+            "victim: idle inside a collective its peers have not joined", "orange"),
+    Verdict("hung_outside_collective", 2, False, False, 0.0,
+            "culprit: idle elsewhere while its peers wait in a collective", "red"),
+    Verdict("stopped", 1, False, False, 0.0, "process stopped (SIGSTOP, debugger)", "red"),
+    Verdict("dead", 0, False, False, 0.0, "rank process gone", "dark-red"),
+    Verdict("straggler", 5, False, False, 30.0, "culprit: advancing, but arrives last", "red"),
+    Verdict("waiting_on_peer", 9, False, False, 30.0,
+            "victim: advancing, but mostly waiting for a straggler", "yellow"),
+    Verdict("slow_collective", 7, False, False, 30.0,
+            "time inside collectives dominates, bytes flow slowly", "yellow"),
+    Verdict("rendezvous_wait", 8, False, False, 60.0,
+            "in init_process_group / the store, peers not there yet", "super-light-blue"),
+    Verdict("unreachable_peer", 4, False, False, 0.0,
+            "connects to the store or a peer go unanswered", "red"),
+    Verdict("desync", 3, False, False, 0.0, "ranks inside different collectives", "purple"),
+    Verdict("unknown", 11, False, True, 0.0, "could not be observed", "text"),
+)
+BY_NAME = {v.name: v for v in VERDICTS}
+NAMES = tuple(v.name for v in VERDICTS)
+# most severe first: which verdict speaks for the job when no rank is a culprit
+SEVERITY = tuple(v.name for v in sorted(VERDICTS, key=lambda v: v.severity))
+FINE = frozenset(v.name for v in VERDICTS if v.fine)
+CALM = frozenset(v.name for v in VERDICTS if v.calm)
+PROBLEMS = tuple(v.name for v in VERDICTS if not v.calm)  # what opens incidents
+OPEN_AFTER_S = {v.name: v.open_after_s for v in VERDICTS if v.open_after_s}
+
+ROLES = ("culprit", "victim", "none")
+# Findings coexist with any verdict (DESIGN.md "Verdicts"); their severity is the rule's.
+FINDINGS = ("bf16_on_cpu", "oversubscribed", "data_parity", "orphan", "wrong_interface")
+SEVERITIES = ("info", "warning", "critical")
+
+
+def label(verdict: str) -> str:
+    found = BY_NAME.get(verdict)
+    return found.label if found else verdict.upper().replace("_", " ")
+
+
+assert sorted(v.severity for v in VERDICTS) == list(range(len(VERDICTS))), \
+    "severities are a ranking: each once"
