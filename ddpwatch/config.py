@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 import yaml
 
 from .errors import ConfigError
+from .observe.probes import load_all as load_probes
 from .judge.vocabulary import PROBLEMS  # job verdicts an incident can be opened for
 
 DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephemeral range
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
-SWITCHABLE_PROBES = ("sockets", "stacks", "host", "traffic")
 # a daemon's base URL: http(s)://HOST[:PORT], HOST a name or address ([v6] too)
 PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")
 
@@ -74,7 +74,8 @@ class Config:
         return host.strip("[]") or "127.0.0.1", int(port)
 
     def probe_on(self, name: str) -> bool:
-        return self.probes.get(name, True)
+        spec = load_probes()[name]
+        return self.probes.get(name, spec.default_enabled) if spec.switchable else True
 
     def effective_state_dir(self) -> str:
         if self.state_dir:
@@ -157,10 +158,11 @@ def _coerce(key: str, value, where: str):
         if key == "probes":
             if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
                 raise TypeError
-            unknown = set(value) - set(SWITCHABLE_PROBES)
+            switchable = [n for n, spec in load_probes().items() if spec.switchable]
+            unknown = set(value) - set(switchable)
             if unknown:
                 raise ConfigError(f"{where}: probes: unknown probe(s) {sorted(unknown)} "
-                                  f"(switchable: {', '.join(SWITCHABLE_PROBES)})")
+                                  f"(switchable: {', '.join(switchable)})")
             return dict(value)
         if key == "open_after_s":
             return _open_after(value, where)

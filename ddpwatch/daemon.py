@@ -9,21 +9,20 @@ goes on (a watcher that dies at 3 a.m. is worse than one that misses a tick).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import socket
 import time
 
-from .judge import classify, rules as rules_mod, stackmatch, vocabulary
+from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish.incidents import IncidentBook
-from .observe.probes import ProbeContext, run_probe
-from .observe.probes.traffic import for_ports, local_ports, open_capture
-from .observe.snapshot import SNAPSHOT_VERSION, Snapshot, status_of
+from .observe.probes import Look, ProbeContext
+from .observe.sampler import Sampler
+from .observe.snapshot import Snapshot
 from .publish.view import DaemonView, JobView
 
 log = logging.getLogger("ddpwatch")
@@ -51,26 +50,24 @@ class Daemon:
         self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s)
         self.alert_route = AlertRoute(config.peer_max_age_s)
         self._history: dict[str, collections.deque] = {}
-        # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): stackmatch.still_current
-        self._stacks: dict[str, tuple[float, object, dict]] = {}
-        self._host = None
         self._requested_now = False
-        self._parents: dict[int, int] = {}
-        self._exec_info: dict[int, tuple] = {}  # pid -> (cmdline, env), read by discovery
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
         self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
-        self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
-        self._dead_records: dict = {}  # records of gone writers: probes/heartbeats.py
-        self._rank_heartbeat_dirs: tuple[str, ...] = ()  # named by the ranks (discovery)
-        # Connection attempts are counted across ticks (a peer retries seconds apart):
-        # the capture stays open while the probe is on (probes/traffic.py).
-        self._capture = open_capture(clock) if config.probe_on("traffic") else None
-        self._traffic = None
+        self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
+        self.sampler = self._make_sampler(config)
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
         # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
         self.stacks_requested = False
         self.stage_failures: dict[str, int] = collections.Counter()
+
+    def _probe_context(self, config: Config) -> ProbeContext:
+        return ProbeContext(heartbeat_dir=config.heartbeat_dir or None, clock=self.clock,
+                            timeout_s=config.probe_timeout_s)
+
+    def _make_sampler(self, config: Config) -> Sampler:
+        return Sampler(self._probe_context(config), config.probe_on,
+                       config.stacks_min_interval_s)
 
     def reconfigure(self, config: Config, rules: list) -> None:
         """Swap config and rules between ticks (SIGHUP); history and incidents stay."""
@@ -78,36 +75,26 @@ class Daemon:
         self.incidents.resolve_after_s = config.resolve_after_s
         self.incidents.open_after_s = config.open_after_s
         self.alert_route.grace_s = config.peer_max_age_s
-        if config.probe_on("traffic") != (self._capture is not None):
-            self.close()
-            self._capture = open_capture(self.clock) if config.probe_on("traffic") else None
+        self.sampler.reconfigure(self._probe_context(config), config.probe_on,
+                                 config.stacks_min_interval_s)
 
     def close(self) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self._capture, self._traffic = None, None
-
-    def ctx(self) -> ProbeContext:
-        # Every tick reads /proc only; `ss` (a fork and exec) waits for suspicion.
-        return ProbeContext(heartbeat_dir=self.config.heartbeat_dir or None, clock=self.clock,
-                            timeout_s=self.config.probe_timeout_s, socket_info=False,
-                            dead_records=self._dead_records)
+        self.sampler.close()
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> DaemonView:
         started = self.clock()
-        ctx = self.ctx()
         statuses = []
-        jobs = self._guard("discovery", lambda: self._discover(ctx, statuses), [])
+        jobs = self._guard("discovery", lambda: self._discover(statuses), [])
         requested, self.stacks_requested = self.stacks_requested, False
         self._requested_now = requested
         views = []
         for job in jobs:
-            view = self._guard("judge", lambda: self._judge_job(ctx, job, statuses), None)
+            view = self._guard("judge", lambda: self._judge_job(job, statuses), None)
             if view is not None:
                 views.append(view)
         self._forget_vanished({v.key for v in views})
-        self._guard("incidents", lambda: self._incidents(ctx, views), None)
+        self._guard("incidents", lambda: self._incidents(views), None)
         self._tick += 1
         views.sort(key=lambda v: (vocabulary.SEVERITY.index(v.judgement.job.verdict), v.key))
         self.view = DaemonView(
@@ -130,48 +117,10 @@ class Daemon:
             log.exception("tick stage %s failed", stage)
             return default
 
-    def _discover(self, ctx: ProbeContext, statuses: list) -> list:
-        table = discovery.read_table(ctx.procfs, self._exec_cache)
-        self._rank_heartbeat_dirs = discovery.heartbeat_dirs(table, ctx.procfs)
-        hb = run_probe("heartbeats", dataclasses.replace(
-            ctx, rank_heartbeat_dirs=self._rank_heartbeat_dirs), ())
-        statuses.append(status_of(hb))
-        alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
-        self._parents = {pid: info.ppid for pid, info in table.items()}
-        self._exec_info = {pid: (info.cmdline, info.env) for pid, info in table.items()}
-        self._heartbeats = hb.data if hb.ok else None
-        if self._capture is not None:  # drained every tick: packets carry their own times
-            traffic = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
-            statuses.append(status_of(traffic))
-            self._traffic = traffic.data if traffic.ok else None
-        if self._host is None or self._tick % 60 == 0:
-            if self.config.probe_on("host"):
-                host = run_probe("host", ctx, ())
-                statuses.append(status_of(host))
-                self._host = host.data if host.ok else self._host
-        return discovery.all_jobs(table, alive)
-
-    def _snapshot(self, ctx, job, statuses, detailed: bool) -> Snapshot:
-        """A snapshot of the job. Not detailed (a job healthy last tick), it skips
-        what no rule needs while the heartbeats advance: the sockets table and
-        thread states (a third of the /proc reads); rules still get CPU and
-        run-queue waits, so a straggler is still seen."""
-        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-        # discovery read every parent, command line and environment this tick
-        known = dataclasses.replace(ctx, parents=self._parents, exec_info=self._exec_info,
-                                    thread_detail=detailed)
-        results = {"process": run_probe("process", known, pids)}
-        # an orphan rank's finding needs its listening sockets
-        orphan = any(self._parents.get(pid) == 1 for pid in job.rank_pids)
-        if self.config.probe_on("sockets") and (detailed or orphan):
-            results["sockets"] = run_probe("sockets", ctx, job.rank_pids)
-        statuses.extend(status_of(r) for r in results.values())
-        data = {k: (r.data if r.ok else None) for k, r in results.items()}
-        # the node's connection attempts that concern this job only (bundles, snapshots)
-        traffic = for_ports(self._traffic, local_ports(data.get("sockets")))
-        return Snapshot(SNAPSHOT_VERSION, self.clock(), time.time(), job, data["process"],
-                        data.get("sockets"), None, self._host, self._heartbeats,
-                        tuple(status_of(r) for r in results.values()), traffic)
+    def _discover(self, statuses: list) -> list:
+        self._survey = self.sampler.survey()
+        statuses.extend(self._survey.probes)
+        return self._survey.jobs()
 
     def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
         history = self._history.setdefault(key, collections.deque())
@@ -180,38 +129,36 @@ class Daemon:
             history.popleft()
         return history[0], history[-1]
 
-    def _judge_job(self, ctx, job, statuses) -> JobView:
+    def _judge_job(self, job, statuses) -> JobView:
+        """Glance at a job that was healthy, look in detail at one that was not (or
+        is not any more), and closer still (stacks) on suspicion or on request."""
         key = discovery.job_key(job)
         first_seen = self._first_seen.setdefault(key, self.clock())
         detailed = self._verdicts.get(key) != "healthy" or self._requested_now
         # the peer view: this job's ranks on other nodes, as their daemons see them
         remote = self.peers.remote_signals(key) if self.peers else ()
-        first, last = self._window(key, self._snapshot(ctx, job, statuses, detailed))
+
+        def sample(look):
+            snap = self.sampler.sample(job, self._survey, look, key)
+            statuses.extend(snap.probes)
+            return snap
+        first, last = self._window(key, sample(Look.DETAIL if detailed else Look.GLANCE))
         judgement, remote = self._judge(key, (first, last), remote)
         if not detailed and judgement.job.verdict != "healthy":
             # Something changed since the last tick: look again, in detail.
-            last = self._history[key][-1] = self._snapshot(ctx, job, statuses, True)
+            last = self._history[key][-1] = sample(Look.DETAIL)
             judgement, remote = self._judge(key, (first, last), remote)
         self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in vocabulary.FINE
         if judgement.job.verdict == "unknown":
+            # a job no rule can judge yet in its first seconds is starting
             suspicious = self.clock() - first_seen >= STARTUP_GRACE_S
-        if (suspicious or self._requested_now) and self.config.probe_on("stacks"):
-            # Suspicion (rate-limited) or a person's request: look at the stacks,
-            # and judge again with them.
-            stacks = self._fresh_stacks(ctx, key, job, statuses, last.heartbeats,
-                                        force=self._requested_now)
-            if stacks is not None:
-                last = dataclasses.replace(last, stacks=stacks)
-                if self.config.probe_on("sockets"):
-                    detail = run_probe("sockets", dataclasses.replace(ctx, socket_info=True),
-                                       job.rank_pids)
-                    statuses.append(status_of(detail))
-                    if detail.ok:
-                        last = dataclasses.replace(last, sockets=detail.data, traffic=for_ports(
-                            self._traffic, local_ports(detail.data)))
-                self._history[key][-1] = last
-                judgement, remote = self._judge(key, (first, last), remote)
+        if suspicious or self._requested_now:
+            closer = self.sampler.look_closer(last, self._survey, key,
+                                              force_stacks=self._requested_now)
+            statuses.extend(closer.probes[len(last.probes):])
+            last = self._history[key][-1] = closer
+            judgement, remote = self._judge(key, (first, last), remote)
         return JobView(key, judgement, last)
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
@@ -227,27 +174,15 @@ class Daemon:
                             "without them", key, err)
         return classify.judge(history, self.rules), ()
 
-    def _fresh_stacks(self, ctx, key, job, statuses, heartbeats, force=False):
-        """This job's stacks: dumped now, or (py-spy is rate-limited) those dumped
-        earlier for the ranks that have not moved since."""
-        now = stackmatch.progress_of(heartbeats)
-        taken, stacks, then = self._stacks.get(key, (-1e9, None, {}))
-        if force or self.clock() - taken >= self.config.stacks_min_interval_s:
-            result = run_probe("stacks", ctx, job.rank_pids)
-            statuses.append(status_of(result))
-            if result.ok:
-                self._stacks[key] = (self.clock(), result.data, now)
-                return result.data
-        return stackmatch.still_current(stacks, then, now) if stacks is not None else None
-
     def _forget_vanished(self, keys: set) -> None:
-        for key in set(self._history) - keys:
+        gone = set(self._history) - keys
+        for key in gone:
             del self._history[key]
-            self._stacks.pop(key, None)
             self._verdicts.pop(key, None)
             self._first_seen.pop(key, None)
+        self.sampler.forget(gone)
 
-    def _incidents(self, ctx, views: list) -> None:
+    def _incidents(self, views: list) -> None:
         verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,
                             v.judgement.job.summary) for v in views}
         by_key = {v.key: v for v in views}
@@ -260,7 +195,7 @@ class Daemon:
                 view = by_key[incident.job]
                 path = self._guard("bundle", lambda: write_bundle(
                     self.config.effective_state_dir(), incident, view, self._history[view.key],
-                    record_dirs(self.config.heartbeat_dir or None, self._rank_heartbeat_dirs)),
+                    record_dirs(self.config.heartbeat_dir or None, self._survey.record_dirs)),
                     "")
                 if path:
                     self.incidents.attach_bundle(incident.id, path)

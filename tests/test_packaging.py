@@ -63,7 +63,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert any(n.startswith("trainer/") for n in names)
     assert any(n.startswith("ddpwatch/heartbeat/_hotpath") and n.endswith(".so") for n in names), names
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDPWATCH_PURE_PYTHON")}
-    hot = subprocess.run([py, "-c", "from ddpwatch import _hotpath; "
+    hot = subprocess.run([py, "-c", "from ddpwatch.heartbeat import _hotpath; "
                           "from ddpwatch.heartbeat.writer import core_class; "
                           "assert core_class() is _hotpath.Core; print(_hotpath.__file__)"],
                          capture_output=True, text=True, env=env, cwd=str(tmp_path))

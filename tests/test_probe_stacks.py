@@ -194,7 +194,7 @@ def test_earlier_stacks_are_kept_only_for_ranks_that_have_not_moved():
     import dataclasses
 
     from ddpwatch.observe.snapshot import load
-    from ddpwatch.judge.stackmatch import progress_of, still_current
+    from ddpwatch.observe.sampler import progress_of, still_current
     snap = load(os.path.join(REPO, "tests", "fixtures", "snapshots", "trainer_hang.json"))[-1]
     then = progress_of(snap.heartbeats)
     assert len(then) == 2 and len(snap.stacks.pids) >= 2

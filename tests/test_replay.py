@@ -38,6 +38,10 @@ EXPECTED = {
     "trainer_stop": ({0: BLOCKED, 1: ("stopped", "culprit", "stopped")}, [1], {}),
     # rank 0 still advanced in the window in which rank 1 was stopped: no straggler
     "daemon_stop_first_window": ({0: OK, 1: ("stopped", "culprit", "stopped")}, [1], {}),
+    # the daemon's first two ticks of a job that had just started: busy, no Gloo
+    # connections yet, no records yet: starting, not healthy (issue 13)
+    "daemon_starting": ({0: ("warming_up", N, "starting"), 1: ("warming_up", N, "starting")},
+                        [], {}),
     # exit: rank 1 left the loop and waits in barrier(), rank 0 in the bucket all-reduce
     "trainer_exit": (DESYNC_PAIR, [1], {}),
     "trainer_desync": (DESYNC_PAIR, [1], {}),

@@ -2,7 +2,6 @@
 judge it, print the report. `--replay FILE` judges a saved snapshot history."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -15,14 +14,11 @@ from ..publish import report
 from ..judge.dropped import inbound_signals
 from ..judge.vocabulary import FINE
 from ..judge.gloo_iface import interface_signals
-from ..observe.probes import ProbeContext, run_probe
-from ..observe.probes.heartbeats import run as read_heartbeats
-from ..observe.probes.traffic import SynCapture, for_ports, local_ports, open_capture
+from ..observe.probes import Look, ProbeContext
+from ..observe.probes.traffic import SynCapture
+from ..observe.sampler import Sampler, Survey
 from ..judge.signals import process_signals
-from ..observe.snapshot import SNAPSHOT_VERSION, Job, Snapshot, load, save, status_of
-
-CHEAP = ("process", "sockets", "heartbeats")
-
+from ..observe.snapshot import Job, Snapshot, load, save
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -46,8 +42,8 @@ def _uid_and_caps(procfs: str, pid: int | str) -> tuple[int, int]:
     return uid, caps
 
 
-def find_job(ctx: ProbeContext, pid: int) -> tuple[Job, ProbeContext]:
-    """The job of `pid`, and `ctx` told where the ranks write their records."""
+def find_job(ctx: ProbeContext, survey: Survey, pid: int) -> Job:
+    """The job of `pid`, from a survey of the node."""
     if not os.path.exists(f"{ctx.procfs}/{pid}"):
         raise errors.Unavailable(f"pid {pid}: no such process")
     try:
@@ -60,43 +56,26 @@ def find_job(ctx: ProbeContext, pid: int) -> tuple[Job, ProbeContext]:
         raise errors.NoPermission(
             f"pid {pid} belongs to uid {target_uid}: reading its environment, sockets and "
             f"stacks needs {missing}; run as uid {target_uid} or as root (sudo)")
-    table = discovery.read_table(ctx.procfs)
-    named = discovery.heartbeat_dirs(table, ctx.procfs)
-    ctx = dataclasses.replace(ctx, rank_heartbeat_dirs=named)
-    hb = read_heartbeats(ctx, ())
-    record_pids = {r.pid for r, alive in zip(hb.records, hb.alive) if alive}
-    info = table.get(pid)
+    info = survey.table.get(pid)
     if info is None:
         raise errors.Unavailable(f"pid {pid}: exited while being looked at")
     if not (discovery.is_python(info.cmdline) or discovery.is_launcher(info.cmdline)
-            or pid in record_pids):
+            or pid in survey.live_record_pids):
         name = os.path.basename(info.cmdline[0]) if info.cmdline else "a kernel thread"
         raise errors.Unavailable(f"pid {pid} is {name}, not a Python process")
-    return discovery.find_job(pid, table, record_pids), ctx
+    return survey.job_of(pid)
 
 
-def sample(ctx: ProbeContext, job: Job, with_stacks: bool, host=None) -> Snapshot:
-    pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-    results = {name: run_probe(name, ctx, pids) for name in CHEAP}
-    results["traffic"] = run_probe("traffic", ctx, ())
-    if with_stacks:
-        results["stacks"] = run_probe("stacks", ctx, job.rank_pids or pids)
-    if host is None:
-        results["host"] = run_probe("host", ctx, ())
-    for name, result in results.items():
-        if name == "process" and result.ok:
-            denied = [p for p in result.data.procs if p.error.startswith("denied")]
-            if denied and denied[0].pid == job.target_pid:
-                raise errors.NoPermission(
-                    f"pid {job.target_pid}: {denied[0].error}: run as the ranks' user or root "
-                    f"(reading another user's /proc needs CAP_SYS_PTRACE)")
-    data = {name: r.data if r.ok else None for name, r in results.items()}
-    data["traffic"] = for_ports(data["traffic"], local_ports(data["sockets"]))
-    return Snapshot(
-        version=SNAPSHOT_VERSION, taken_at=ctx.clock(), wall_time=time.time(), job=job,
-        processes=data["process"], sockets=data["sockets"], stacks=data.get("stacks"),
-        host=data.get("host", host), heartbeats=data["heartbeats"],
-        probes=tuple(status_of(r) for r in results.values()), traffic=data["traffic"])
+def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
+    """The node surveyed again (records advance) and the job looked at."""
+    snap = sampler.sample(job, sampler.survey(), look)
+    if snap.processes is not None:
+        denied = [p for p in snap.processes.procs if p.error.startswith("denied")]
+        if denied and denied[0].pid == job.target_pid:
+            raise errors.NoPermission(
+                f"pid {job.target_pid}: {denied[0].error}: run as the ranks' user or root "
+                f"(reading another user's /proc needs CAP_SYS_PTRACE)")
+    return snap
 
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
@@ -104,21 +83,19 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     """Two samples `window_s` apart. With `syn_wait_s`, a job whose ranks wait for
     peers on other nodes that should dial them is watched up to `syn_wait_s`
     longer for the peers' connection attempts, then sampled twice again."""
-    job, ctx = find_job(ctx, pid)
-    capture = open_capture(ctx.clock, ctx.procfs)  # watched over the whole window
-    try:
-        ctx = dataclasses.replace(ctx, syn_capture=capture)
-        first = sample(ctx, job, with_stacks)
+    enabled = (lambda name: True) if with_stacks else (lambda name: name != "stacks")
+    # the capture watches the whole window (opened with the sampler)
+    with Sampler(ctx, enabled) as sampler:
+        job = find_job(ctx, sampler.survey(), pid)
+        first = sample(sampler, job)
         _sleep_until(ctx, first.taken_at + window_s)
-        second = sample(ctx, job, with_stacks, host=first.host)
-        if syn_wait_s > 0 and _waits_for_peers(second, capture):
-            _watch_connects(ctx, job, second, syn_wait_s)
+        second = sample(sampler, job)
+        if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
+            _watch_connects(ctx, sampler, job, second, syn_wait_s)
             # judged over a window like any other, not over the wait
-            first = sample(ctx, job, with_stacks, host=first.host)
+            first = sample(sampler, job)
             _sleep_until(ctx, first.taken_at + window_s)
-            second = sample(ctx, job, with_stacks, host=first.host)
-    finally:
-        capture.close()
+            second = sample(sampler, job)
     return first, second
 
 
@@ -149,17 +126,16 @@ def _waits_for_peers(snap: Snapshot, capture) -> bool:
     return False
 
 
-def _watch_connects(ctx, job, second, wait_s: float) -> None:
+def _watch_connects(ctx, sampler: Sampler, job, second, wait_s: float) -> None:
     """Sample lean (/proc and the capture) until the peers' attempts show up as
     dropped, the peers connect, or `wait_s` ends."""
     print(f"ddpwatch diagnose: ranks wait for peers on other nodes; watching this node's "
           f"interfaces for their connection attempts (up to {wait_s:g} s, --syn-wait)",
           file=sys.stderr, flush=True)
-    lean = dataclasses.replace(ctx, socket_info=False)
     deadline, snap = ctx.clock() + wait_s, second
-    while ctx.clock() < deadline and _waits_for_peers(snap, ctx.syn_capture):
+    while ctx.clock() < deadline and _waits_for_peers(snap, sampler.capture):
         time.sleep(min(1.0, max(deadline - ctx.clock(), 0)))
-        snap = sample(lean, job, False, host=second.host)
+        snap = sample(sampler, job, Look.DETAIL)
 
 
 def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:

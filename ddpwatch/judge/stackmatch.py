@@ -8,7 +8,6 @@ idles in rendezvous.py / TCPStore; time.sleep and input idle in user frames.
 """
 from __future__ import annotations
 
-import dataclasses
 
 COLLECTIVE_FUNCS = frozenset((
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
@@ -87,23 +86,3 @@ def describe_top(dump, depth: int = 3) -> str:
         where = f"{f.short_filename.split('/')[-1]}:{f.line}" if f.line else (f.module or "native")
         parts.append(f"{f.name} ({where})")
     return " <- ".join(parts)
-
-
-def progress_of(heartbeats) -> dict[int, tuple[int, int]]:
-    """pid -> (collective seq, step) from a heartbeat probe's records: how far each
-    rank had got when they were read."""
-    if heartbeats is None:
-        return {}
-    # Live writers' records last, so they win over an old record under a reused pid.
-    pairs = sorted(zip(heartbeats.records, heartbeats.alive), key=lambda pair: pair[1])
-    return {r.pid: (r.collective_seq, r.step) for r, _ in pairs}
-
-
-def still_current(stacks, progress_then: dict, progress_now: dict):
-    """The dumps of earlier stacks (py-spy is rate-limited) that still describe
-    their ranks. A rank whose heartbeat moved on since is elsewhere now: judged by
-    the old dump it would be, say, waiting at rendezvous at step 22. Such dumps
-    are left out (that rank's stack is then unknown); a rank without a record
-    keeps its dump, as nothing says it moved."""
-    kept = tuple(d for d in stacks.pids if progress_then.get(d.pid) == progress_now.get(d.pid))
-    return stacks if len(kept) == len(stacks.pids) else dataclasses.replace(stacks, pids=kept)

@@ -3,11 +3,17 @@
 Like node_exporter's collectors: each module calls `register(...)` at import,
 which gives it a name that config and flags switch on and off. A probe that
 fails is a measurement (`ProbeResult.ok` False with the error), never a crash.
-Expensive or privileged probes say so in their registration, and the caller
-runs them only on suspicion or on request.
+Each registration says when the probe runs (observe/sampler.py honours it):
+`scope` "node" runs once per pass for every job, "job" per job; `look` is how
+closely a job must be looked at before it runs (expensive ones only at
+Look.STACKS: on suspicion or on request); `switchable` probes can be turned off
+by config (`probes: {name: false}`).
+
+A new probe is its module here, listed in MODULES, with its `register` line.
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -45,6 +51,16 @@ class ProbeContext:
     syn_capture: Any = None
 
 
+class Look(enum.IntEnum):
+    """How closely a job is looked at; each level includes the ones below.
+
+    GLANCE -> DETAIL when a job is not healthy; DETAIL -> STACKS on suspicion
+    (rate-limited) or when a person asks (`diagnose`, /status?stacks=1)."""
+    GLANCE = 0  # CPU, run-queue waits, heartbeats: a healthy job, every tick
+    DETAIL = 1  # + every thread's state, the sockets table from /proc
+    STACKS = 2  # + py-spy stacks, `ss -ti` (bytes, idle times)
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     name: str
@@ -53,6 +69,9 @@ class ProbeSpec:
     expensive: bool
     privileged: bool
     help: str
+    scope: str = "job"         # "node": once per pass for all jobs; "job": per job
+    look: Look = Look.GLANCE   # the closest look a job needs before this runs
+    switchable: bool = True    # config may turn it off
 
 
 @dataclass(frozen=True)
@@ -70,9 +89,11 @@ MODULES = ("heartbeats", "process", "sockets", "stacks", "host", "traffic")
 
 
 def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
-             privileged: bool = False, help: str = ""):
+             privileged: bool = False, help: str = "", scope: str = "job",
+             look: Look = Look.GLANCE, switchable: bool = True):
     def decorate(fn):
-        REGISTRY[name] = ProbeSpec(name, fn, default_enabled, expensive, privileged, help)
+        REGISTRY[name] = ProbeSpec(name, fn, default_enabled, expensive, privileged, help,
+                                   scope, look, switchable)
         return fn
     return decorate
 

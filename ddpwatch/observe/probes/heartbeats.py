@@ -19,7 +19,7 @@ class HeartbeatObs:
     skipped: tuple[Skipped, ...]
 
 
-@register("heartbeats", help="heartbeat records the ranks write (ddpwatch.instrument)")
+@register("heartbeats", scope="node", switchable=False, help="heartbeat records the ranks write (ddpwatch.instrument)")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
     dead = ctx.dead_records
     records, alive, skipped = [], [], []

@@ -172,7 +172,7 @@ def resolve(hostname: str, timeout_s: float) -> tuple[str, ...] | None:
     return result[0] if result else None
 
 
-@register("host", help="cpu flags/cores, loadavg, hostname resolution, interfaces "
+@register("host", scope="node", help="cpu flags/cores, loadavg, hostname resolution, interfaces "
                        "(flags VPN/bridge/veth ones)")
 def run(ctx: ProbeContext, pids: tuple[int, ...] = ()) -> Host:
     taken_at, errors = ctx.clock(), []

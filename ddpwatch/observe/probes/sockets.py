@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from ... import codec
-from . import ProbeContext, register
+from . import Look, ProbeContext, register
 from .host import Interface, interface_kind
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
@@ -308,7 +308,7 @@ def _ns(procfs: str, pid: int | str) -> str:
         return ""
 
 
-@register("sockets", help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
+@register("sockets", look=Look.DETAIL, help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
     if ctx.socket_info and shutil.which("ss") is None:  # blind without it
         raise FileNotFoundError("ss (iproute2) not found on PATH")

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from ... import codec
-from . import ProbeContext, register
+from . import Look, ProbeContext, register
 from .process import read_state
 
 
@@ -189,7 +189,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
     return tuple(results[pid] for pid in pids)
 
 
-@register("stacks", expensive=True, privileged=True,  # ptrace access to the ranks
+@register("stacks", expensive=True, privileged=True, look=Look.STACKS,  # ptrace access to the ranks
           help="py-spy dump --nonblocking of each rank (--native on request); "
                "never dumps a stopped process")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Stacks:

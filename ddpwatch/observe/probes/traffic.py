@@ -276,7 +276,7 @@ def _stamp(ancillary, default: float, wall_to_clock: float) -> float:
     return default
 
 
-@register("traffic", help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
+@register("traffic", scope="node", help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
                           "interfaces: a peer's connects this node drops (root)",
           privileged=True)
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Traffic:

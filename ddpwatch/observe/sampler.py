@@ -1,0 +1,205 @@
+"""One way to look at jobs, for the daemon's ticks and `diagnose` alike: which
+probes run when, run them, and make the Snapshot.
+
+A pass starts with `survey()`, which reads what is shared by every job on the
+node (the process table, the heartbeat records, the connection attempts on the
+wire, the host), then `sample(job, survey, look)` looks at one job as closely as
+asked. How close each probe needs to look before it runs is in its registration
+(probes/__init__.py `register(..., look=...)`), like node_exporter's
+`registerCollector`; the sampler honours it and the probes' on/off switches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import discovery
+from .probes import REGISTRY, Look, ProbeContext, load_all, run_probe
+from .probes.traffic import for_ports, local_ports, open_capture
+from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
+
+HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one pass saw of the whole node."""
+    table: dict                    # pid -> discovery.ProcInfo
+    heartbeats: object             # probes.heartbeats.HeartbeatObs, or None if it failed
+    traffic: object                # probes.traffic.Traffic, or None
+    host: object                   # probes.host.Host, or None
+    record_dirs: tuple[str, ...]   # directories the ranks named (DDPWATCH_DIR)
+    probes: tuple[ProbeStatus, ...]
+
+    @property
+    def live_record_pids(self) -> frozenset[int]:
+        if self.heartbeats is None:
+            return frozenset()
+        return frozenset(r.pid for r, alive in zip(self.heartbeats.records,
+                                                   self.heartbeats.alive) if alive)
+
+    def jobs(self) -> list[Job]:
+        return discovery.all_jobs(self.table, self.live_record_pids)
+
+    def job_of(self, pid: int) -> Job | None:
+        return discovery.find_job(pid, self.table, self.live_record_pids)
+
+
+class Sampler:
+    """Keeps what is worth keeping between passes: the packet capture (a peer's
+    connects retry seconds apart), the host facts, the records of gone writers,
+    the command lines of processes seen before, and each job's last stack dump."""
+
+    def __init__(self, ctx: ProbeContext, enabled: Callable[[str], bool] = lambda name: True,
+                 stacks_min_interval_s: float = 0.0, keep_caches: bool = True):
+        load_all()
+        self.ctx = ctx
+        self.enabled = enabled
+        self.stacks_min_interval_s = stacks_min_interval_s
+        self._exec_cache: dict | None = {} if keep_caches else None
+        self._dead_records: dict | None = {} if keep_caches else None
+        self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        self._host, self._host_at = None, -1e18
+        # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): still_current
+        self._stacks: dict[str, tuple[float, object, dict]] = {}
+
+    def reconfigure(self, ctx: ProbeContext, enabled: Callable[[str], bool],
+                    stacks_min_interval_s: float) -> None:
+        """New settings (SIGHUP); the capture stays open while traffic stays on."""
+        if enabled("traffic") != (self._capture is not None):
+            self.close()
+            self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        self.ctx, self.enabled = ctx, enabled
+        self.stacks_min_interval_s = stacks_min_interval_s
+
+    def close(self) -> None:
+        if self._capture is not None:
+            self._capture.close()
+            self._capture = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def capture(self):
+        return self._capture
+
+    # --- the node --------------------------------------------------------------------
+    def survey(self) -> Survey:
+        ctx, statuses = self.ctx, []
+        table = discovery.read_table(ctx.procfs, self._exec_cache)
+        named = discovery.heartbeat_dirs(table, ctx.procfs)
+        hb = run_probe("heartbeats", dataclasses.replace(
+            ctx, rank_heartbeat_dirs=named, dead_records=self._dead_records), ())
+        statuses.append(status_of(hb))
+        traffic = None
+        if self._capture is not None:  # drained every pass: packets carry their own times
+            result = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
+            statuses.append(status_of(result))
+            traffic = result.data if result.ok else None
+        if self.enabled("host") and ctx.clock() - self._host_at >= HOST_MAX_AGE_S:
+            result = run_probe("host", ctx, ())
+            statuses.append(status_of(result))
+            if result.ok:
+                self._host, self._host_at = result.data, ctx.clock()
+        return Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
+                      tuple(statuses))
+
+    # --- one job ---------------------------------------------------------------------
+    def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
+               force_stacks: bool = False) -> Snapshot:
+        """A snapshot of `job` looked at as closely as `look` asks (Look.STACKS:
+        through `look_closer`, see there for `key` and `force_stacks`)."""
+        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+        ctx = self._ctx(survey, look)
+        # Sockets even at a glance for an orphan rank (its finding needs its listening
+        # sockets) and for a job without heartbeats: its connections to its peers are
+        # then what says it got past start-up (rules/default.yaml `starting`)
+        orphan = any(ctx.parents.get(pid) == 1 for pid in job.rank_pids)
+        silent = not set(job.rank_pids) & survey.live_record_pids
+        results = []
+        if self.enabled("process"):
+            results.append(run_probe("process", ctx, pids))
+        sockets_from = Look.GLANCE if orphan or silent else REGISTRY["sockets"].look
+        if sockets_from <= look < Look.STACKS and self.enabled("sockets"):
+            results.append(run_probe("sockets", ctx, job.rank_pids))
+        data = {r.name: (r.data if r.ok else None) for r in results}
+        snap = Snapshot(
+            version=SNAPSHOT_VERSION, taken_at=self.ctx.clock(), wall_time=time.time(), job=job,
+            processes=data.get("process"), sockets=data.get("sockets"), stacks=None,
+            host=survey.host, heartbeats=survey.heartbeats,
+            probes=tuple(status_of(r) for r in results),
+            # the node's connection attempts that concern this job only
+            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))))
+        return self.look_closer(snap, survey, key, force_stacks) if look >= Look.STACKS else snap
+
+    def look_closer(self, snap: Snapshot, survey: Survey, key: str = "",
+                    force_stacks: bool = False) -> Snapshot:
+        """`snap` with what only suspicion or a person's request pays for: the
+        ranks' stacks and the sockets' byte counts and idle times (`ss -ti`).
+        Stacks are dumped at most every `stacks_min_interval_s` per job `key`
+        (py-spy costs the ranks) unless `force_stacks`; in between, the last dump
+        stands for the ranks that have not moved since."""
+        job = snap.job
+        ctx = self._ctx(survey, Look.STACKS)
+        results, stacks = [], None
+        if self.enabled("stacks"):
+            pids = job.rank_pids or ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+            stacks = self._stacks_of(ctx, pids, survey, key, force_stacks, results)
+        sockets = snap.sockets
+        if self.enabled("sockets"):
+            result = run_probe("sockets", ctx, job.rank_pids)
+            results.append(result)
+            sockets = result.data if result.ok else sockets
+        return dataclasses.replace(
+            snap, stacks=stacks, sockets=sockets,
+            probes=snap.probes + tuple(status_of(r) for r in results),
+            traffic=for_ports(survey.traffic, local_ports(sockets)))
+
+    def _ctx(self, survey: Survey, look: Look) -> ProbeContext:
+        # discovery has just read every parent, command line and environment
+        return dataclasses.replace(
+            self.ctx, parents={pid: info.ppid for pid, info in survey.table.items()},
+            exec_info={pid: (info.cmdline, info.env) for pid, info in survey.table.items()},
+            thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS)
+
+    def _stacks_of(self, ctx, pids, survey, key, force, results):
+        now = progress_of(survey.heartbeats)
+        taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
+        if force or self.ctx.clock() - taken >= self.stacks_min_interval_s:
+            result = run_probe("stacks", ctx, pids)
+            results.append(result)
+            if result.ok:
+                self._stacks[key] = (self.ctx.clock(), result.data, now)
+                return result.data
+        return still_current(stacks, then, now) if stacks is not None else None
+
+    def forget(self, keys: set[str]) -> None:
+        """Jobs that are gone: their stack dumps with them."""
+        for key in keys:
+            self._stacks.pop(key, None)
+
+
+def progress_of(heartbeats) -> dict[int, tuple[int, int]]:
+    """pid -> (collective seq, step) from a heartbeat probe's records: how far each
+    rank had got when they were read."""
+    if heartbeats is None:
+        return {}
+    # Live writers' records last, so they win over an old record under a reused pid.
+    pairs = sorted(zip(heartbeats.records, heartbeats.alive), key=lambda pair: pair[1])
+    return {r.pid: (r.collective_seq, r.step) for r, _ in pairs}
+
+
+def still_current(stacks, progress_then: dict, progress_now: dict):
+    """The dumps of earlier stacks (py-spy is rate-limited) that still describe
+    their ranks. A rank whose heartbeat moved on since is elsewhere now: judged by
+    the old dump it would be, say, waiting at rendezvous at step 22. Such dumps
+    are left out (that rank's stack is then unknown); a rank without a record
+    keeps its dump, as nothing says it moved."""
+    kept = tuple(d for d in stacks.pids if progress_then.get(d.pid) == progress_now.get(d.pid))
+    return stacks if len(kept) == len(stacks.pids) else dataclasses.replace(stacks, pids=kept)
