@@ -1,0 +1,205 @@
+"""The meeting: the master listens briefly on the store port (beside it, on
+port+1, when something else holds it), workers connect and report their facts,
+the master hands everyone the roster, every node probes every other node's
+probe port (in the range Gloo will use) and reports, and the master hands out
+the final set. Every wait has a deadline; a node that does not keep up is left
+out and the checks say so.
+
+Both sides return a `Meeting`: every node's facts (index 0 is the master),
+every probe, which node this is, and why the meeting fell short, if it did.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import wire
+from .probe import connect, probe
+
+HELLO_S = 3.0  # a connection that says nothing in this long is not a worker
+PROBE_PHASE_S = 20.0  # bound on probing and reporting (a dropped connect takes 2 s)
+RETRY_S = 0.3
+
+
+@dataclass
+class Meeting:
+    nodes: list = field(default_factory=list)
+    probes: list = field(default_factory=list)
+    me: int = 0
+    error: str = ""  # why the meeting fell short ("" when everyone took part)
+
+
+def probe_all(nodes: list[dict], me: int) -> list[dict]:
+    """This node's probes of every other node's probe port, in parallel."""
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def one(j):
+        n = nodes[j]
+        if not n["seen_addr"] or not n["probe_port"]:
+            r = {"addr": n["seen_addr"], "port": n["probe_port"], "state": "not run",
+                 "error": "the node offered no probe port", "bytes": 0, "seconds": 0.0}
+        else:
+            r = probe(n["seen_addr"], n["probe_port"])
+        with lock:
+            results.append(dict(r, src=me, dst=j))
+
+    threads = [threading.Thread(target=one, args=(j,), daemon=True)
+               for j in range(len(nodes)) if j != me]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(PROBE_PHASE_S)
+    return sorted(results, key=lambda r: r["dst"])
+
+
+def _bind(port: int, family) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as TCPStore does: the launch right after must not trip over TIME-WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    try:
+        sock.bind(("", port))
+        sock.listen(wire.MAX_NODES)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
+               holder_of) -> Meeting:
+    """`facts` is this node's; `holder_of(port)` names who holds a busy port."""
+    meeting = Meeting(nodes=[facts])
+    facts["store_port"] = {"state": "free", "error": "", "holder": None, "port": port}
+    try:
+        server = _bind(port, family)
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            facts["store_port"].update(state="unknown", error=str(err))
+            meeting.error = f"cannot listen on port {port}: {err}"
+            return meeting
+        facts["store_port"].update(state="held", holder=holder_of(port))
+        try:
+            server = _bind(port + 1, family)  # beside it: workers try there next
+        except OSError as err2:
+            meeting.error = f"cannot listen on port {port} nor {port + 1}: {err2}"
+            return meeting
+    workers: list[tuple[socket.socket, wire.LineReader]] = []
+    try:
+        deadline = time.monotonic() + wait_s
+        while len(meeting.nodes) < expected and time.monotonic() < deadline:
+            server.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                conn, peer = server.accept()
+            except (socket.timeout, OSError):
+                continue
+            reader = wire.LineReader(conn)
+            try:
+                conn.sendall(wire.GREETING)
+                hello = wire.parse(reader.line(time.monotonic() + HELLO_S), "hello")
+            except (wire.ProtocolError, OSError):
+                conn.close()  # junk, a scanner, or a worker gone: not a node
+                continue
+            worker = hello["facts"]
+            worker.update(role="worker", seen_addr=_plain(peer[0]), store_port=None)
+            meeting.nodes.append(worker)
+            workers.append((conn, reader))
+        if len(meeting.nodes) < expected:
+            meeting.error = (f"{len(meeting.nodes)} of {expected} nodes took part within "
+                             f"{wait_s:.0f}s")
+        live = []
+        for i, (conn, reader) in enumerate(workers, 1):
+            try:
+                wire.send(conn, "roster", you=i, nodes=meeting.nodes)
+                live.append((i, conn, reader))
+            except (OSError, wire.ProtocolError):
+                conn.close()
+        meeting.probes = probe_all(meeting.nodes, 0)
+        deadline = time.monotonic() + PROBE_PHASE_S
+        for i, conn, reader in live:
+            try:
+                report = wire.parse(reader.line(deadline), "probes")
+            except wire.ProtocolError as err:
+                meeting.error = meeting.error or f"node {i} sent no probe results: {err}"
+                continue
+            # a node reports its own probes only
+            meeting.probes += [p for p in report["results"] if p["src"] == i
+                               and 0 <= p["dst"] < len(meeting.nodes) and p["dst"] != i]
+        for i, conn, reader in live:
+            try:
+                wire.send(conn, "final", nodes=meeting.nodes, probes=meeting.probes)
+            except (OSError, wire.ProtocolError):
+                pass
+    finally:
+        for conn, _ in workers:
+            conn.close()
+        server.close()
+    return meeting
+
+
+def _plain(addr: str) -> str:
+    return addr[7:] if addr.startswith("::ffff:") else addr
+
+
+def _session(addr: str, port: int, reach: dict | None):
+    """A connection to a preflight master at addr:port, or (None, reach) where
+    reach records how the store port itself answered."""
+    state, sock, error = connect(addr, port)
+    if reach is None:
+        reach = {"state": state, "error": error, "port": port, "preflight": False}
+    if sock is None:
+        return None, reach
+    reader = wire.LineReader(sock, limit=len(wire.GREETING))
+    try:
+        if reader.line(time.monotonic() + 1.5) + b"\n" == wire.GREETING:
+            if reach["port"] == port:
+                reach["preflight"] = True
+            return (sock, wire.LineReader(sock)), reach
+    except wire.ProtocolError:
+        pass
+    sock.close()
+    return None, reach
+
+
+def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of) -> Meeting:
+    """`iface_of(addr)` names the local interface holding addr (the route to the master)."""
+    meeting = Meeting(nodes=[facts], me=0)
+    deadline = time.monotonic() + wait_s
+    session, reach = None, None
+    while session is None and time.monotonic() < deadline:
+        started = time.monotonic()
+        session, reach = _session(addr, port, None)
+        if session is None and reach["state"] == "open":
+            # something that is not preflight holds the store port: the master's is beside it
+            session, _ = _session(addr, port + 1, dict(reach))
+        if session is None:
+            time.sleep(max(RETRY_S - (time.monotonic() - started), 0))
+    facts["store_reach"] = reach
+    if session is None:
+        meeting.error = f"no preflight master answered at {addr}:{port} within {wait_s:.0f}s"
+        return meeting
+    sock, reader = session
+    facts["route_addr"] = _plain(sock.getsockname()[0])
+    facts["route_iface"] = iface_of(facts["route_addr"]) or ""
+    with sock:
+        try:
+            wire.send(sock, "hello", facts=facts)
+            # the master waits up to its own --wait for the other workers
+            roster = wire.parse(reader.line(time.monotonic() + wait_s + HELLO_S), "roster")
+            meeting.nodes, meeting.me = roster["nodes"], roster["you"]
+            mine = probe_all(meeting.nodes, meeting.me)
+            meeting.probes = mine
+            wire.send(sock, "probes", results=mine)
+            final = wire.parse(reader.line(time.monotonic() + 2 * PROBE_PHASE_S), "final")
+            if len(final["nodes"]) == len(meeting.nodes):
+                meeting.nodes, meeting.probes = final["nodes"], final["probes"]
+            else:
+                meeting.error = "the master's final list of nodes differs from its roster"
+        except (wire.ProtocolError, OSError) as err:
+            meeting.error = f"the exchange with the master failed: {err}"
+    return meeting
