@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from . import wire
 from .probe import connect, probe
 
+MAX_PENDING = 16  # connections heard at once before they say hello
 HELLO_S = 3.0  # a connection that says nothing in this long is not a worker
 PROBE_PHASE_S = 20.0  # bound on probing and reporting (a dropped connect takes 2 s)
 RETRY_S = 0.3
@@ -82,33 +83,21 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
         if err.errno != errno.EADDRINUSE:
             facts["store_port"].update(state="unknown", error=str(err))
             meeting.error = f"cannot listen on port {port}: {err}"
+            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
             return meeting
         facts["store_port"].update(state="held", holder=holder_of(port))
         try:
             server = _bind(port + 1, family)  # beside it: workers try there next
         except OSError as err2:
             meeting.error = f"cannot listen on port {port} nor {port + 1}: {err2}"
+            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
             return meeting
-    workers: list[tuple[socket.socket, wire.LineReader]] = []
+    meeting.nodes[0] = wire.clean(facts, wire.FACTS)  # every node judges the same data
+    workers: list = []
     try:
-        deadline = time.monotonic() + wait_s
-        while len(meeting.nodes) < expected and time.monotonic() < deadline:
-            server.settimeout(max(deadline - time.monotonic(), 0.01))
-            try:
-                conn, peer = server.accept()
-            except (socket.timeout, OSError):
-                continue
-            reader = wire.LineReader(conn)
-            try:
-                conn.sendall(wire.GREETING)
-                hello = wire.parse(reader.line(time.monotonic() + HELLO_S), "hello")
-            except (wire.ProtocolError, OSError):
-                conn.close()  # junk, a scanner, or a worker gone: not a node
-                continue
-            worker = hello["facts"]
-            worker.update(role="worker", seen_addr=_plain(peer[0]), store_port=None)
-            meeting.nodes.append(worker)
-            workers.append((conn, reader))
+        heard = _gather_workers(server, expected - 1, time.monotonic() + wait_s)
+        meeting.nodes += [w for w, _, _ in heard]
+        workers = [(conn, reader) for _, conn, reader in heard]
         if len(meeting.nodes) < expected:
             meeting.error = (f"{len(meeting.nodes)} of {expected} nodes took part within "
                              f"{wait_s:.0f}s")
@@ -140,6 +129,51 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
             conn.close()
         server.close()
     return meeting
+
+
+def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list:
+    """Up to `wanted` workers' (facts, conn, reader), in the order their hellos
+    arrive before `deadline`. Each connection is heard in a thread of its own,
+    so a silent or junk-sending one (a scanner, a stale client) delays nobody;
+    at most MAX_PENDING are heard at once."""
+    arrived: list = []
+    cond = threading.Condition()
+    pending = threading.BoundedSemaphore(MAX_PENDING)
+
+    def hear(conn, peer):
+        reader = wire.LineReader(conn)
+        try:
+            conn.sendall(wire.GREETING)
+            hello = wire.parse(reader.line(min(time.monotonic() + HELLO_S, deadline)), "hello")
+        except (wire.ProtocolError, OSError):
+            conn.close()  # junk, a scanner, or a worker gone: not a node
+            return
+        finally:
+            pending.release()
+        worker = hello["facts"]
+        worker.update(role="worker", seen_addr=_plain(peer[0]), store_port=None)
+        with cond:
+            if len(arrived) < wanted and time.monotonic() < deadline:
+                arrived.append((worker, conn, reader))
+                cond.notify()
+                return
+        conn.close()
+
+    server.settimeout(0.2)
+    while time.monotonic() < deadline:
+        with cond:
+            if len(arrived) >= wanted:
+                break
+        try:
+            conn, peer = server.accept()
+        except (socket.timeout, OSError):
+            continue
+        if not pending.acquire(blocking=False):
+            conn.close()
+            continue
+        threading.Thread(target=hear, args=(conn, peer), daemon=True).start()
+    with cond:
+        return list(arrived[:wanted])
 
 
 def _plain(addr: str) -> str:

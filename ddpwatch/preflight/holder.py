@@ -39,7 +39,7 @@ def port_holder(port: int) -> dict:
 
 def describe(holder: dict, port: int) -> tuple[str, str]:
     """(fact, fix) for a port `holder` holds. Pure."""
-    if "pid" not in holder:
+    if not holder.get("pid"):
         return (f"port {port} is in use; holder unknown: {holder.get('error', '?')}",
                 f"find it with `ss -ltnp 'sport = :{port}'` and stop it")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder["started"]))
