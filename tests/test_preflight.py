@@ -204,3 +204,30 @@ def test_different_torch_versions(start_job, tmp_path, netns):
         assert row["status"] == "fail" and "9.9.9 on worker 1" in row["fact"]
         assert "torch==" in row["fix"]
         assert status_of(doc, "python") == ["pass"]
+
+
+def test_worker_that_cannot_reach_the_store_port(start_job, tmp_path, netns, request):
+    """The store port itself dropped on the way: the worker says so and stops
+    there; the master says the worker never came. Nothing unknown passes."""
+    port = free_port()
+    iptables_in(netns, request, "OUTPUT", "-p", "tcp", "--syn", "-d", netns["host_addr"],
+                "--dport", f"{port}:{port + 1}", "-j", "DROP")
+    out_w = tmp_path / "worker.json"
+    args = ["--master", f"{netns['host_addr']}:{port}", "--json", "--wait", "5"]
+    cmd = [sys.executable, "-m", "ddpwatch", "preflight", *args]
+    m = start_job([c for c in cmd if c != "--json"], env={"GLOO_SOCKET_IFNAME": netns["host_if"]},
+                  name="master")  # the text table, this once
+    w = start_job([*netns["exec"], "sh", "-c", f'exec "$@" > {out_w}', "sh", *cmd],
+                  env={"GLOO_SOCKET_IFNAME": netns["peer_if"]}, name="worker")
+    assert (m.wait(TIMEOUT), w.wait(TIMEOUT)) == (1, 1)
+    worker = json.loads(out_w.read_text())
+    by = {r["check"]: r for r in worker["checks"]}
+    assert by["store_reach"]["status"] == "fail" and "dropped silently" in by["store_reach"]["fact"]
+    assert f"port {port}" in by["store_reach"]["fact"]
+    assert by["store_port"]["status"] == "cannot" and by["nodes"]["status"] == "fail"
+    assert "PASS" not in [r["status"] for r in worker["checks"] if r["check"] in
+                          ("torch", "python", "gloo_ports")]
+    lines = m.output().splitlines()
+    assert any(line.startswith("FAIL") and "nodes" in line and "1 of 2 nodes took part" in line
+               for line in lines), lines
+    assert any(line.startswith("CANNOT-RUN") and "torch" in line for line in lines), lines
