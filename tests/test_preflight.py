@@ -72,16 +72,19 @@ def test_healthy_pair_passes_and_a_job_then_trains(start_job, tmp_path, netns):
     assert master["checks"] == worker["checks"]  # every node prints the whole table
     assert len(rows(master, "gloo_ports")) == 2  # both directions probed
     assert "all-reduce per step for 10,000,000 params" in rows(master, "allreduce")[0]["fact"]
-    # The launch right after, on the same port: preflight left nothing behind.
-    env = {"MASTER_ADDR": netns["host_addr"], "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-           "LOCAL_RANK": "0"}
-    r0 = start_job([sys.executable, PLAIN, "--steps", "40"],
-                   env={**env, "RANK": "0", "GLOO_SOCKET_IFNAME": netns["host_if"]}, name="rank0")
-    r1 = start_job([*netns["exec"], sys.executable, PLAIN, "--steps", "40"],
-                   env={**env, "RANK": "1", "GLOO_SOCKET_IFNAME": netns["peer_if"]}, name="rank1")
-    assert r0.wait(240) == 0, r0.output()
-    assert r1.wait(60) == 0, r1.output()
-    assert "rank 0 step 40 loss" in r0.output() and "rank 1 step 40 loss" in r1.output()
+    # The launch right after, on the same port (preflight left nothing behind):
+    # torchrun on each node, rendezvous through the master's store, Gloo between them.
+    def node(rank, ifname, prefix=()):
+        return start_job([*prefix, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                          "--nproc_per_node=1", f"--node_rank={rank}",
+                          f"--master_addr={netns['host_addr']}", f"--master_port={port}",
+                          PLAIN, "--steps", "40"], env={"GLOO_SOCKET_IFNAME": ifname},
+                         name=f"node{rank}")
+    n0 = node(0, netns["host_if"])
+    n1 = node(1, netns["peer_if"], netns["exec"])
+    assert n0.wait(240) == 0, n0.output()
+    assert n1.wait(60) == 0, n1.output()
+    assert "rank 0 step 40 loss" in n0.output() and "rank 1 step 40 loss" in n1.output()
 
 
 def test_worker_dropping_the_masters_connections_to_ephemeral_ports(start_job, tmp_path,
@@ -116,6 +119,7 @@ def test_refusing_is_told_apart_from_dropping(start_job, tmp_path, netns, reques
 
 
 def test_worker_hostname_resolving_to_127_0_1_1(start_job, tmp_path, netns, request):
+    need(shutil.which("unshare") is not None, "needs unshare for a UTS namespace")
     etc = f"/etc/netns/{netns['name']}"
     os.makedirs(etc, exist_ok=True)
     request.addfinalizer(lambda: shutil.rmtree(etc, ignore_errors=True))

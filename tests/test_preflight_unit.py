@@ -58,6 +58,32 @@ def test_gloo_choice_from_the_environment():
     assert fallback["gloo_addr"] == "127.0.0.1" and "falls back to loopback" in fallback["gloo_source"]
 
 
+def test_port_range_from_gloo_port_range_or_the_kernel(tmp_path):
+    assert facts.port_range({"GLOO_PORT_RANGE": "40000:40100"}) == {
+        "port_range": [40000, 40100], "port_range_source": "GLOO_PORT_RANGE"}
+    bad = facts.port_range({"GLOO_PORT_RANGE": "lots"})
+    assert bad["port_range"] == [] and "is not LOW:HIGH" in bad["port_range_source"]
+    (tmp_path / "sys/net/ipv4").mkdir(parents=True)
+    (tmp_path / "sys/net/ipv4/ip_local_port_range").write_text("32768\t60999\n")
+    got = facts.port_range({}, procfs=str(tmp_path))
+    assert got["port_range"] == [32768, 60999] and got["port_range_source"].endswith(
+        "ip_local_port_range")
+
+
+def test_probe_listener_in_a_given_range_counts_what_arrives():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    listener = probe.ProbeListener((base, base + 50))
+    try:
+        assert base <= listener.port <= base + 50
+        got = probe.probe("127.0.0.1", listener.port)
+        assert got["state"] == "open" and got["bytes"] > 0 and got["seconds"] > 0
+    finally:
+        listener.close()
+    assert probe.probe("127.0.0.1", listener.port)["state"] == "refused"
+
+
 def test_classify_connect_errors():
     assert probe.classify_error(socket.timeout()) == "dropped"
     assert probe.classify_error(OSError(errno.ECONNREFUSED, "refused")) == "refused"

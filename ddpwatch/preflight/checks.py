@@ -55,12 +55,16 @@ def _fix_open(dst_addr: str, src_addr: str, ports: str) -> str:
             f"-j ACCEPT` (or `ufw allow from {ufw_from} to any port {ipt_ports} proto tcp`)")
 
 
-def _answer(state: str, error: str) -> str:
-    return {"open": "open",
-            "refused": "refused: an RST came back (a REJECT rule, or nothing listening)",
+def _answer(state: str, error: str, listening: bool = True) -> str:
+    """How a connect was answered, in words. `listening`: the port was known to
+    listen (a probe port), so a refusal can only be a rule."""
+    refused = ("refused: an RST or ICMP came back though the port listened: a REJECT rule"
+               if listening else "refused: an RST came back (nothing listening, or a REJECT rule)")
+    return {"open": "open", "refused": refused,
             "dropped": f"dropped silently: no answer within {CONNECT_TIMEOUT_S:.0f}s "
                        "(a DROP rule or a default-deny policy)",
-            "unreachable": f"unreachable ({error})"}.get(state, f"{state} ({error})")
+            "unreachable": f"unreachable ({error}; a REJECT rule with icmp-host-prohibited, "
+                           "or no route)"}.get(state, f"{state} ({error})")
 
 
 def check_store(nodes, port):
@@ -86,7 +90,7 @@ def check_store(nodes, port):
         if not reach:
             out.append(row("store_reach", label(nodes, i), "cannot", "the worker did not say"))
             continue
-        fact = f"worker -> master port {reach['port']}: {_answer(reach['state'], reach['error'])}"
+        fact = f"worker -> master port {reach['port']}: {_answer(reach['state'], reach['error'], False)}"
         if reach["state"] == "open":
             out.append(row("store_reach", label(nodes, i), "pass", fact))
         else:
