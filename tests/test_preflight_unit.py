@@ -84,6 +84,15 @@ def test_probe_listener_in_a_given_range_counts_what_arrives():
     assert probe.probe("127.0.0.1", listener.port)["state"] == "refused"
 
 
+def test_probes_dial_only_ip_literals_and_real_ports():
+    nodes = [{"seen_addr": "10.0.0.1", "probe_port": 1},
+             {"seen_addr": "evil.example", "probe_port": 40000},
+             {"seen_addr": "10.0.0.3", "probe_port": -5}]
+    got = exchange.probe_all(nodes, 0)
+    assert [(r["dst"], r["state"]) for r in got] == [(1, "not run"), (2, "not run")]
+    assert "no usable probe address" in got[0]["error"]
+
+
 def test_classify_connect_errors():
     assert probe.classify_error(socket.timeout()) == "dropped"
     assert probe.classify_error(OSError(errno.ECONNREFUSED, "refused")) == "refused"

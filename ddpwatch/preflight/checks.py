@@ -62,7 +62,7 @@ def _answer(state: str, error: str, listening: bool = True) -> str:
                if listening else "refused: an RST came back (nothing listening, or a REJECT rule)")
     return {"open": "open", "refused": refused,
             "dropped": f"dropped silently: no answer within {CONNECT_TIMEOUT_S:.0f}s "
-                       "(a DROP rule or a default-deny policy)",
+                       "(a DROP rule or a default-deny policy; Gloo would hang at rendezvous)",
             "unreachable": f"unreachable ({error}; a REJECT rule with icmp-host-prohibited, "
                            "or no route)"}.get(state, f"{state} ({error})")
 

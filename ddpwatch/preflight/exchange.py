@@ -11,6 +11,7 @@ every probe, which node this is, and why the meeting fell short, if it did.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import threading
 import time
@@ -40,9 +41,12 @@ def probe_all(nodes: list[dict], me: int) -> list[dict]:
 
     def one(j):
         n = nodes[j]
-        if not n["seen_addr"] or not n["probe_port"]:
+        # from the network: only an IP literal (no DNS lookups steered by a peer)
+        # and a real port are dialled
+        if not _ip(n["seen_addr"]) or not 0 < n["probe_port"] < 65536:
             r = {"addr": n["seen_addr"], "port": n["probe_port"], "state": "not run",
-                 "error": "the node offered no probe port", "bytes": 0, "seconds": 0.0}
+                 "error": "the node offered no usable probe address and port", "bytes": 0,
+                 "seconds": 0.0}
         else:
             r = probe(n["seen_addr"], n["probe_port"])
         with lock:
@@ -55,6 +59,14 @@ def probe_all(nodes: list[dict], me: int) -> list[dict]:
     for t in threads:
         t.join(PROBE_PHASE_S)
     return sorted(results, key=lambda r: r["dst"])
+
+
+def _ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+        return True
+    except ValueError:
+        return False
 
 
 def _bind(port: int, family) -> socket.socket:
