@@ -6,12 +6,15 @@ A row: {"check", "node", "status", "fact", "fix"}. Node 0 is the master.
 """
 from __future__ import annotations
 
+from ..judge.gloo_iface import SUSPECT_KINDS
+from ..observe.probes.host import is_loopback
 from .facts import family
 from .holder import describe
 from .probe import CONNECT_TIMEOUT_S
 
-SUSPECT = {"vpn": "a VPN interface", "bridge": "a bridge (docker/libvirt/k8s)",
-           "veth": "a container's veth end"}
+# the kinds host.interface_kind gives and gloo_iface suspects, in words
+WORDS = {"vpn": "a VPN interface", "bridge": "a bridge (docker/libvirt/k8s)",
+         "veth": "a container's veth end"}
 
 
 def row(check, node, status, fact, fix=""):
@@ -162,7 +165,7 @@ def check_interfaces(nodes):
         addr, iface, kind = n.get("gloo_addr", ""), n.get("gloo_iface") or "?", n.get("gloo_iface_kind")
         fact = f"Gloo would use {addr} on {iface} ({families[i]}, {n.get('gloo_source', '')})"
         others = [(j, f) for j, f in enumerate(families) if j != i and f and f != families[i]]
-        if kind == "loopback" or addr.startswith("127."):
+        if kind == "loopback" or is_loopback(addr):
             out.append(row("gloo_iface", name, "fail" if len(nodes) > 1 else "warn",
                            fact + ": loopback; peers told to connect there reach themselves",
                            _ifname_fix(n)))
@@ -172,8 +175,8 @@ def check_interfaces(nodes):
                            f"{fact}, but {label(nodes, j)} uses {f} "
                            f"({nodes[j].get('gloo_addr')}): Gloo fails with "
                            f"`ss1.ss_family == ss2.ss_family`", _ifname_fix(n)))
-        elif kind in SUSPECT:
-            out.append(row("gloo_iface", name, "warn", f"{fact}: {SUSPECT[kind]}",
+        elif kind in SUSPECT_KINDS:
+            out.append(row("gloo_iface", name, "warn", f"{fact}: {WORDS.get(kind, kind)}",
                            _ifname_fix(n) + " unless this is the network you mean"))
         else:
             out.append(row("gloo_iface", name, "pass", fact))
@@ -186,7 +189,7 @@ def check_hostnames(nodes):
         name, host = label(nodes, i), n.get("hostname", "?")
         addrs = ", ".join(n.get("hostname_addrs") or [])
         cause = n.get("hostname_loopback_cause", "")
-        loop = any(a.startswith("127.") or a == "::1" for a in n.get("hostname_addrs") or [])
+        loop = any(is_loopback(a) for a in n.get("hostname_addrs") or [])
         if n.get("hostname_error"):
             status = "pass" if n.get("gloo_ifname") else "warn"
             out.append(row("hostname", name, status, n["hostname_error"] +

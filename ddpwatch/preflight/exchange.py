@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..judge.gloo_iface import plain_addr
 from . import wire
 from .probe import connect, probe
 
@@ -163,7 +164,7 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list
         finally:
             pending.release()
         worker = hello["facts"]
-        worker.update(role="worker", seen_addr=_plain(peer[0]), store_port=None)
+        worker.update(role="worker", seen_addr=plain_addr(peer[0]), store_port=None)
         with cond:
             if len(arrived) < wanted and time.monotonic() < deadline:
                 arrived.append((worker, conn, reader))
@@ -186,10 +187,6 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list
         threading.Thread(target=hear, args=(conn, peer), daemon=True).start()
     with cond:
         return list(arrived[:wanted])
-
-
-def _plain(addr: str) -> str:
-    return addr[7:] if addr.startswith("::ffff:") else addr
 
 
 def _session(addr: str, port: int, reach: dict | None):
@@ -230,7 +227,7 @@ def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of) -> Me
         meeting.error = f"no preflight master answered at {addr}:{port} within {wait_s:.0f}s"
         return meeting
     sock, reader = session
-    facts["route_addr"] = _plain(sock.getsockname()[0])
+    facts["route_addr"] = plain_addr(sock.getsockname()[0])
     facts["route_iface"] = iface_of(facts["route_addr"]) or ""
     with sock:
         try:
