@@ -126,8 +126,17 @@ def test_refusing_is_told_apart_from_dropping(start_job, tmp_path, netns, reques
 def test_worker_hostname_resolving_to_127_0_1_1(start_job, tmp_path, netns, request):
     need(shutil.which("unshare") is not None, "needs unshare for a UTS namespace")
     etc = f"/etc/netns/{netns['name']}"
+    made_parent = not os.path.isdir("/etc/netns")
     os.makedirs(etc, exist_ok=True)
-    request.addfinalizer(lambda: shutil.rmtree(etc, ignore_errors=True))
+
+    def remove():
+        shutil.rmtree(etc, ignore_errors=True)
+        if made_parent:
+            try:
+                os.rmdir("/etc/netns")  # only if we made it and nothing else is there
+            except OSError:
+                pass
+    request.addfinalizer(remove)
     with open(f"{etc}/hosts", "w") as f:
         f.write("127.0.0.1 localhost\n127.0.1.1 nodeb\n")
     uts = ["unshare", "--uts", "sh", "-c", 'hostname nodeb && exec "$@"', "uts"]
