@@ -61,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print /status as it is")
     p.set_defaults(handler="status")
 
+    p = sub.add_parser("preflight", help="the network checklist before a multi-node launch: "
+                       "run it on every node with the same --master")
+    p.add_argument("--master", required=True, metavar="ADDR:PORT",
+                   help="MASTER_ADDR:MASTER_PORT of the launch to come; the node holding ADDR "
+                   "is the master")
+    p.add_argument("--nodes", type=int, default=2, metavar="N", help="nodes taking part "
+                   "(default 2)")
+    p.add_argument("--params", type=int, metavar="N", help="model parameters: estimate the "
+                   "all-reduce time per step over the measured link")
+    p.add_argument("--wait", type=float, default=30.0, metavar="S", help="how long the master "
+                   "waits for the workers, and they for it (default 30)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(handler="preflight")
+
     p = sub.add_parser("rules", help="work with rule files")
     rules_sub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rules_sub.required = True

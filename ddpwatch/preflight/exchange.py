@@ -1,0 +1,248 @@
+"""The meeting: the master listens briefly on the store port (beside it, on
+port+1, when something else holds it), workers connect and report their facts,
+the master hands everyone the roster, every node probes every other node's
+probe port (in the range Gloo will use) and reports, and the master hands out
+the final set. Every wait has a deadline; a node that does not keep up is left
+out and the checks say so.
+
+Both sides return a `Meeting`: every node's facts (index 0 is the master),
+every probe, which node this is, and why the meeting fell short, if it did.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..judge.gloo_iface import plain_addr
+from . import wire
+from .probe import connect, probe
+
+MAX_PENDING = 16  # connections heard at once before they say hello
+HELLO_S = 3.0  # a connection that says nothing in this long is not a worker
+PROBE_PHASE_S = 20.0  # bound on probing and reporting (a dropped connect takes 2 s)
+RETRY_S = 0.3
+
+
+@dataclass
+class Meeting:
+    nodes: list = field(default_factory=list)
+    probes: list = field(default_factory=list)
+    me: int = 0
+    error: str = ""  # why the meeting fell short ("" when everyone took part)
+
+
+def probe_all(nodes: list[dict], me: int) -> list[dict]:
+    """This node's probes of every other node's probe port, in parallel."""
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def one(j):
+        n = nodes[j]
+        # from the network: only an IP literal (no DNS lookups steered by a peer)
+        # and a real port are dialled
+        if not _ip(n["seen_addr"]) or not 0 < n["probe_port"] < 65536:
+            r = {"addr": n["seen_addr"], "port": n["probe_port"], "state": "not run",
+                 "error": "the node offered no usable probe address and port", "bytes": 0,
+                 "seconds": 0.0}
+        else:
+            r = probe(n["seen_addr"], n["probe_port"])
+        with lock:
+            results.append(dict(r, src=me, dst=j))
+
+    threads = [threading.Thread(target=one, args=(j,), daemon=True)
+               for j in range(len(nodes)) if j != me]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(PROBE_PHASE_S)
+    return sorted(results, key=lambda r: r["dst"])
+
+
+def _ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+        return True
+    except ValueError:
+        return False
+
+
+def _bind(port: int, family) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as TCPStore does: the launch right after must not trip over TIME-WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    try:
+        sock.bind(("", port))
+        sock.listen(wire.MAX_NODES)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
+               holder_of) -> Meeting:
+    """`facts` is this node's; `holder_of(port)` names who holds a busy port."""
+    meeting = Meeting(nodes=[facts])
+    facts["store_port"] = {"state": "free", "error": "", "holder": None, "port": port}
+    try:
+        server = _bind(port, family)
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            facts["store_port"].update(state="unknown", error=str(err))
+            meeting.error = f"cannot listen on port {port}: {err}"
+            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
+            return meeting
+        facts["store_port"].update(state="held", holder=holder_of(port))
+        try:
+            server = _bind(port + 1, family)  # beside it: workers try there next
+        except OSError as err2:
+            meeting.error = f"cannot listen on port {port} nor {port + 1}: {err2}"
+            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
+            return meeting
+    meeting.nodes[0] = wire.clean(facts, wire.FACTS)  # every node judges the same data
+    workers: list = []
+    try:
+        heard = _gather_workers(server, expected - 1, time.monotonic() + wait_s)
+        meeting.nodes += [w for w, _, _ in heard]
+        workers = [(conn, reader) for _, conn, reader in heard]
+        if len(meeting.nodes) < expected:
+            meeting.error = (f"{len(meeting.nodes)} of {expected} nodes took part within "
+                             f"{wait_s:.0f}s")
+        live = []
+        for i, (conn, reader) in enumerate(workers, 1):
+            try:
+                wire.send(conn, "roster", you=i, nodes=meeting.nodes)
+                live.append((i, conn, reader))
+            except (OSError, wire.ProtocolError):
+                conn.close()
+        meeting.probes = probe_all(meeting.nodes, 0)
+        deadline = time.monotonic() + PROBE_PHASE_S
+        for i, conn, reader in live:
+            try:
+                report = wire.parse(reader.line(deadline), "probes")
+            except wire.ProtocolError as err:
+                meeting.error = meeting.error or f"node {i} sent no probe results: {err}"
+                continue
+            # a node reports its own probes only
+            meeting.probes += [p for p in report["results"] if p["src"] == i
+                               and 0 <= p["dst"] < len(meeting.nodes) and p["dst"] != i]
+        for i, conn, reader in live:
+            try:
+                wire.send(conn, "final", nodes=meeting.nodes, probes=meeting.probes)
+            except (OSError, wire.ProtocolError):
+                pass
+    finally:
+        for conn, _ in workers:
+            conn.close()
+        server.close()
+    return meeting
+
+
+def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list:
+    """Up to `wanted` workers' (facts, conn, reader), in the order their hellos
+    arrive before `deadline`. Each connection is heard in a thread of its own,
+    so a silent or junk-sending one (a scanner, a stale client) delays nobody;
+    at most MAX_PENDING are heard at once."""
+    arrived: list = []
+    cond = threading.Condition()
+    pending = threading.BoundedSemaphore(MAX_PENDING)
+
+    def hear(conn, peer):
+        reader = wire.LineReader(conn)
+        try:
+            conn.sendall(wire.GREETING)
+            hello = wire.parse(reader.line(min(time.monotonic() + HELLO_S, deadline)), "hello")
+        except (wire.ProtocolError, OSError):
+            conn.close()  # junk, a scanner, or a worker gone: not a node
+            return
+        finally:
+            pending.release()
+        worker = hello["facts"]
+        worker.update(role="worker", seen_addr=plain_addr(peer[0]), store_port=None)
+        with cond:
+            if len(arrived) < wanted and time.monotonic() < deadline:
+                arrived.append((worker, conn, reader))
+                cond.notify()
+                return
+        conn.close()
+
+    server.settimeout(0.2)
+    while time.monotonic() < deadline:
+        with cond:
+            if len(arrived) >= wanted:
+                break
+        try:
+            conn, peer = server.accept()
+        except (socket.timeout, OSError):
+            continue
+        if not pending.acquire(blocking=False):
+            conn.close()
+            continue
+        threading.Thread(target=hear, args=(conn, peer), daemon=True).start()
+    with cond:
+        return list(arrived[:wanted])
+
+
+def _session(addr: str, port: int, reach: dict | None):
+    """A connection to a preflight master at addr:port, or (None, reach) where
+    reach records how the store port itself answered."""
+    state, sock, error = connect(addr, port)
+    if reach is None:
+        reach = {"state": state, "error": error, "port": port, "preflight": False}
+    if sock is None:
+        return None, reach
+    reader = wire.LineReader(sock, limit=len(wire.GREETING))
+    try:
+        if reader.line(time.monotonic() + 1.5) + b"\n" == wire.GREETING:
+            if reach["port"] == port:
+                reach["preflight"] = True
+            return (sock, wire.LineReader(sock)), reach
+    except wire.ProtocolError:
+        pass
+    sock.close()
+    return None, reach
+
+
+def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of) -> Meeting:
+    """`iface_of(addr)` names the local interface holding addr (the route to the master)."""
+    meeting = Meeting(nodes=[facts], me=0)
+    deadline = time.monotonic() + wait_s
+    session, reach = None, None
+    while session is None and time.monotonic() < deadline:
+        started = time.monotonic()
+        session, reach = _session(addr, port, None)
+        if session is None and reach["state"] == "open":
+            # something that is not preflight holds the store port: the master's is beside it
+            session, _ = _session(addr, port + 1, dict(reach))
+        if session is None:
+            time.sleep(max(RETRY_S - (time.monotonic() - started), 0))
+    facts["store_reach"] = reach
+    if session is None:
+        meeting.error = f"no preflight master answered at {addr}:{port} within {wait_s:.0f}s"
+        return meeting
+    sock, reader = session
+    facts["route_addr"] = plain_addr(sock.getsockname()[0])
+    facts["route_iface"] = iface_of(facts["route_addr"]) or ""
+    with sock:
+        try:
+            wire.send(sock, "hello", facts=facts)
+            # the master waits up to its own --wait for the other workers
+            roster = wire.parse(reader.line(time.monotonic() + wait_s + HELLO_S), "roster")
+            meeting.nodes, meeting.me = roster["nodes"], roster["you"]
+            mine = probe_all(meeting.nodes, meeting.me)
+            meeting.probes = mine
+            wire.send(sock, "probes", results=mine)
+            final = wire.parse(reader.line(time.monotonic() + 2 * PROBE_PHASE_S), "final")
+            if len(final["nodes"]) == len(meeting.nodes):
+                meeting.nodes, meeting.probes = final["nodes"], final["probes"]
+            else:
+                meeting.error = "the master's final list of nodes differs from its roster"
+        except (wire.ProtocolError, OSError) as err:
+            meeting.error = f"the exchange with the master failed: {err}"
+    return meeting

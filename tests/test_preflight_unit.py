@@ -1,0 +1,289 @@
+"""The pure parts of `ddpwatch preflight`: parsers, the wire's checks on hostile
+input, the checks over facts, the holder's description, the exit code; and the
+meeting on loopback with junk clients in the way."""
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import REPO
+from ddpwatch.observe.probes.host import Interface
+from ddpwatch.preflight import checks, exchange, facts, holder, probe, render, wire
+
+
+def test_parse_port_range():
+    assert facts.parse_port_range("32768\t60999\n") == (32768, 60999)
+    assert facts.parse_port_range("40000:40100") == (40000, 40100)
+    assert facts.parse_port_range("40000-40100") == (40000, 40100)
+    for bad in ("", "1", "5 4", "0 10", "1 70000", "a b", "1 2 3"):
+        assert facts.parse_port_range(bad) is None, bad
+
+
+def test_loopback_cause_names_the_line():
+    hosts = "127.0.0.1 localhost\n# 127.0.1.1 nodeb\n127.0.1.1 nodeb.lan nodeb\n"
+    assert facts.loopback_cause("nodeb", hosts, "") == "/etc/hosts:3: 127.0.1.1 nodeb.lan nodeb"
+    ns = "passwd: files\nhosts: files myhostname dns\n"
+    assert facts.loopback_cause("other", hosts, ns) == \
+        "/etc/nsswitch.conf:2: hosts: files myhostname dns"
+    assert facts.loopback_cause("other", hosts, "hosts: files dns\n") == ""
+    assert facts.loopback_cause("nodeb", "10.0.0.2 nodeb\n", "hosts: files dns") == ""
+
+
+def test_family_and_the_address_gloo_takes_for_an_interface():
+    assert facts.family("10.0.0.1") == "IPv4" and facts.family("::ffff:10.0.0.1") == "IPv4"
+    assert facts.family("fd00::2") == "IPv6" and facts.family("fe80::1%eth0") == "IPv6"
+    assert facts.family("junk") == ""
+    iface = Interface("eth0", ("fe80::1%eth0", "fd00::2", "10.0.0.2"), True, 1500, 0, "regular",
+                      False)
+    assert facts.pick_iface_addr(iface) == "10.0.0.2"
+    v6 = Interface("v6", ("fe80::1%v6", "fd00::2"), True, 1500, 0, "regular", False)
+    assert facts.pick_iface_addr(v6) == "fd00::2"
+
+
+def test_gloo_choice_from_the_environment():
+    ifaces = (Interface("eth0", ("10.0.0.2",), True, 1500, 0, "regular", False),
+              Interface("tailscale0", ("100.64.0.2", "fd7a::2"), True, 1280, 0, "vpn", True))
+    got = facts.gloo_choice({"GLOO_SOCKET_IFNAME": "tailscale0"}, "h", (), ifaces)
+    assert got["gloo_addr"] == "100.64.0.2" and got["gloo_iface_kind"] == "vpn"
+    missing = facts.gloo_choice({"GLOO_SOCKET_IFNAME": "wg9"}, "h", (), ifaces)
+    assert "no interface 'wg9'" in missing["gloo_error"]
+    fallback = facts.gloo_choice({}, "h", ("203.0.113.9",), ifaces)  # not ours: not bindable
+    assert fallback["gloo_addr"] == "127.0.0.1" and "falls back to loopback" in fallback["gloo_source"]
+
+
+def test_port_range_from_gloo_port_range_or_the_kernel(tmp_path):
+    assert facts.port_range({"GLOO_PORT_RANGE": "40000:40100"}) == {
+        "port_range": [40000, 40100], "port_range_source": "GLOO_PORT_RANGE"}
+    bad = facts.port_range({"GLOO_PORT_RANGE": "lots"})
+    assert bad["port_range"] == [] and "is not LOW:HIGH" in bad["port_range_source"]
+    (tmp_path / "sys/net/ipv4").mkdir(parents=True)
+    (tmp_path / "sys/net/ipv4/ip_local_port_range").write_text("32768\t60999\n")
+    got = facts.port_range({}, procfs=str(tmp_path))
+    assert got["port_range"] == [32768, 60999] and got["port_range_source"].endswith(
+        "ip_local_port_range")
+
+
+def test_probe_listener_in_a_given_range_counts_what_arrives():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    listener = probe.ProbeListener((base, base + 50))
+    try:
+        assert base <= listener.port <= base + 50
+        got = probe.probe("127.0.0.1", listener.port)
+        assert got["state"] == "open" and got["bytes"] > 0 and got["seconds"] > 0
+    finally:
+        listener.close()
+    assert probe.probe("127.0.0.1", listener.port)["state"] == "refused"
+
+
+def test_probes_dial_only_ip_literals_and_real_ports():
+    nodes = [{"seen_addr": "10.0.0.1", "probe_port": 1},
+             {"seen_addr": "evil.example", "probe_port": 40000},
+             {"seen_addr": "10.0.0.3", "probe_port": -5}]
+    got = exchange.probe_all(nodes, 0)
+    assert [(r["dst"], r["state"]) for r in got] == [(1, "not run"), (2, "not run")]
+    assert "no usable probe address" in got[0]["error"]
+
+
+def test_classify_connect_errors():
+    assert probe.classify_error(socket.timeout()) == "dropped"
+    assert probe.classify_error(OSError(errno.ECONNREFUSED, "refused")) == "refused"
+    assert probe.classify_error(OSError(errno.EHOSTUNREACH, "no")) == "unreachable"
+
+
+def test_wire_keeps_only_known_fields_of_the_right_type():
+    msg = {"kind": "hello", "facts": {"hostname": "a\x1b[31mb" + "x" * 1000, "probe_port": "80",
+                                      "torch": 2, "hostname_addrs": ["1.2.3.4", 5] * 50,
+                                      "evil": {"x": 1}, "store_port": {"holder": "nope"},
+                                      "gpu": 1, "port_range": [1, True, 3]}}
+    got = wire.parse(json.dumps(msg).encode(), "hello")["facts"]
+    assert got["hostname"].startswith("a?[31mb") and len(got["hostname"]) == wire.MAX_STR
+    assert got["probe_port"] == 0 and got["torch"] == "" and got["gpu"] is False
+    assert got["hostname_addrs"] == ["1.2.3.4"] * 8  # list cut to 16 entries, bad ones dropped
+    assert "evil" not in got and got["store_port"]["holder"] is None
+    assert got["port_range"] == [1, 3]
+
+
+@pytest.mark.parametrize("line,kind", [
+    (b"\xff\xfe", "hello"), (b"[1,2]", "hello"), (b'{"kind": "final"}', "hello"),
+    (b'{"kind": "roster", "you": 0, "nodes": [{}]}', "roster"),
+    (b'{"kind": "roster", "you": 1, "nodes": []}', "roster"),
+    (b'{"kind": "probes", "results": 3}', "probes"), (b"NaN", "hello"),
+])
+def test_wire_rejects_junk(line, kind):
+    with pytest.raises(wire.ProtocolError):
+        wire.parse(line, kind)
+
+
+def test_wire_unknown_probe_state_is_not_a_pass():
+    got = wire.parse(b'{"kind": "probes", "results": [{"src": 1, "dst": 0, "state": "great"}]}',
+                     "probes")
+    assert got["results"][0]["state"] == "not run"
+
+
+def test_line_reader_bounds_size_and_time():
+    a, b = socket.socketpair()
+    with a, b:
+        # from a thread: the socket buffer is smaller than the line
+        threading.Thread(target=lambda: _send_quietly(a, b"x" * (wire.MAX_LINE + 10)),
+                         daemon=True).start()
+        with pytest.raises(wire.ProtocolError, match="longer"):
+            wire.LineReader(b).line(time.monotonic() + 5)
+    a, b = socket.socketpair()
+    with a, b:
+        started = time.monotonic()
+        with pytest.raises(wire.ProtocolError, match="timed out"):
+            wire.LineReader(b).line(time.monotonic() + 0.3)
+        assert time.monotonic() - started < 2
+
+
+def _send_quietly(sock, data):
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+def node(role, addr, **kw):
+    base = wire.clean({}, wire.FACTS)
+    base.update(role=role, hostname=f"h{addr[-1]}", seen_addr=addr, route_addr=addr,
+                route_iface="eth0", gloo_addr=addr, gloo_iface="eth0", gloo_iface_kind="regular",
+                gloo_ifname="eth0", gloo_source="GLOO_SOCKET_IFNAME=eth0",
+                hostname_addrs=[addr], port_range=[32768, 60999],
+                port_range_source="/proc/sys/net/ipv4/ip_local_port_range", probe_port=40000,
+                torch="2.13.0", python="3.11.7", cpu_flags_read=True, cpu_bf16=[])
+    if role == "master":
+        base["store_port"] = {"state": "free", "error": "", "holder": None, "port": 29500}
+    else:
+        base["store_reach"] = {"state": "open", "error": "", "port": 29500, "preflight": True}
+    base.update(kw)
+    return base
+
+
+def pair_probes(state10="open"):
+    return [{"src": 0, "dst": 1, "addr": "10.0.0.2", "port": 40000, "state": state10,
+             "error": "", "bytes": 100_000_000, "seconds": 1.0},
+            {"src": 1, "dst": 0, "addr": "10.0.0.1", "port": 40000, "state": "open",
+             "error": "", "bytes": 50_000_000, "seconds": 1.0}]
+
+
+def test_checks_healthy_pair_all_pass():
+    nodes = [node("master", "10.0.0.1"), node("worker", "10.0.0.2")]
+    rows = checks.evaluate(nodes, pair_probes(), 2, 29500, params=10_000_000)
+    assert {r["status"] for r in rows} == {"pass"}, rows
+    est = next(r for r in rows if r["check"] == "allreduce")["fact"]
+    assert est.startswith("~1.60 s") and "50 MB/s" in est  # 80 MB over the slower direction
+    assert render.exit_code(rows) == 0
+
+
+def test_checks_dropped_direction_names_rule_and_range():
+    nodes = [node("master", "10.0.0.1"), node("worker", "10.0.0.2")]
+    rows = checks.evaluate(nodes, pair_probes("dropped"), 2, 29500)
+    bad = [r for r in rows if r["status"] != "pass"]
+    assert [r["check"] for r in bad] == ["gloo_ports"]
+    assert "master h1 (10.0.0.1) -> worker 1 h2 (10.0.0.2)" in bad[0]["fact"]
+    assert "32768-60999" in bad[0]["fact"] and "dropped silently" in bad[0]["fact"]
+    assert "iptables -I INPUT -p tcp -s 10.0.0.1 --dport 32768:60999 -j ACCEPT" in bad[0]["fix"]
+    assert "ufw allow from 10.0.0.1 to any port 32768:60999 proto tcp" in bad[0]["fix"]
+    assert render.exit_code(rows) == 1
+
+
+def test_a_check_that_could_not_run_is_never_a_pass():
+    alone = [node("worker", "10.0.0.2", store_reach={"state": "dropped", "error": "timed out",
+                                                     "port": 29500, "preflight": False})]
+    rows = checks.evaluate(alone, [], 2, 29500, error="no preflight master answered")
+    by = {r["check"]: r["status"] for r in rows}
+    assert by["nodes"] == "fail" and by["store_port"] == "cannot" and by["store_reach"] == "fail"
+    assert by["torch"] == "cannot" and render.exit_code(rows) == 1
+    nodes = [node("master", "10.0.0.1"), node("worker", "10.0.0.2")]
+    rows = checks.evaluate(nodes, pair_probes()[:1], 2, 29500, params=1000)
+    missing = [r for r in rows if r["check"] == "gloo_ports" and r["status"] == "cannot"]
+    assert len(missing) == 1 and "did not report" in missing[0]["fact"]
+    assert render.exit_code(rows) == 1
+
+
+def test_checks_family_loopback_vpn_versions_bf16():
+    nodes = [node("master", "10.0.0.1", gpu=True),
+             node("worker", "10.0.0.2", gloo_addr="fd00::2", gloo_iface="v6",
+                  torch="2.12.0", python="3.10.1", cpu_bf16=["amx_bf16", "avx512_bf16"])]
+    rows = checks.evaluate(nodes, pair_probes(), 2, 29500)
+    get = {(r["check"], r["node"][:6]): r for r in rows}
+    assert get[("gloo_iface", "worker")]["status"] == "fail"
+    assert "uses IPv4 (10.0.0.1)" in get[("gloo_iface", "worker")]["fact"]
+    assert get[("torch", "all")]["status"] == "fail" and "2.12.0 on worker" in get[("torch", "all")]["fact"]
+    assert get[("python", "all")]["status"] == "fail"
+    assert get[("bf16", "master")]["status"] == "warn"  # a GPU: the field's auto-detect trap
+    assert "picks bfloat16" in get[("bf16", "worker")]["fact"]
+    nodes = [node("master", "10.0.0.1", gloo_iface_kind="vpn", gloo_iface="tailscale0"),
+             node("worker", "10.0.0.2", gloo_ifname="", gloo_addr="127.0.1.1",
+                  gloo_iface="lo", gloo_iface_kind="loopback", hostname_addrs=["127.0.1.1"],
+                  hostname_loopback_cause="/etc/hosts:2: 127.0.1.1 h2")]
+    rows = checks.evaluate(nodes, pair_probes(), 2, 29500)
+    get = {(r["check"], r["node"][:6]): r for r in rows}
+    assert get[("gloo_iface", "master")]["status"] == "warn"
+    assert "a VPN interface" in get[("gloo_iface", "master")]["fact"]
+    assert get[("gloo_iface", "worker")]["status"] == "fail"
+    assert get[("hostname", "worker")]["status"] == "fail"
+    assert "/etc/hosts:2" in get[("hostname", "worker")]["fact"]
+
+
+def test_holder_description():
+    fact, fix = holder.describe({"pid": 42, "user": "ann", "command": "python train.py",
+                                 "started": 0.0, "ppid": 1, "parent_alive": False}, 29500)
+    assert "held by pid 42 (user ann, since 1970-01-01 00:00:00 UTC, parent gone" in fact
+    assert fix == "kill 42"
+    fact, fix = holder.describe({"pid": 0, "error": "run as root"}, 29500)
+    assert "holder unknown: run as root" in fact and "ss -ltnp" in fix
+
+
+def test_meeting_on_loopback_survives_junk_clients():
+    """A silent client, a garbage line and an oversized line reach the master
+    before the real worker: none is taken for a node, none delays the meeting."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    master_facts = {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}
+    result = {}
+    t = threading.Thread(target=lambda: result.update(m=exchange.run_master(
+        port, 2, master_facts, 20, socket.AF_INET, holder.port_holder)))
+    t.start()
+    junk = []
+    deadline = time.monotonic() + 10
+    while not junk and time.monotonic() < deadline:
+        try:
+            junk.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        except OSError:
+            time.sleep(0.05)
+    for payload in (b"GET / HTTP/1.0\r\n\r\n", b"{" * (wire.MAX_LINE + 2)):
+        c = socket.create_connection(("127.0.0.1", port))
+        try:
+            c.sendall(payload)
+        except OSError:
+            pass
+        junk.append(c)
+    started = time.monotonic()
+    worker = exchange.run_worker("127.0.0.1", port, {"hostname": "w", "role": "worker"}, 20,
+                                 lambda a: "lo")
+    t.join(30)
+    for c in junk:
+        c.close()
+    assert worker.error == "" and result["m"].error == ""
+    assert [n["hostname"] for n in worker.nodes] == ["m", "w"] and worker.me == 1
+    assert time.monotonic() - started < 8  # the silent client held nobody up for HELLO_S
+
+
+def test_cli_usage_errors_exit_2():
+    for argv in (["--master", "nohost"], ["--master", "1.2.3.4:99999"],
+                 ["--master", "fd00::1:29500"], ["--master", "127.0.0.1:29500", "--nodes", "0"]):
+        done = subprocess.run([sys.executable, "-m", "ddpwatch", "preflight", *argv],
+                              capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert "Traceback" not in done.stderr and "ddpwatch preflight: --" in done.stderr
