@@ -15,8 +15,10 @@ PACKAGE = os.path.join(REPO, "ddpwatch")
 STAGE = {"errors": 0, "codec": 0, "resources": 0, "": 0,
          "heartbeat": 1, "rank": 2,
          "observe": 3, "judge": 4, "publish": 5,
-         "daemon": 6, "config": 6, "cli": 6, "__main__": 6, "sdnotify": 6, "commands": 6}
-WATCHER = ("observe", "judge", "publish", "daemon", "config", "cli", "commands", "heartbeat")
+         "daemon": 6, "config": 6, "cli": 6, "__main__": 6, "sdnotify": 6, "commands": 6,
+         "preflight": 6}  # preflight: a command of its own, before any job
+WATCHER = ("observe", "judge", "publish", "daemon", "config", "cli", "commands", "heartbeat",
+           "preflight")
 
 
 def modules():
