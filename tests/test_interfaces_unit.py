@@ -1,4 +1,4 @@
-"""interface_signals: where a rank's Gloo listens against where it reaches the
+"""The interfaces signal family (judge/signals/interfaces.py): where a rank's Gloo listens against where it reaches the
 master from, over hand-built snapshots (pure code; the real jobs are in
 test_diagnose_trainer.py and the hostname_loopback replay fixture)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from ddpwatch.observe.probes.host import CpuInfo, Host, Interface, LoadAvg
 from ddpwatch.observe.probes.process import ProcessObs, Processes
 from ddpwatch.observe.probes.sockets import PidSockets, Sockets, TcpSocket
-from ddpwatch.judge.gloo_iface import interface_signals
+from ddpwatch.judge.signals.interfaces import measure as interface_signals
 from ddpwatch.observe.snapshot import Job, Snapshot
 
 PID, MASTER = 4242, 29500

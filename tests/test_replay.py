@@ -14,7 +14,7 @@ import tempfile
 import pytest
 from conftest import REPO, need
 
-from ddpwatch.judge import classify
+from ddpwatch.judge import classify, signals
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.errors import ConfigError
 from ddpwatch.observe.snapshot import load
@@ -219,7 +219,7 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
     for name in EXPECTED:
         history = load(fixture_path(name))
         covered |= {v.rule for v in classify.judge(history, default_rules).ranks}
-        for s in classify.measure(history):
+        for s in signals.measure(history):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
 
@@ -271,6 +271,23 @@ def test_unknown_signal_is_an_error(tmp_path):
         rules_mod.load(str(path))
     msg = str(err.value)
     assert f"{path}:3:" in msg and "'my-rule'" in msg and "'gpu_temperature'" in msg
+
+
+@pytest.mark.parametrize("condition, said", [
+    ("cpu_ratio >= 'busy'", "cpu_ratio is int or float, not str"),
+    ("alive == 1", "alive is bool, not int"),
+    ("state in ['T', 1]", "state is str, not int"),
+    ("hb_seq == 0.5", "hb_seq is int, not float"),
+])
+def test_a_value_of_the_wrong_type_is_an_error(tmp_path, condition, said):
+    """Signals are typed (judge/signals/*.py SIGNALS): a comparison that can never
+    be what the author meant is refused at load, with file, line and rule."""
+    path = tmp_path / "extra.yaml"
+    path.write_text(GOOD_RULE.replace("state == 'T'", condition))
+    with pytest.raises(ConfigError) as err:
+        rules_mod.load(str(path))
+    msg = str(err.value)
+    assert f"{path}:3:" in msg and "'my-rule'" in msg and said in msg, msg
 
 
 def test_good_rule_file_loads(tmp_path):

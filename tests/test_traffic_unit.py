@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 
-from ddpwatch.judge.dropped import unanswered
+from ddpwatch.judge.signals.inbound import unanswered
 from ddpwatch.observe.probes import traffic as T
 
 

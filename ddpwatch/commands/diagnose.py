@@ -11,13 +11,11 @@ from ..judge import classify, rules as rules_mod
 from ..observe import discovery
 from .. import errors
 from ..publish import report
-from ..judge.dropped import inbound_signals
+from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
-from ..judge.gloo_iface import interface_signals
 from ..observe.probes import Look, ProbeContext
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
-from ..judge.signals import process_signals
 from ..observe.snapshot import Job, Snapshot, load, save
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
@@ -115,13 +113,13 @@ def _waits_for_peers(snap: Snapshot, capture) -> bool:
         return False
     history = (snap,)
     for pid in snap.job.rank_pids:
-        s = process_signals(history, pid)
-        iface = interface_signals(history, pid)
+        s = {**process.measure(history, pid), **sockets.measure(history, pid)}
+        iface = interfaces.measure(history, pid)
         if (s.get("all_ranks_local") is not False or iface.get("gloo_loopback")
                 or iface.get("gloo_off_route")):
             continue
         dialled_by = (iface.get("gloo_unconnected") or 0) - (s.get("syn_sent") or 0)
-        if dialled_by >= 1 and not inbound_signals(history, pid).get("syn_in_unanswered"):
+        if dialled_by >= 1 and not inbound.measure(history, pid).get("syn_in_unanswered"):
             return True
     return False
 

@@ -11,7 +11,7 @@ import os
 import socket
 
 from .. import errors
-from ..judge.gloo_iface import interface_of
+from ..observe.probes.host import interface_of
 from ..observe.probes.host import read_interfaces, resolve
 from ..preflight import checks, facts as facts_mod, render
 from ..preflight.exchange import run_master, run_worker

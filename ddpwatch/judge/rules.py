@@ -125,6 +125,12 @@ def parse_condition(text: str, where: str) -> Condition:
         raise ConfigError(f"{where}: bad value in {text!r}: {err}") from err
     if op == "in" and not isinstance(value, list):
         raise ConfigError(f"{where}: 'in' needs a list: {text!r}")
+    spec = SIGNALS[signal]
+    wrong = [v for v in (value if isinstance(value, list) else [value]) if not spec.accepts(v)]
+    if wrong:
+        kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+        raise ConfigError(f"{where}: {signal} is {' or '.join(k.__name__ for k in kinds)}, "
+                          f"not {type(wrong[0]).__name__} ({wrong[0]!r}) in {text!r}")
     return Condition(text, signal, op, tuple(value) if isinstance(value, list) else value)
 
 

@@ -6,7 +6,7 @@ A row: {"check", "node", "status", "fact", "fix"}. Node 0 is the master.
 """
 from __future__ import annotations
 
-from ..judge.gloo_iface import SUSPECT_KINDS
+from ..observe.probes.host import SUSPECT_KINDS
 from ..observe.probes.host import is_loopback
 from .facts import family
 from .holder import describe

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..judge.gloo_iface import plain_addr
+from ..observe.probes.host import plain_addr
 from . import wire
 from .probe import connect, probe
 

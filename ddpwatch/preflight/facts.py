@@ -13,7 +13,7 @@ import os
 import platform
 import socket
 
-from ..judge.gloo_iface import interface_of
+from ..observe.probes.host import interface_of
 from ..observe.probes.host import Interface, is_loopback, parse_cpuinfo, read_interfaces, resolve
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -11,7 +11,7 @@ import tempfile
 from . import report
 from ..observe import snapshot
 from ..codec import to_json
-from ..judge.classify import job_records
+from ..judge.signals.heartbeat import job_records
 from ..heartbeat.layout import RECORD_SIZE
 from ..heartbeat.paths import record_path
 

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..judge.classify import job_records
+from ..judge.signals.heartbeat import job_records
 from ..heartbeat import Record
 from ..judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from .view import DaemonView, IncidentState, JobView

@@ -3,7 +3,7 @@
 For people without Prometheus (two machines on a home LAN): a job spread over
 nodes has its culprit on one node and its waiting ranks on the others, and no
 daemon alone can tell who the waiting ranks wait for. Each daemon serves its own
-ranks' signals at `/peer` (measured there, clock-free: classify.local_signals);
+ranks' signals at `/peer` (measured there, clock-free: judge.signals.local);
 a daemon with `peers:` configured fetches them in the background and judges its
 jobs with the remote ranks added (classify.judge(..., remote=...)).
 

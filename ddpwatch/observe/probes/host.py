@@ -113,6 +113,9 @@ _KINDS = (
                 "vmnet", "vboxnet")),
     ("veth", ("veth",)),
 )
+# Kinds a rank's Gloo is likely wrong to bind: only one node has them (a VPN's
+# address, a docker bridge) or they lead nowhere off the node (a container's veth).
+SUSPECT_KINDS = ("vpn", "bridge", "veth")
 
 
 def interface_kind(name: str) -> str:
@@ -137,7 +140,7 @@ def build_interfaces(addrs: dict, stats: dict) -> tuple[Interface, ...]:
         kind = interface_kind(name)
         out.append(Interface(name, tuple(ips), bool(st and st.isup),
                              int(st.mtu) if st else 0, int(st.speed) if st else 0,
-                             kind, kind in ("vpn", "bridge", "veth")))
+                             kind, kind in SUSPECT_KINDS))
     return tuple(out)
 
 
@@ -146,6 +149,22 @@ def is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr.partition("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def plain_addr(addr: str) -> str:
+    """'::ffff:10.0.0.1' (an IPv4 peer on an IPv6 socket) as '10.0.0.1'."""
+    return addr[7:] if addr.startswith("::ffff:") else addr
+
+
+def interface_of(addr: str, interfaces: tuple[Interface, ...]) -> tuple[str | None, str | None]:
+    """(name, kind) of the interface holding `addr`, (None, None) when none of
+    `interfaces` does (a rank in another network namespace, not read on a lean
+    pass). All of 127/8 is loopback though `lo` lists only 127.0.0.1."""
+    plain = plain_addr(addr)
+    for iface in interfaces:
+        if plain in (a.partition("%")[0] for a in iface.addresses):
+            return iface.name, iface.kind
+    return ("lo", "loopback") if is_loopback(plain) else (None, None)
 
 
 # ---------------------------------------------------------------- READ (impure)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from ... import codec
 from . import Look, ProbeContext, register
-from .host import Interface, interface_kind
+from .host import SUSPECT_KINDS, Interface, interface_kind
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
 TCP_STATES = {
@@ -274,7 +274,7 @@ def parse_ip_addr(text: str) -> tuple[Interface, ...]:
         addrs.setdefault(name, []).append(addr)
     # only up ones are listed; mtu and speed are not said (0)
     return tuple(Interface(name, tuple(ips), True, 0, 0, interface_kind(name),
-                           interface_kind(name) in ("vpn", "bridge", "veth"))
+                           interface_kind(name) in SUSPECT_KINDS)
                  for name, ips in sorted(addrs.items()))
 
 

@@ -8,19 +8,47 @@ hostname resolving to 127.0.1.1 (Debian's /etc/hosts, nsswitch `myhostname`),
 so peers are told to dial their own loopback; a docker bridge or a VPN
 address only one node has; IPv6 on one node and IPv4 on another.
 
-`interface_signals` measures one rank; `link_unreached` then ties a rank's
-connect that gets no answer to the peer whose Gloo address it dials. Pure.
+`measure` measures one rank; `link` then ties a rank's connect that gets no
+answer to the peer whose Gloo address it dials. Pure.
 """
 from __future__ import annotations
 
-from ..observe.probes.host import Interface, is_loopback
-from .signals import proc_of, socket_entry, sockets_of
-from ..observe.snapshot import Snapshot
+from ...observe.probes.host import (SUSPECT_KINDS, Interface, interface_of, is_loopback,
+                                    plain_addr)
+from ...observe.snapshot import Snapshot
+from .lookup import proc_of, socket_entry, sockets_of
+from .spec import declare
 
-SUSPECT_KINDS = ("vpn", "bridge", "veth")
+SIGNALS = declare(
+    ("gloo_addr", str, "the address the rank's Gloo listens on and tells its peers to connect "
+                       "to (its listening socket other than MASTER_PORT)"),
+    ("gloo_port", int, "the port of that listening socket"),
+    ("gloo_iface", str, "the interface holding gloo_addr"),
+    ("gloo_iface_kind", str, "loopback, vpn, bridge, veth or regular (by name: tailscale0, "
+                             "docker0...)"),
+    ("gloo_loopback", bool, "gloo_addr is a loopback address (127.x, ::1)"),
+    ("gloo_ifname", str, "GLOO_SOCKET_IFNAME of the rank ('' unset: Gloo resolves the "
+                         "hostname)"),
+    ("master_route_addr", str, "this rank's address on its connection to "
+                               "MASTER_ADDR:MASTER_PORT: the route to the other nodes"),
+    ("master_route_iface", str, "the interface holding master_route_addr"),
+    ("gloo_unconnected", int, "peers this rank has no Gloo data connection with: world size - "
+                              "1 - its established TCP connections off MASTER_PORT (0 once "
+                              "the group is up)"),
+    ("gloo_off_route", bool, "Gloo listens on another address than the rank reaches the master "
+                             "from, and one picked by the hostname (GLOO_SOCKET_IFNAME unset), "
+                             "on a VPN/bridge/veth interface, or of the other address family"),
+    ("syn_sent_to_rank", int, "the rank whose Gloo address this rank's stuck connect dials"),
+    ("syn_sent_to_off_route", bool, "that rank's Gloo listens off its own route to the master "
+                                    "(gloo_off_route or gloo_loopback)"),
+    ("gloo_unreached_by", int, "peers whose connects to this rank's Gloo address sit in "
+                               "SYN-SENT"),
+    ("loopback_peer", int, "another rank of a multi-node job whose Gloo listens on loopback and "
+                           "is not connected to all its peers (None: no such rank)"),
+)
 
 
-def interface_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     """Where the rank's Gloo listens, against where it reaches the master from.
 
     The address on the rank's own connection to the master is the yardstick:
@@ -72,17 +100,6 @@ def _interfaces(snap: Snapshot, pid: int) -> tuple[Interface, ...]:
     return snap.host.interfaces if snap.host else ()
 
 
-def interface_of(addr: str, interfaces: tuple[Interface, ...]) -> tuple[str | None, str | None]:
-    """(name, kind) of the interface holding `addr`, (None, None) when none of
-    `interfaces` does (a rank in another network namespace, not read on a lean
-    pass). All of 127/8 is loopback though `lo` lists only 127.0.0.1."""
-    plain = plain_addr(addr)
-    for iface in interfaces:
-        if plain in (a.partition("%")[0] for a in iface.addresses):
-            return iface.name, iface.kind
-    return ("lo", "loopback") if is_loopback(plain) else (None, None)
-
-
 def dialled(rank: dict, by_endpoint: dict) -> dict | None:
     """The rank of `by_endpoint` ("addr:port" -> rank signals) that `rank`'s
     connect stuck in SYN-SENT dials, if any (never `rank` itself)."""
@@ -91,16 +108,11 @@ def dialled(rank: dict, by_endpoint: dict) -> dict | None:
     return peer if peer is not rank and rank.get("syn_sent") else None
 
 
-def plain_addr(addr: str) -> str:
-    """'::ffff:10.0.0.1' (an IPv4 peer on an IPv6 socket) as '10.0.0.1'."""
-    return addr[7:] if addr.startswith("::ffff:") else addr
-
-
 def _wildcard(addr: str) -> bool:
     return addr in ("0.0.0.0", "::", "")
 
 
-def link_unreached(ranks: list[dict]) -> None:
+def link(ranks: list[dict]) -> None:
     """Tie each connect stuck in SYN-SENT to the rank whose Gloo address it dials
     (`syn_sent_to_rank`), and count, for that rank, the peers whose connects to
     it get no answer (`gloo_unreached_by`). A rank listening off its route to

@@ -7,19 +7,39 @@ something between the wire and the socket threw it away: the node's firewall.
 That node is the culprit of a job whose ranks sit at rendezvous, and the ranks
 whose connects it drops (SYN-SENT on their own node) are its victims.
 
-`inbound_signals` measures one rank; `link_dropped` ties each rank's stuck connect
-to the rank whose node drops it. Pure.
+`measure` measures one rank; `link` ties each rank's stuck connect to the rank
+whose node drops it. Pure.
 """
 from __future__ import annotations
 
-from .gloo_iface import dialled, plain_addr
-from .signals import proc_of, socket_entry, sockets_of
-from ..observe.snapshot import Snapshot
+from ...observe.probes.host import plain_addr
+from ...observe.snapshot import Snapshot
+from .interfaces import dialled
+from .lookup import proc_of, socket_entry, sockets_of
+from .spec import NUMBER, declare
+
+SIGNALS = declare(
+    ("syn_in_unanswered", int, "peers' connection attempts that arrived on this node for a port "
+                               "the rank listens on and were never answered (traffic probe; "
+                               "None: no capture, or the rank is in another network namespace)"),
+    ("syn_in_from", str, "where those attempts come from"),
+    ("syn_in_first_from", str, "where the first of them came from"),
+    ("syn_in_port", int, "the port the first of them dials"),
+    ("syn_in_ports", int, "how many of the rank's ports they dial"),
+    ("syn_in_last_s", NUMBER, "seconds since the last of them arrived"),
+    ("syn_in_iface", str, "the interface they arrive on"),
+    ("syn_in_retries", int, "their retransmissions (each one the dialer giving up on an answer)"),
+    ("syn_in_for_s", NUMBER, "seconds since the first of them arrived"),
+    ("syn_in_dropped_at", str, "the address:port pairs they dial (space-separated)"),
+    ("syn_sent_dropped_by", int, "the rank whose node receives and drops this rank's stuck "
+                                 "connect"),
+    ("syn_sent_dropped_node", str, "that rank's node"),
+)
 
 ANSWER_WITHIN_S = 0.5  # a SYN-ACK takes microseconds on the node; 0.5 s is no answer
 
 
-def inbound_signals(history: tuple[Snapshot, ...], pid: int) -> dict:
+def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     last = history[-1]
     traffic, socks = last.traffic, sockets_of(last, pid)
     entry = socket_entry(last, pid)
@@ -73,7 +93,7 @@ def _listens(listening: set, addr: str, port: int) -> bool:
     return (addr, port) in listening or ("0.0.0.0", port) in listening or ("::", port) in listening
 
 
-def link_dropped(ranks: list[dict]) -> None:
+def link(ranks: list[dict]) -> None:
     """For each rank whose connect sits in SYN-SENT, the rank whose node receives
     and drops it (`syn_sent_dropped_by`), with that node (`syn_sent_dropped_node`)."""
     drops = {}

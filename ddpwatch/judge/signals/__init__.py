@@ -1,0 +1,93 @@
+"""The named signals rules combine: measured facts per rank, from a short history
+of snapshots (oldest first). Pure.
+
+Signals come in families, one module each, that declare their signals (name,
+type, meaning: `SIGNALS`) beside the code that measures them:
+
+    process     /proc over the window: state, CPU, run-queue wait, environment
+    sockets     the rank's TCP connections: connects stuck, idle times
+    heartbeat   the rank's own record: collective, step, phase, dtype, data
+    stack       what py-spy dumps say the main thread does
+    interfaces  where the rank's Gloo listens against where it reaches the master
+    inbound     peers' connects this node drops (the traffic probe)
+    host        the node: cores, bf16, hostname resolution, crowding
+    state       what the rank is doing, from the families above
+    peers       the rank next to the other ranks of its job
+
+A new signal is a line in its family's SIGNALS and the code there that measures
+it; a rule naming anything no family declares, or comparing it with a value of
+another type, is rejected by the rules loader. A value that could not be
+measured is None, and a condition on None is false (a blind watcher must not
+conclude anything).
+"""
+from __future__ import annotations
+
+from ...observe.snapshot import Snapshot
+from . import heartbeat, host, inbound, interfaces, peers, process, sockets, stack, state
+from .spec import Signal
+
+# measured per rank from the history, in this order (later families read earlier ones)
+PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound)
+FAMILIES = PER_RANK + (host, state, peers)
+SIGNALS: dict[str, Signal] = {}
+for _family in FAMILIES:
+    for _signal in _family.SIGNALS:
+        assert _signal.name not in SIGNALS, f"signal {_signal.name} declared twice"
+        SIGNALS[_signal.name] = _signal
+
+
+def measure(history: tuple[Snapshot, ...], remote: tuple[dict, ...] = ()) -> list[dict]:
+    """Per-rank signals, completed with the cross-rank ones. `remote`: the local
+    signals of this job's ranks on other nodes, as their daemons measured them
+    (the peer view); they join before the cross-rank step, so a culprit on
+    another node is named here too."""
+    return with_peers(local(history), remote)
+
+
+def local(history: tuple[Snapshot, ...]) -> list[dict]:
+    """Per-rank signals from what this node saw: every value a rule needs that
+    does not depend on the peers. Clock-free (ratios, ages, flags), so another
+    node's daemon can judge with them (see measure)."""
+    last = history[-1]
+    ranks = []
+    pids = list(last.job.rank_pids)
+    if not pids and last.job.launcher_pid > 0:
+        pids = [last.job.launcher_pid]  # a launcher whose workers never started
+    records = {r.pid: (r, alive) for r, alive in heartbeat.job_records(last)}
+    for pid in pids:
+        s: dict = {}
+        for family in PER_RANK:
+            s.update(family.measure(history, pid))
+        if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
+            s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
+        s["launcher_only"] = not last.job.rank_pids
+        ranks.append(s)
+    for pid, (rec, alive) in records.items():  # ranks gone from this node, records left
+        if pid in pids:
+            continue
+        s = {"pid": pid, "alive": False, "rank": rec.rank, "world_size": rec.world_size,
+             "launcher_only": False}
+        s.update(heartbeat.measure(history, pid))
+        ranks.append(s)
+    ranks += peers.missing(ranks)
+    for s in ranks:
+        host.measure(s, last)
+        heartbeat.of_job_record(s, records.get(s["pid"], (None,))[0])
+        state.measure(s, last)
+    return ranks
+
+
+def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
+    ranks = [dict(s) for s in local_ranks]  # the links add to them; `local` stays as measured
+    held = {s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0}
+    for s in remote:  # a rank held here, or already given by another peer, is not added
+        if s.get("rank") not in held:
+            held.add(s.get("rank"))
+            ranks.append(dict(s, remote=True))
+    peers.link(ranks)
+    interfaces.link(ranks)
+    inbound.link(ranks)
+    return ranks
+
+
+__all__ = ["SIGNALS", "Signal", "measure", "local", "with_peers"]

@@ -1,0 +1,71 @@
+"""Looking a pid up in a snapshot: its process, its own heartbeat record, its
+sockets, its stack dumps. Shared by every signal family. Pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...heartbeat import Record
+from ...heartbeat.liveness import wrote
+from ...observe.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class Window:
+    first: Snapshot
+    last: Snapshot
+
+    @property
+    def seconds(self) -> float:
+        return max(self.last.taken_at - self.first.taken_at, 0.0)
+
+
+def proc_of(snap: Snapshot, pid: int):
+    if snap.processes is None:
+        return None
+    return next((p for p in snap.processes.procs if p.pid == pid and not p.error), None)
+
+
+def record_of(snap: Snapshot, pid: int) -> Record | None:
+    """The record `pid` wrote: records outlive their writers, and a pid can come
+    back as a new process (a rank of a later job) next to its old record."""
+    if snap.heartbeats is None:
+        return None
+    found = [r for r in snap.heartbeats.records if r.pid == pid and owns(snap, r)]
+    return max(found, key=lambda r: r.started_at, default=None)
+
+
+def owns(snap: Snapshot, record: Record) -> bool:
+    """False when the process now holding the record's pid started after the record
+    was created (pid reuse); True when it wrote it or is gone."""
+    proc = proc_of(snap, record.pid)
+    if proc is None:
+        return True
+    if proc.uid >= 0 and record.uid != proc.uid:
+        return False  # another user's file claiming this pid: not the rank's
+    procs = snap.processes
+    if procs.uptime_s < 0:
+        return wrote(record, proc.start_time_s)
+    suspended = max(procs.uptime_s - procs.taken_at, 0.0)  # boot clock ahead of monotonic
+    boot_wall = snap.wall_time - (snap.taken_at - procs.taken_at) - procs.uptime_s
+    return wrote(record, proc.start_time_s, suspended, boot_wall)
+
+
+def stacks_of(snaps: tuple[Snapshot, ...], pid: int) -> list:
+    found = []
+    for snap in snaps:
+        if snap.stacks is None:
+            continue
+        found += [p for p in snap.stacks.pids if p.pid == pid]
+    return found
+
+
+def socket_entry(snap: Snapshot, pid: int):
+    """The sockets probe's PidSockets of `pid` (its namespace, error, interfaces)."""
+    if snap.sockets is None:
+        return None
+    return next((p for p in snap.sockets.pids if p.pid == pid), None)
+
+
+def sockets_of(snap: Snapshot, pid: int):
+    entry = socket_entry(snap, pid)
+    return entry.sockets if entry else ()

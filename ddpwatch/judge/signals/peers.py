@@ -1,0 +1,120 @@
+"""Peers family: each rank next to the other ranks of its job (on this node,
+and on others through the peer view). One rank's 0% CPU is only a verdict
+next to its peers' states (DESIGN.md). Pure."""
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import Counter
+
+from .spec import NUMBER, declare
+
+SIGNALS = declare(
+    ("missing", bool, "a rank of an all-local job with no process and no record on this node"),
+    ("peers_blocked", int, "other ranks that are blocked"),
+    ("peers_alive", int, "other ranks that are alive"),
+    ("peers_in_rendezvous", int, "other ranks still in init_process_group (stack or heartbeat)"),
+    ("seq_behind", int, "collectives this rank is behind the furthest peer"),
+    ("peer_dead", bool, "a rank of the job died (its record remains, its process is gone)"),
+    ("peer_exited", bool, "a rank of the job left cleanly (record says exited) while this one "
+                          "runs"),
+    ("peer_stopped", bool, "another rank of the job is stopped (state T): the others' shares "
+                           "of time in collectives no longer compare"),
+    ("peer_ops_differ", bool, "stuck ranks wait in different collectives"),
+    ("step_time_ratio", NUMBER, "this rank's step time over the peers' median"),
+    ("comm_share_ratio", NUMBER, "this rank's share of time in collectives over the peers' "
+                                 "median"),
+    ("peer_comm_share", NUMBER, "the peers' median share of step time in collectives"),
+    ("peer_cpu_ratio", NUMBER, "the peers' median CPU over the window, in cores"),
+    ("runqueue_wait_vs_peers", NUMBER, "this rank's run-queue wait over the peers' median (on "
+                                       "a busy node every rank waits some; a starved one "
+                                       "waits more)"),
+    ("data_parity", bool, "this rank's data fingerprint differs from the peers' majority"),
+    ("data_fps", str, "the fingerprints seen across the job, with counts"),
+)
+
+
+def missing(ranks: list[dict]) -> list[dict]:
+    """Ranks of an all-local job that have neither a process nor a record here: a
+    plain script's rank that died leaves nothing else behind (no heartbeats)."""
+    live = [s for s in ranks if s.get("alive")]
+    worlds = {s.get("world_size") for s in live if (s.get("world_size") or 0) > 0}
+    if len(worlds) != 1 or not all(s.get("all_ranks_local") for s in live) or not live:
+        return []
+    (world,) = worlds
+    seen = {s.get("rank") for s in ranks}
+    return [{"pid": -1, "alive": False, "rank": r, "world_size": world, "missing": True,
+             "launcher_only": False} for r in range(world) if r not in seen]
+
+
+class _PeerMedian:
+    """Median of a signal over a rank's live peers, for every rank in O(n log n):
+    the values are sorted once, and a rank's own value is left out by index
+    (the daemon judges jobs of hundreds of ranks every second)."""
+
+    def __init__(self, ranks: list[dict], key: str):
+        self.key = key
+        self.values = sorted(s[key] for s in ranks if s.get("alive") and s.get(key) is not None)
+
+    def of_peers(self, s: dict):
+        values = self.values
+        own = s.get(self.key) if s.get("alive") else None
+        if own is not None:
+            i = bisect.bisect_left(values, own)
+            values = values[:i] + values[i + 1:]
+        return statistics.median(values) if values else None
+
+
+def link(ranks: list[dict]) -> None:
+    fingerprints = Counter(s.get("data_fp") for s in ranks if s.get("data_fp"))
+    joining = sum(1 for p in ranks if p.get("alive") and (
+        p.get("stack") == "rendezvous" or p.get("hb_phase") in ("rendezvous", "init")))
+
+    def is_stopped(p):
+        return bool(p.get("alive") and p.get("state") in ("T", "t"))
+
+    def is_dead(p):  # a missing rank while peers still join has not started: not dead
+        return not p.get("alive") and p.get("hb_phase") != "exited" and not (
+            p.get("missing") and joining)
+    alive = sum(1 for s in ranks if s.get("alive"))
+    blocked = sum(1 for s in ranks if s.get("blocked"))
+    dead = sum(1 for s in ranks if is_dead(s))
+    exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
+    stopped = sum(1 for s in ranks if is_stopped(s))
+    seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
+    # Desync is a hang: only ranks stuck past their bound count, so a healthy
+    # rank caught between two different collectives is not one.
+    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in")]
+    ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
+    step, share, cpu, wait = (_PeerMedian(ranks, k) for k in (
+        "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
+    for s in ranks:
+        me_alive, me_blocked = bool(s.get("alive")), bool(s.get("blocked"))
+        me_dead = is_dead(s)
+        s["peers_alive"] = alive - me_alive
+        s["peers_blocked"] = blocked - me_blocked
+        s["peers_in_rendezvous"] = joining - bool(s.get("alive") and (
+            s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
+        s["peer_dead"] = dead - me_dead > 0
+        s["peer_exited"] = exited - (not me_alive and s.get("hb_phase") == "exited") > 0
+        s["peer_stopped"] = stopped - is_stopped(s) > 0
+        if s.get("hb_seq") is not None and len(seqs) > 1:
+            furthest = seqs[1] if s["hb_seq"] == seqs[0] else seqs[0]
+            s["seq_behind"] = furthest - s["hb_seq"]
+        s["peer_ops_differ"] = me_blocked and ops_differ
+        peer_step = step.of_peers(s)
+        if s.get("hb_step_s") and peer_step:
+            s["step_time_ratio"] = round(s["hb_step_s"] / peer_step, 3)
+        peer_share = share.of_peers(s)
+        if s.get("hb_comm_share") is not None and peer_share:
+            s["comm_share_ratio"] = round(s["hb_comm_share"] / peer_share, 3)
+            s["peer_comm_share"] = peer_share
+        s["peer_cpu_ratio"] = cpu.of_peers(s)
+        peer_wait = wait.of_peers(s)
+        if s.get("runqueue_wait_ratio") is not None and peer_wait is not None:
+            s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
+        if s.get("data_fp"):
+            # With two ranks there is no majority to blame: every rank carries it.
+            s["data_parity"] = len(fingerprints) > 1
+            s["data_fps"] = ", ".join(f"{fp} ({n} rank{'s' if n > 1 else ''})"
+                                      for fp, n in fingerprints.most_common())

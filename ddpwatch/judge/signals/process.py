@@ -1,0 +1,52 @@
+"""Process family: what /proc says of a rank over the window. Pure."""
+from __future__ import annotations
+
+from ...observe.snapshot import Snapshot
+from .lookup import Window, proc_of
+from .spec import NUMBER, declare
+
+SIGNALS = declare(
+    ("pid", int, "process id"),
+    ("rank", int, "global rank (env or heartbeat), -1 unknown"),
+    ("world_size", int, "world size, -1 unknown"),
+    ("alive", bool, "the rank's process exists"),
+    ("state", str, "process state letter: R running, S sleeping, D disk, T stopped, Z zombie"),
+    ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)"),
+    ("runqueue_wait_ratio", NUMBER,
+     "time the rank's threads waited for a CPU over the window, in cores"),
+    ("orphan", bool, "the process's parent is gone (re-parented to init or a subreaper)"),
+    ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
+    ("window_s", NUMBER, "seconds between the oldest and newest snapshot"),
+    ("all_ranks_local", bool, "every rank of the job runs on this node (master on loopback, "
+                              "or LOCAL_WORLD_SIZE == WORLD_SIZE)"),
+    ("launcher_only", bool, "a launcher with no rank processes"),
+)
+
+IDLE_CPU = 0.05  # cores: below this a rank is not computing
+LOCAL_ADDRS = frozenset(("127.0.0.1", "localhost", "::1"))
+
+
+def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
+    w = Window(history[0], history[-1])
+    now, before = proc_of(w.last, pid), proc_of(w.first, pid)
+    s: dict = {"pid": pid, "window_s": round(w.seconds, 3), "alive": now is not None}
+    if now is None:
+        return s
+    env = now.env
+    s["state"] = now.state
+    s["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
+    s["world_size"] = int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else -1
+    s["orphan"] = now.ppid == 1
+    # Where the peers are: with the master on loopback every rank runs here.
+    s["all_ranks_local"] = env.get("MASTER_ADDR", "") in LOCAL_ADDRS or env.get(
+        "LOCAL_WORLD_SIZE", "-") == env.get("WORLD_SIZE")
+    omp = env.get("OMP_NUM_THREADS", "")
+    s["intra_op_threads"] = int(omp) if omp.isdigit() else None
+    if before is not None and w.seconds > 0 and now.cpu_seconds >= 0 and before.cpu_seconds >= 0:
+        s["cpu_ratio"] = round((now.cpu_seconds - before.cpu_seconds) / w.seconds, 3)
+        # -1 marks an unreadable schedstat: leave those threads out
+        wait_now = sum(t.sched.runqueue_wait_s for t in now.threads if t.sched.runqueue_wait_s >= 0)
+        wait_before = sum(t.sched.runqueue_wait_s for t in before.threads
+                          if t.sched.runqueue_wait_s >= 0)
+        s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
+    return s

@@ -1,0 +1,59 @@
+"""State family: what a rank is doing, from the other families' signals of the
+same rank (heartbeat and stack, CPU). Pure."""
+from __future__ import annotations
+
+from ...observe.snapshot import Snapshot
+from .lookup import record_of
+from .process import IDLE_CPU
+from .spec import declare
+
+SIGNALS = declare(
+    ("in_collective", bool, "this rank waits in a collective (heartbeat or stack)"),
+    ("blocked", bool, "in a collective and using ~no CPU"),
+    ("warming_up", bool, "first steps or compilation frames"),
+    ("waiting_in", str, "the collective this rank waits in (heartbeat op, else from its stack)"),
+    ("local_rank", int, "LOCAL_RANK (environment, else the record), -1 unknown"),
+)
+
+WARMUP_STEPS = 2
+
+
+def measure(s: dict, last: Snapshot) -> None:
+    """Adds to a rank's signals `s`, once the other families measured it."""
+    stalled_hb = bool(s.get("hb_stalled"))
+    stack_waits = s.get("stack") in ("collective", "ddp_backward")
+    s["in_collective"] = bool(s.get("hb_phase") == "inside" or stack_waits) if s.get(
+        "alive") else False
+    idle = s.get("cpu_ratio") is not None and s["cpu_ratio"] < IDLE_CPU
+    s["blocked"] = bool(s["in_collective"] and idle and (stalled_hb or (
+        not s.get("hb") and stack_waits)))
+    # torch/_dynamo and torch/_inductor frames are on the stack of every step of
+    # a compiled model, not only while it compiles: a rank whose heartbeat
+    # advances past the first steps runs compiled code, it is not warming up.
+    compiling = s.get("stack") == "compile" and not (
+        s.get("hb_advanced") and s.get("hb_step", 0) >= WARMUP_STEPS)
+    s["warming_up"] = bool(compiling or (
+        s.get("hb") and s.get("hb_step", 0) < WARMUP_STEPS and not stalled_hb
+        and s.get("hb_phase") != "rendezvous"))
+    s["waiting_in"] = _waiting_in(s)
+    s["local_rank"] = _local_rank(last, s["pid"])
+
+
+def _waiting_in(s: dict) -> str | None:
+    """The collective a rank waits in: from its heartbeat, else from its stack."""
+    if s.get("hb_phase") == "inside":
+        return s.get("hb_op")
+    if s.get("stack") == "ddp_backward":
+        return "ddp_bucket_all_reduce"
+    if s.get("stack") == "collective":
+        return (s.get("stack_top") or "?").split(" ")[0]
+    return None
+
+
+def _local_rank(snap: Snapshot, pid: int) -> int:
+    if snap.processes is not None:
+        for p in snap.processes.procs:
+            if p.pid == pid and p.env.get("LOCAL_RANK", "").isdigit():
+                return int(p.env["LOCAL_RANK"])
+    rec = record_of(snap, pid)
+    return rec.local_rank if rec is not None else -1
