@@ -17,6 +17,7 @@ import time
 from . import page_model as model
 from .page_svg import esc, states_svg, timeline_svg
 
+FRAMES_SHOWN = 16  # per stack: the outermost 4 and the innermost 12
 LATE_S = 0.0005  # arrivals closer than this are the same moment, not a late rank
 EVIDENCE_FILES = (("report.txt", "the judgement as text"),
                   ("report.json", "verdicts, evidence and signals of every rank"),
@@ -263,6 +264,10 @@ def _frames(frames: tuple[str, ...]) -> str:
         return "(no frames)"
     lines = [esc(("  " * min(i, 12)) + f) for i, f in enumerate(frames)]
     lines[-1] = f"<b>{lines[-1]}</b>"
+    if len(lines) > FRAMES_SHOWN:  # importlib's dozens of frames say nothing at 3 a.m.
+        hidden = len(lines) - FRAMES_SHOWN
+        lines = (lines[:4] + [f"<i>… {hidden} frames (all in snapshots.json) …</i>"]
+                 + lines[-(FRAMES_SHOWN - 4):])
     return "\n".join(lines)
 
 
