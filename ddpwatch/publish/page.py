@@ -195,14 +195,15 @@ def _lateness(tl: model.Timeline) -> str:
         late = tl.lateness.get(seq, {})
         # the last to arrive, when it is not a matter of microseconds
         last = max(late, key=late.get) if late and max(late.values()) >= LATE_S else None
+        done = {row.rank for row in tl.rows for b in row.bars if b.seq == seq}
         cells = "".join(
-            ('<td class="late">' if r == last else "<td>")
-            + ("-" if r not in late else f"+{late[r] * 1e3:.1f} ms") + "</td>" for r in ranks)
+            ('<td class="late">' if r == last or r not in done else "<td>")
+            + (f"+{late[r] * 1e3:.1f} ms" if r in late else
+               "completed" if r in done else "not completed") + "</td>" for r in ranks)
         rows.append(f'<tr data-seq="{seq}"><td>#{seq}</td><td>{esc(bar.op if bar else "?")}'
                     f"</td><td>{bar.bytes if bar else '?'}</td>{cells}</tr>")
     return ('<h3>Arrival at the last collectives</h3><p class="meta">How long after the '
-            'first rank each rank entered the collective (the last to arrive in red; '
-            '"-": the rank did not complete it).</p><table class="lateness"><thead><tr>'
+            'first rank each rank entered the collective (the last to arrive in red).</p><table class="lateness"><thead><tr>'
             f"<th>seq</th><th>op</th><th>bytes</th>{head}</tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
 
@@ -248,10 +249,14 @@ def _stacks(ranks, history) -> str:
         body = [f"<summary>{esc(_who(r))} (pid {esc(r.get('pid'))})</summary>"]
         if not folded:
             body.append(f'<p class="meta">{esc(status or "no dump")}</p>')
-        for st in folded:
+        bare = [st for st in folded if not st.frames]
+        for st in (st for st in folded if st.frames):
             body.append(f'<div class="meta">thread {esc(st.thread)}, '
                         f'{"idle" if st.idle else "active"}, seen in {st.seen} dump(s)</div>'
                         f"<pre>{_frames(st.frames)}</pre>")
+        if bare:  # threads with no Python frame (torch's, Gloo's): named, not drawn
+            body.append(f'<div class="meta">{len(bare)} thread(s) with no Python frame: '
+                        f'{esc(", ".join(sorted({st.thread for st in bare})))}</div>')
         out.append(f'<details open data-rank="{esc(r.get("rank", -1))}">'
                    + "".join(body) + "</details>")
     return "\n".join(out)

@@ -116,31 +116,35 @@ def _ring_bars(row, y, rx, tl) -> list[str]:
 
 
 def _stall(row, y, sx, tl) -> list[str]:
-    """Where the rank was at the stall: inside a collective (waiting), quiet
-    outside one (the culprit's gap), or running on."""
+    """Where the rank was at the stall: the culprit's gap (hatched: stopped,
+    hung or quiet, inside a collective or not, and the collectives it never
+    entered), a victim waiting inside a collective, or a rank running on."""
     out = []
-    if row.inside_s is not None:
+    quiet = row.quiet_s
+    if row.role == "culprit" or (row.inside_s is None and quiet is not None and quiet >= 1.0
+                                 and row.phase != "exited"):
+        ago = max(row.inside_s or 0.0, quiet or 0.0)
+        x0 = sx(ago)
+        out.append(f'<rect x="{x0:.1f}" y="{y + 8}" width="{max(STALL_X1 - x0, 2):.1f}" '
+                   f'height="18" fill="url(#gap-hatch)" class="gap"/>')
+        what = row.verdict.replace("_", " ")
+        if row.inside_s is not None:
+            where, since = f"{what} inside #{row.seq} {row.op}", f"for {_seconds(row.inside_s)}"
+        else:
+            where = f"{what}, " + (f"last #{row.seq} {row.op}" if row.seq else "no collective yet")
+            since = f"no heartbeat for {_seconds(quiet or 0.0)}"
+        if row.behind and tl.furthest is not None and row.seq is not None:
+            first = row.seq + 1  # the gap it left: what the others entered, it did not
+            since += (f"; never entered #{first}" if first == tl.furthest
+                      else f"; never entered #{first}–#{tl.furthest}")
+        out.append(_text(STALL_X0, y + 44, esc(where), "stall gap-label"))
+        out.append(_text(STALL_X0, y + 60, esc(since), "stall gap-label"))
+    elif row.inside_s is not None:
         x0 = sx(row.inside_s)
         out.append(f'<rect x="{x0:.1f}" y="{y + 8}" width="{max(STALL_X1 - x0, 2):.1f}" '
                    f'height="18" fill="{COLOURS["waiting"]}" class="waiting"/>')
         out.append(_text(STALL_X0, y + 44, esc(f"waits in #{row.seq} {row.op}"), "stall"))
         out.append(_text(STALL_X0, y + 60, esc(f"for {_seconds(row.inside_s)}"), "stall"))
-        return out
-    quiet = row.quiet_s
-    if row.role == "culprit" or (quiet is not None and quiet >= 1.0 and row.phase != "exited"):
-        x0 = sx(quiet or 0.0)
-        out.append(f'<rect x="{x0:.1f}" y="{y + 8}" width="{max(STALL_X1 - x0, 2):.1f}" '
-                   f'height="18" fill="url(#gap-hatch)" class="gap"/>')
-        where = f"last #{row.seq} {row.op}" if row.seq else "no collective yet"
-        gap = ""
-        if row.behind and tl.furthest is not None and row.seq is not None:
-            first = row.seq + 1
-            gap = (f"the gap: never entered #{first}" if first == tl.furthest
-                   else f"the gap: never entered #{first}–#{tl.furthest}")
-        out.append(_text(STALL_X0, y + 44, esc(f"no heartbeat for {_seconds(quiet or 0.0)}, "
-                                               f"{where}"), "stall gap-label"))
-        if gap:
-            out.append(_text(STALL_X0, y + 60, esc(gap), "stall gap-label"))
     else:
         label = {"exited": "exited"}.get(row.phase, "running on")
         out.append(_text(STALL_X1, y + 22, esc(f"{label} (#{row.seq} {row.op})"
