@@ -222,6 +222,14 @@ def test_bundle_holds_the_page_and_a_run_id_cannot_move_it(tmp_path):
     assert json.load(open(os.path.join(path, "report.json")))["incident"]["state"] == "resolved"
 
 
+def test_a_page_that_cannot_be_drawn_costs_no_evidence(tmp_path, monkeypatch):
+    def broken(*args, **kw):
+        raise ValueError("a renderer bug")
+    monkeypatch.setattr(page, "render", broken)
+    _, _, path = make_bundle(tmp_path)
+    assert sorted(os.listdir(path)) == ["records", "report.json", "report.txt", "snapshots.json"]
+
+
 def get(url, token=None):
     req = urllib.request.Request(url)
     if token:

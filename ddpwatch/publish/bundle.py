@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ from ..errors import DdpwatchError, NO_INPUT
 from ..judge.classify import job_records
 from ..heartbeat.layout import RECORD_SIZE
 from ..heartbeat.paths import record_path
+
+log = logging.getLogger("ddpwatch")
 
 
 def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[str, ...]) -> str:
@@ -36,8 +39,7 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
         with open(os.path.join(work, "report.json"), "w") as f:
             json.dump(doc, f, indent=1)
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
-        with open(os.path.join(work, PAGE), "w") as f:
-            f.write(page.render(doc, tuple(history), doc["incident"]))
+        _write_page(os.path.join(work, PAGE), doc, tuple(history))
         os.mkdir(os.path.join(work, "records"))
         for path in _record_files(view.last, heartbeat_dirs):
             _copy_record(path, os.path.join(work, "records"))
@@ -57,6 +59,19 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
 
 
 PAGE = "report.html"
+
+
+def _write_page(path: str, doc: dict, history: tuple) -> None:
+    """The page is drawn from the evidence; a failure to draw it must not cost
+    the evidence itself (the rest of the bundle is written all the same)."""
+    try:
+        html = page.render(doc, history, doc["incident"])
+    except Exception:
+        log.exception("incident %s: drawing its page failed; the bundle is written without "
+                      "it (`ddpwatch report` draws it again)", doc["incident"]["id"])
+        return
+    with open(path, "w") as f:
+        f.write(html)
 
 
 def dir_name(incident_id: str) -> str:
