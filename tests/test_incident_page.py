@@ -231,6 +231,6 @@ def test_real_incident_page_in_headless_chromium(start_job, tmp_path, hb_dir, re
                what="the page rewritten on resolve")
     tree = parse(open(page_path).read())
     (text,) = ["".join(e.itertext()) for e in tree.findall(".//h:div[@id='resolution']", NS)]
-    assert text.startswith("Resolved ") and (
-        "the job was judged healthy" in text or "the job was judged warming up" in text), text
-    assert resolved["resolution"] in text
+    # how: the job's verdict while it calmed (healthy, most likely; it is not gone)
+    assert text.startswith("Resolved ") and resolved["resolution"] in text, text
+    assert resolved["resolution"].startswith(("the job was judged ", "the job could not")), text

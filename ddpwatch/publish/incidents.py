@@ -35,6 +35,8 @@ def resolution(verdict: str, calm_s: float) -> str:
     if verdict == "gone":
         return (f"the job's processes were gone for {calm_s:.0f} s (it exited, was killed, "
                 f"or torchrun restarted it)")
+    if verdict == "unknown":  # calm only in that nothing says it is a problem
+        return f"the job could not be observed (unknown) for {calm_s:.0f} s"
     return f"the job was judged {verdict.replace('_', ' ')} for {calm_s:.0f} s"
 
 
