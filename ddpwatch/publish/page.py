@@ -148,7 +148,9 @@ def _summary(job, ranks, incident) -> str:
     if remedy or remedies:
         items = "".join(f"<li><b>{esc(_who(r))}</b>: {esc(text)}</li>"
                         for r, text in remedies if text) or f"<li>{esc(remedy)}</li>"
-        out.append(f'<div class="box remedy" id="remedy"><b>What to do</b><ul>{items}</ul></div>')
+        head = ("What it needed (resolved since)" if incident and incident.get("state") ==
+                "resolved" else "What to do")
+        out.append(f'<div class="box remedy" id="remedy"><b>{head}</b><ul>{items}</ul></div>')
     return "\n".join(out)
 
 
