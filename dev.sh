@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2)
+# chromium: the incident page is opened headless in tests/test_incident_page.py
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium)
 VENV=.venv
 
 setup() {

@@ -75,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(handler="preflight")
 
+    p = sub.add_parser("report", help="an incident's page (HTML): drawn again from its bundle, "
+                       "or from a saved snapshot history")
+    p.add_argument("bundle", nargs="?", metavar="BUNDLE_DIR",
+                   help="an incident bundle (<state_dir>/incidents/<id>/); the page is "
+                   "written to BUNDLE_DIR/report.html unless -o says otherwise")
+    p.add_argument("--replay", metavar="SNAPSHOT.json", help="judge a saved snapshot history "
+                   "(diagnose --save-snapshot, or a bundle's snapshots.json) and draw its page "
+                   "(to stdout unless -o)")
+    p.add_argument("-o", "--output", metavar="FILE", help="where to write the page ('-': stdout)")
+    p.add_argument("--rules", metavar="FILE", action="append", help="with --replay: add or "
+                   "override rules (repeatable)")
+    p.set_defaults(handler="report")
+
     p = sub.add_parser("rules", help="work with rule files")
     rules_sub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rules_sub.required = True

@@ -27,6 +27,11 @@ present). Strict: an unknown key is an error naming file and line (exit 78).
                                  # ranks' signals join this node's judgement (the peer view)
     peer_token: ""               # bearer token for the peers' /peer; default: token
     peer_max_age_s: 5.0          # a peer's answer older than this is not used
+    external_url: ""             # this daemon's base URL as people reach it (e.g.
+                                 # https://node1.example:19500, or behind a proxy
+                                 # https://ops.example/ddpwatch/node1): webhook messages
+                                 # link to <external_url>/incidents/<id>, the incident
+                                 # page; default the listen address
 """
 from __future__ import annotations
 
@@ -45,6 +50,9 @@ DEFAULT_PORT = 19500  # 10000-32767: clear of torchrun's 29500 and Linux's ephem
 SYSTEM_CONFIG = "/etc/ddpwatch/config.yaml"
 # a daemon's base URL: http(s)://HOST[:PORT], HOST a name or address ([v6] too)
 PEER_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?/?")
+# the same, with a path prefix (a reverse proxy's), without query or fragment
+EXTERNAL_URL = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]?#]+)(:\d{1,5})?"
+                          r"(/[^\s?#]*)?")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class Config:
     peers: tuple[str, ...] = ()
     peer_token: str = ""
     peer_max_age_s: float = 5.0
+    external_url: str = ""
     source: str = "defaults"
 
     @property
@@ -89,7 +98,7 @@ ENV = {  # environment overrides, applied after the file
     "DDPWATCH_LISTEN": "listen", "DDPWATCH_TOKEN": "token", "DDPWATCH_TICK_S": "tick_s",
     "DDPWATCH_DIR": "heartbeat_dir", "DDPWATCH_STATE_DIR": "state_dir",
     "DDPWATCH_LOG_FORMAT": "log_format", "DDPWATCH_PEERS": "peers",
-    "DDPWATCH_PEER_TOKEN": "peer_token",
+    "DDPWATCH_PEER_TOKEN": "peer_token", "DDPWATCH_EXTERNAL_URL": "external_url",
 }
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
 
@@ -151,6 +160,12 @@ def _coerce(key: str, value, where: str):
     try:
         if kind == "float":
             return float(value)
+        if key == "external_url":
+            if not isinstance(value, str) or not (value == "" or EXTERNAL_URL.fullmatch(value)):
+                raise ConfigError(f"{where}: external_url: {value!r} is not a base URL as "
+                                  f"people reach this daemon (http(s)://HOST[:PORT][/PREFIX], "
+                                  f"no query)")
+            return value
         if kind == "str":
             if not isinstance(value, (str, int, float)):
                 raise TypeError

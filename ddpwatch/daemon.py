@@ -16,13 +16,14 @@ import time
 from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery
 from .publish.alerts.route import AlertRoute, owner_node
-from .publish.bundle import write_bundle
+from .publish.bundle import rewrite_page, write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish.incidents import IncidentBook
 from .observe.probes import Look, ProbeContext
 from .observe.sampler import Sampler
 from .observe.snapshot import Snapshot
+from .publish.page_list import incident_path
 from .publish.view import DaemonView, JobView
 
 log = logging.getLogger("ddpwatch")
@@ -199,6 +200,8 @@ class Daemon:
                     "")
                 if path:
                     self.incidents.attach_bundle(incident.id, path)
+            elif incident.bundle:  # resolved: the page says when and how
+                self._guard("bundle", lambda: rewrite_page(incident.bundle, incident), "")
             if event.kind != "resolved":
                 news.add(incident.id)
             elif self.alert_route.forget(incident.id):  # it fired from here: resolve it here
@@ -226,20 +229,29 @@ class Daemon:
     def _send(self, incident) -> None:
         if self.dispatcher is not None:
             self._guard("alerts", lambda: self.dispatcher.submit(
-                alert_for(incident, self.node, self.status_url())), None)
+                alert_for(incident, self.node, self.status_url(),
+                          self.base_url() + incident_path(incident.id))), None)
+
+    def base_url(self) -> str:
+        """Where people reach this daemon: the config's external_url, else the
+        address it listens on (loopback helps only someone on this node)."""
+        if self.config.external_url:
+            return self.config.external_url.rstrip("/")
+        host, port = self.config.host_port
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     def status_url(self) -> str:
-        host, port = self.config.host_port
-        return f"http://{host}:{port}/status"
+        return self.base_url() + "/status"
 
 
-def alert_for(incident, node: str, status_url: str):
+def alert_for(incident, node: str, status_url: str, incident_url: str = ""):
     from .publish.alerts import Alert
     firing = incident.state != "resolved"
     return Alert(status="firing" if firing else "resolved", incident_id=incident.id, node=node,
                  job=incident.job, verdict=incident.verdict, culprits=incident.culprits,
                  summary=incident.summary, started_at=incident.opened_at,
-                 ended_at=0.0 if firing else incident.resolved_at, status_url=status_url)
+                 ended_at=0.0 if firing else incident.resolved_at, status_url=status_url,
+                 incident_url=incident_url)
 
 
 __all__ = ["Daemon", "load_rules", "alert_for"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 OK = 0
 PROBLEM_FOUND = 1
 USAGE = 2
+NO_INPUT = 66       # EX_NOINPUT: an input file or directory that cannot be used
 UNAVAILABLE = 69    # EX_UNAVAILABLE: pid gone, not a Python process, nothing to judge
+CANT_CREATE = 73    # EX_CANTCREAT: an output file that cannot be written
 NO_PERMISSION = 77  # EX_NOPERM
 CONFIG = 78         # EX_CONFIG: bad rules or config file
 
@@ -19,8 +21,16 @@ class UsageError(DdpwatchError):
     exit_code = USAGE
 
 
+class NoInput(DdpwatchError):
+    exit_code = NO_INPUT
+
+
 class Unavailable(DdpwatchError):
     exit_code = UNAVAILABLE
+
+
+class CantCreate(DdpwatchError):
+    exit_code = CANT_CREATE
 
 
 class NoPermission(DdpwatchError):

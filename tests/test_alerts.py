@@ -172,7 +172,8 @@ def test_generic_signed_message_verifies_with_both_schemes(receiver, dispatchers
     assert doc == {"status": "firing", "incident_id": "inc-1", "node": "node-a", "job": "run-42",
                    "verdict": "hung_outside_collective", "culprits": [3],
                    "summary": alert().summary, "started_at": 1_700_000_000.0, "ended_at": 0.0,
-                   "status_url": "http://node-a:19500/status", "severity": "critical"}
+                   "status_url": "http://node-a:19500/status", "incident_url": "",
+                   "severity": "critical"}
     assert req.headers["webhook-signature"].startswith("v1,")
     assert verify_standard(SECRET, req.headers, req.body)
     assert verify_hub(SECRET, req.headers, req.body)

@@ -2,34 +2,44 @@
 (Gloo's timeout, torchrun) kills the job and the stacks are gone."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
 
-from . import report
+from . import page, report
 from ..observe import snapshot
 from ..codec import to_json
+from ..errors import DdpwatchError, NO_INPUT
 from ..judge.signals.heartbeat import job_records
 from ..heartbeat.layout import RECORD_SIZE
 from ..heartbeat.paths import record_path
+
+log = logging.getLogger("ddpwatch")
 
 
 def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[str, ...]) -> str:
     """state_dir/incidents/<id>/ (rewritten if the incident's judgement changes):
     report.json (verdicts, evidence), snapshots.json
     (everything observed: processes, sockets, stacks, heartbeat rings), records/
-    (the ranks' raw heartbeat files, found in `heartbeat_dirs`). Returns the directory."""
+    (the ranks' raw heartbeat files, found in `heartbeat_dirs`), report.html (the
+    page, publish/page.py). Returns the directory."""
     root = os.path.join(state_dir, "incidents")
     os.makedirs(root, mode=0o700, exist_ok=True)
-    final = os.path.join(root, incident.id)
+    final = os.path.join(root, dir_name(incident.id))
+    incident = dataclasses.replace(incident, bundle=final)
     work = tempfile.mkdtemp(prefix=".tmp-", dir=root)
     try:
+        doc = {"incident": to_json(incident), **report.as_json(view.judgement, view.last)}
         with open(os.path.join(work, "report.json"), "w") as f:
-            json.dump({"incident": to_json(incident),
-                       **report.as_json(view.judgement, view.last)}, f, indent=1)
+            json.dump(doc, f, indent=1)
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
+        _write_page(os.path.join(work, PAGE), doc, tuple(history))
         os.mkdir(os.path.join(work, "records"))
         for path in _record_files(view.last, heartbeat_dirs):
             _copy_record(path, os.path.join(work, "records"))
@@ -46,6 +56,92 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
         shutil.rmtree(work, ignore_errors=True)
         raise
     return final
+
+
+PAGE = "report.html"
+
+
+def _write_page(path: str, doc: dict, history: tuple) -> None:
+    """The page is drawn from the evidence; a failure to draw it must not cost
+    the evidence itself (the rest of the bundle is written all the same)."""
+    try:
+        html = page.render(doc, history, doc["incident"])
+    except Exception:
+        log.exception("incident %s: drawing its page failed; the bundle is written without "
+                      "it (`ddpwatch report` draws it again)", doc["incident"]["id"])
+        return
+    with open(path, "w") as f:
+        f.write(html)
+
+
+def dir_name(incident_id: str) -> str:
+    """The bundle directory's name: the id holds the job key, which holds the
+    ranks' run id (a claim: "../x" must not leave state_dir). Other characters
+    than [A-Za-z0-9._:-] become "_", with a digest of the id so two ids that
+    differ only there do not share a directory."""
+    safe = re.sub(r"[^A-Za-z0-9._:-]", "_", incident_id)[:120].lstrip(".") or "_"
+    if safe == incident_id:
+        return safe
+    return f"{safe}-{hashlib.sha256(incident_id.encode()).hexdigest()[:8]}"
+
+
+class BundleError(DdpwatchError):
+    """A directory that is not a readable incident bundle."""
+    exit_code = NO_INPUT
+
+
+def read(bundle_dir: str) -> tuple[dict, tuple]:
+    """(report.json's document, the snapshot history) of a bundle."""
+    if not os.path.isdir(bundle_dir):
+        raise BundleError(f"{bundle_dir}: not a directory (an incident bundle is "
+                          f"<state_dir>/incidents/<id>/)")
+    path = os.path.join(bundle_dir, "report.json")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as err:
+        raise BundleError(f"{path}: {err.strerror} (not an incident bundle?)") from err
+    except json.JSONDecodeError as err:
+        raise BundleError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("job"), dict) \
+            or not isinstance(doc.get("ranks"), list):
+        raise BundleError(f"{path}: not a ddpwatch report (no 'job' and 'ranks')")
+    try:
+        history = snapshot.load(os.path.join(bundle_dir, "snapshots.json"))
+    except snapshot.SnapshotFileError as err:
+        raise BundleError(str(err)) from err
+    return doc, history
+
+
+def render_page(bundle_dir: str, incident=None, evidence_base: str = "") -> str:
+    """The bundle's page drawn again; `incident` (an Incident) replaces the one
+    the bundle was written with (its state now: resolved, say)."""
+    doc, history = read(bundle_dir)
+    if incident is not None:
+        doc = {**doc, "incident": to_json(incident)}
+    return page.render(doc, history, doc.get("incident"), evidence_base)
+
+
+def rewrite_page(bundle_dir: str, incident) -> str:
+    """The incident changed state (resolved): report.json and report.html say so.
+    Each file is replaced whole (rename), so a reader never sees half of one."""
+    doc, history = read(bundle_dir)
+    doc = {**doc, "incident": to_json(dataclasses.replace(incident, bundle=bundle_dir))}
+    _replace(os.path.join(bundle_dir, "report.json"), json.dumps(doc, indent=1))
+    path = os.path.join(bundle_dir, PAGE)
+    _replace(path, page.render(doc, history, doc["incident"]))
+    return path
+
+
+def _replace(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _copy_record(path: str, into: str) -> None:

@@ -1,9 +1,14 @@
-"""HTTP for the daemon: /metrics, /status, /peer, /healthz, /readyz; 404 elsewhere.
+"""HTTP for the daemon: /metrics, /status, /peer, /healthz, /readyz, /incidents/
+(the list) and /incidents/<id> (an incident's page, drawn from its bundle, with
+its bundle's report.txt, report.json and snapshots.json under /incidents/<id>/);
+404 elsewhere.
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
 otherwise only on suspicion).
 
-Only reads the latest published DaemonView. /status and /peer need
+Only reads the latest published DaemonView (and the bundles of the incidents it
+lists: a path in a request is only ever compared with the incidents' ids).
+/status, /peer and /incidents need
 `Authorization: Bearer <token>` when a token is configured (it must be, off
 loopback: config.py).
 """
@@ -11,14 +16,24 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import os
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from . import peers, report
+from . import bundle, peers, report
+from .page_list import incident_path, render_list
 from ..codec import to_json
+from ..errors import DdpwatchError
+
+log = logging.getLogger("ddpwatch")
+BUNDLE_FILES = {"report.txt": "text/plain; charset=utf-8", "report.json": "application/json",
+                "snapshots.json": "application/json"}
+HTML = "text/html; charset=utf-8"
 
 
 def status_document(view) -> dict:
@@ -76,6 +91,14 @@ class Server:
             ready = view is not None and view.ready
             self._send(req, 200 if ready else 503, b"ready\n" if ready else b"no tick yet\n",
                        "text/plain")
+        elif path == "/incidents" or path.startswith("/incidents/"):
+            if self.token and not self._authorized(req):
+                self._send(req, 401, b"bearer token required\n", "text/plain",
+                           {"WWW-Authenticate": 'Bearer realm="ddpwatch"'})
+            elif view is None:
+                self._send(req, 503, b"no tick yet\n", "text/plain")
+            else:
+                self._incidents(req, path, view)
         elif path in ("/status", "/peer"):
             if self.token and not self._authorized(req):
                 self._send(req, 401, b'{"error": "bearer token required"}\n', "application/json",
@@ -93,6 +116,32 @@ class Server:
                 self._send(req, 200, body, "application/json")
         else:
             self._send(req, 404, b"not found\n", "text/plain")
+
+    def _incidents(self, req, path: str, view) -> None:
+        if path in ("/incidents", "/incidents/"):
+            self._send(req, 200, render_list(view.incidents, view.node).encode(), HTML)
+            return
+        # /incidents/<quoted id>[/<file>]: the id is looked up, never used as a path
+        quoted, _, name = path[len("/incidents/"):].partition("/")
+        incident = next((i for i in view.incidents
+                         if i.id == urllib.parse.unquote(quoted)), None)
+        if incident is None or not incident.bundle or (name and name not in BUNDLE_FILES):
+            self._send(req, 404, b"no such incident (or no bundle for it) on this node\n",
+                       "text/plain")
+            return
+        try:
+            if name:
+                with open(os.path.join(incident.bundle, name), "rb") as f:
+                    body = f.read()
+                self._send(req, 200, body, BUNDLE_FILES[name])
+                return
+            page = bundle.render_page(incident.bundle, incident,
+                                      evidence_base=incident_path(incident.id) + "/")
+        except (OSError, DdpwatchError) as err:  # the bundle was removed or damaged
+            log.warning("incident %s: bundle unreadable: %s", incident.id, err)
+            self._send(req, 404, b"the incident's bundle cannot be read\n", "text/plain")
+            return
+        self._send(req, 200, page.encode(), HTML)
 
     def _authorized(self, req) -> bool:
         given = req.headers.get("Authorization", "")

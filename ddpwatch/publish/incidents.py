@@ -21,6 +21,16 @@ class Event:
     incident: Incident
 
 
+def resolution(verdict: str, calm_s: float) -> str:
+    """How an incident resolved, for people: the job's verdict while it calmed."""
+    if verdict == "gone":
+        return (f"the job's processes were gone for {calm_s:.0f} s (it exited, was killed, "
+                f"or torchrun restarted it)")
+    if verdict == "unknown":  # calm only in that nothing says it is a problem
+        return f"the job could not be observed (unknown) for {calm_s:.0f} s"
+    return f"the job was judged {verdict.replace('_', ' ')} for {calm_s:.0f} s"
+
+
 class IncidentBook:
     def __init__(self, resolve_after_s: float, open_after_s: dict[str, float] | None = None):
         self.resolve_after_s = resolve_after_s
@@ -83,7 +93,8 @@ class IncidentBook:
             since = self._calm_since.setdefault(key, now)
             if now - since >= self.resolve_after_s:
                 done = dataclasses.replace(self._open.pop(key), state=IncidentState.RESOLVED,
-                                           resolved_at=now, updated_at=now)
+                                           resolved_at=now, updated_at=now,
+                                           resolution=resolution(verdict, now - since))
                 self._calm_since.pop(key, None)
                 self._resolved.append(done)
                 events.append(Event("resolved", done))

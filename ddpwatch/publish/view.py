@@ -32,6 +32,8 @@ class Incident:
     # the node whose daemon sends this incident's webhooks: this one, or a peer
     # (alerts/route.py); "" while undecided or when no webhooks are configured
     alerts_from: str = ""
+    # how it resolved, said when it did: the job healthy again, or gone
+    resolution: str = ""
 
 
 @dataclass(frozen=True)

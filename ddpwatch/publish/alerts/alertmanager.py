@@ -47,11 +47,13 @@ def payload(alert: Alert, now: float, resend_s: float) -> list[dict]:
                    "incident_id": alert.incident_id},
         "annotations": {"summary": alert.summary,
                         "culprits": ",".join(str(r) for r in alert.culprits),
-                        "status_url": alert.status_url},
+                        "status_url": alert.status_url, "incident_url": alert.incident_url},
         "startsAt": rfc3339(alert.started_at),
     }
-    if alert.status_url:
-        doc["generatorURL"] = alert.status_url  # must be a URL; omit rather than send ""
+    if alert.incident_url or alert.status_url:
+        # Alertmanager's UI links this as the alert's source: the incident's page
+        # says the most; it must be a URL, so omit it rather than send ""
+        doc["generatorURL"] = alert.incident_url or alert.status_url
     if not alert.firing:
         # Alertmanager rejects endsAt before startsAt (400); equal clocks, same second.
         doc["endsAt"] = rfc3339(max(alert.ended_at, alert.started_at))

@@ -26,6 +26,7 @@ class Alert:
     started_at: float           # unix time the incident opened
     ended_at: float             # unix time resolved, 0.0 while firing
     status_url: str = ""        # link to the daemon's /status
+    incident_url: str = ""      # link to the incident's page (config external_url)
     severity: str = "critical"
 
     def __post_init__(self):

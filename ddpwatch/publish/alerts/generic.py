@@ -22,7 +22,7 @@ from .base import Alert, register
 from .transport import post_json
 
 FIELDS = ("status", "incident_id", "node", "job", "verdict", "culprits", "summary",
-          "started_at", "ended_at", "status_url", "severity")
+          "started_at", "ended_at", "status_url", "incident_url", "severity")
 TOLERANCE_S = 300  # Standard Webhooks' suggested replay window
 
 

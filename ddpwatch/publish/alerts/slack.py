@@ -54,6 +54,8 @@ def payload(alert: Alert) -> dict:
     context = [f"Started {_when(alert.started_at)}"]
     if not alert.firing and alert.ended_at:
         context.append(f"resolved {_when(alert.ended_at)}")
+    if alert.incident_url:
+        context.append(f"<{alert.incident_url}|incident page>")
     if alert.status_url:
         context.append(f"<{alert.status_url}|daemon status>")
     context.append(f"incident `{escape(alert.incident_id)}`")

@@ -1,0 +1,37 @@
+"""`ddpwatch report`: an incident's page (HTML), drawn again from its bundle,
+or drawn from a saved snapshot history (`--replay`, judged with the rules)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import errors
+from ..judge import classify, rules as rules_mod
+from ..observe import snapshot
+from ..publish import bundle, page, report
+
+
+def main(args) -> int:
+    if bool(args.bundle) == bool(args.replay):
+        raise errors.UsageError("give a bundle directory or --replay SNAPSHOT.json (one of them)")
+    if args.replay:
+        history = snapshot.load(args.replay)  # exit 2 naming the file and the JSON path
+        if not history:
+            raise snapshot.SnapshotFileError(f"{args.replay}: the history holds no snapshot")
+        judgement = classify.judge(history, rules_mod.load_default(args.rules or ()))
+        html = page.render(report.as_json(judgement, history[-1]), history, None,
+                           evidence_base=None)
+        out = args.output or "-"
+    else:
+        html = bundle.render_page(args.bundle)  # exit 66 naming what is wrong
+        out = args.output or os.path.join(args.bundle, bundle.PAGE)
+    if out == "-":
+        sys.stdout.write(html)
+        return errors.OK
+    try:
+        with open(out, "w") as f:
+            f.write(html)
+    except OSError as err:
+        raise errors.CantCreate(f"{out}: cannot write the page: {err.strerror}") from err
+    print(out)
+    return errors.OK
