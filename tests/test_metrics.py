@@ -17,7 +17,8 @@ from conftest import REPO, need
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddpwatch.judge.classify import Finding, JobVerdict, Judgement, RankVerdict
-from ddpwatch.publish.metrics import JOB, arrival_lateness, make_registry, render
+from ddpwatch.judge.signals.heartbeat import arrival_lateness, job_records
+from ddpwatch.publish.metrics import JOB, make_registry, render
 from ddpwatch.heartbeat import Record, RingEntry
 from ddpwatch.observe.probes.heartbeats import HeartbeatObs
 from ddpwatch.observe.probes.process import Processes, ProcessObs
@@ -94,8 +95,8 @@ def straggler_job(elapsed: float = 0.0, key: str = "run-42") -> JobView:
                     run_id=key, taken_at=NOW + elapsed)
     ranks = (verdict(101, 0, "waiting_on_peer", "victim"),
              verdict(102, 1, "straggler", "culprit", findings=("oversubscribed",)))
-    return JobView(key, Judgement(JobVerdict("straggler", (1,), "rank 1 is the culprit"), ranks),
-                   snap)
+    return JobView(key, Judgement(JobVerdict("straggler", (1,), "rank 1 is the culprit"), ranks,
+                                  records=tuple(job_records(snap))), snap)
 
 
 def dead_rank_job() -> JobView:
@@ -106,7 +107,8 @@ def dead_rank_job() -> JobView:
     snap = snapshot((300,), (r0, r1), (True, False), (20.0,), run_id="")
     ranks = (verdict(300, 0, "blocked_in_collective", "victim"),
              verdict(301, 1, "dead", "culprit", alive=False))
-    return JobView("pid300", Judgement(JobVerdict("dead", (1,), "rank 1 died"), ranks), snap)
+    return JobView("pid300", Judgement(JobVerdict("dead", (1,), "rank 1 died"), ranks,
+                                       records=tuple(job_records(snap))), snap)
 
 
 def daemon_view(jobs, tick: int = 7, incidents=(), opened=None, peers=(),
@@ -223,8 +225,8 @@ def test_dead_rank_still_appears_while_the_view_has_it():
 
 def test_vanished_ranks_and_jobs_vanish_between_scrapes():
     full = straggler_job()
-    one_rank = JobView(full.key, Judgement(full.judgement.job, full.judgement.ranks[:1]),
-                       full.last)
+    one_rank = JobView(full.key, Judgement(full.judgement.job, full.judgement.ranks[:1],
+                                           records=full.judgement.records), full.last)
     current = {"view": daemon_view([full, dead_rank_job()])}
     registry = make_registry(lambda: current["view"])
 
@@ -263,7 +265,8 @@ def test_no_view_yet_and_broken_jobs_never_break_the_scrape():
 def test_unidentified_ranks_do_not_make_duplicate_series():
     job = straggler_job()
     ranks = tuple(RankVerdict(**{**v.__dict__, "rank": -1}) for v in job.judgement.ranks)
-    job = JobView(job.key, Judgement(JobVerdict("unknown", (), ""), ranks), job.last)
+    job = JobView(job.key, Judgement(JobVerdict("unknown", (), ""), ranks,
+                                     records=job.judgement.records), job.last)
     m = scrape(lambda: daemon_view([job]))
     assert value(m, "ddpwatch_rank_alive", ddp_job="run-42", rank="-1") == 1
     assert "ddpwatch_rank_arrival_lateness_seconds" not in m
@@ -273,7 +276,8 @@ def test_a_restarted_rank_speaks_for_its_rank_not_its_dead_predecessor():
     job = straggler_job()
     old = verdict(90, 1, "dead", "culprit", alive=False)  # lower pid, record gone: no series
     ranks = (job.judgement.ranks[0], old, job.judgement.ranks[1])
-    job = JobView(job.key, Judgement(job.judgement.job, ranks), job.last)
+    job = JobView(job.key, Judgement(job.judgement.job, ranks, records=job.judgement.records),
+                  job.last)
     m = scrape(lambda: daemon_view([job]))
     assert value(m, "ddpwatch_rank_alive", ddp_job="run-42", rank="1") == 1
     assert value(m, "ddpwatch_rank_state", ddp_job="run-42", rank="1", verdict="straggler") == 1

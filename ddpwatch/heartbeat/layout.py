@@ -35,6 +35,9 @@ OPS = (
     "all_gather_coalesced", "other",
 )
 OP_CODE = {name: code for code, name in enumerate(OPS)}
+# The torch.distributed functions whose calls are collectives of the record (the
+# instrumentation wraps them; stack matching knows them): every op but our own.
+TORCH_COLLECTIVES = tuple(op for op in OPS if op not in ("none", "ddp_bucket_all_reduce", "other"))
 
 
 class Phase:
@@ -174,6 +177,12 @@ class Record:
     @property
     def in_collective(self) -> bool:
         return self.phase == "inside"
+
+    def inside_s(self, now: float, alive: bool) -> float:
+        """Seconds inside the current collective at `now` (the record's clock): 0
+        outside one, and 0 for a writer that is gone (a dead rank waits in nothing;
+        its record keeps the phase it died in)."""
+        return max(now - self.entered_at, 0.0) if alive and self.in_collective else 0.0
 
 
 class LayoutError(ValueError):

@@ -56,6 +56,9 @@ class Judgement:
     # this node's ranks' signals before the peers' were added, JSON scalars only:
     # what the daemon serves its peers at /peer
     local: tuple[dict, ...] = ()
+    # the heartbeat records that belong to the job (signals/heartbeat.job_records),
+    # with whether each writer is alive: what metrics and bundles report
+    records: tuple = ()
 
 
 def judge(history: tuple[Snapshot, ...], rules: list[Rule],
@@ -83,7 +86,8 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             signals={k: v for k, v in sorted(s.items()) if isinstance(v, (int, float, str, bool))}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
     return Judgement(_job(verdicts), tuple(verdicts),
-                     tuple({k: v for k, v in sorted(s.items()) if _scalar(v)} for s in local))
+                     tuple({k: v for k, v in sorted(s.items()) if _scalar(v)} for s in local),
+                     tuple(signals.heartbeat.job_records(history[-1])))
 
 
 def _scalar(value) -> bool:

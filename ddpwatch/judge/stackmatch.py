@@ -8,14 +8,13 @@ idles in rendezvous.py / TCPStore; time.sleep and input idle in user frames.
 """
 from __future__ import annotations
 
+from ..heartbeat.layout import TORCH_COLLECTIVES
 
-COLLECTIVE_FUNCS = frozenset((
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
-    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "monitored_barrier", "send", "recv", "batch_isend_irecv",
+# Functions a rank waits in: the collectives the record knows (isend/irecv return
+# at once: a rank is not waiting in them), and those that wait without a record op.
+COLLECTIVE_FUNCS = frozenset(TORCH_COLLECTIVES) - {"isend", "irecv"} | frozenset((
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "all_reduce_coalesced", "all_gather_coalesced", "wait", "all_gather_single",
-    "reduce_scatter_single",
+    "wait", "all_gather_single", "reduce_scatter_single",
     # DDP's constructor synchronises with its peers (shapes, then parameters)
     "_verify_param_shape_across_processes", "_sync_module_states", "_sync_params_and_buffers"))
 # Files whose frames appear only while torch.compile compiles; a compiled model's

@@ -11,7 +11,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .probes.process import parse_cmdline, parse_environ, torchrun_args
+from .probes.process import parse_cmdline, parse_environ, parse_stat, torchrun_args
 from .snapshot import Job
 
 
@@ -39,13 +39,11 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
         pid = int(name)
         try:
             with open(f"{procfs}/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ppid = int(fields[1])
+                stat_fields = parse_stat(f.read())
+            ppid = stat_fields.ppid
             key = None
-            if cache is not None:
-                started = int(fields[19]) / CLK_TCK
-                if uptime - started > CACHE_AFTER_S:
-                    key = (pid, fields[19], _exe(procfs, pid))
+            if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
+                key = (pid, stat_fields.start_time_s, _exe(procfs, pid))
             if key is not None and key in cache:
                 cmdline, env = cache[key]
             else:
@@ -64,7 +62,6 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
 
 
 CACHE_AFTER_S = 2.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _uptime(procfs: str) -> float:

@@ -16,7 +16,6 @@ from . import page, report
 from ..observe import snapshot
 from ..codec import to_json
 from ..errors import DdpwatchError, NO_INPUT
-from ..judge.signals.heartbeat import job_records
 from ..heartbeat.layout import RECORD_SIZE
 from ..heartbeat.paths import record_path
 
@@ -41,7 +40,7 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))
         _write_page(os.path.join(work, PAGE), doc, tuple(history))
         os.mkdir(os.path.join(work, "records"))
-        for path in _record_files(view.last, heartbeat_dirs):
+        for path in _record_files(view.judgement.records, heartbeat_dirs):
             _copy_record(path, os.path.join(work, "records"))
         with open(os.path.join(work, "report.txt"), "w") as f:
             f.write(report.as_text(view.judgement, view.last) + "\n")
@@ -165,9 +164,9 @@ def _copy_record(path: str, into: str) -> None:
         dst.write(data)
 
 
-def _record_files(last, heartbeat_dirs) -> list[str]:
+def _record_files(records, heartbeat_dirs) -> list[str]:
     """The files of the records the job was judged with (a peer's ranks' are on
     its node; an older record under a reused pid is not this job's)."""
-    paths = (record_path(d, rec.rank, rec.pid) for rec, _ in job_records(last)
+    paths = (record_path(d, rec.rank, rec.pid) for rec, _ in records
              for d in heartbeat_dirs)
     return [p for p in paths if os.path.exists(p)]

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..judge.signals.heartbeat import job_records
+from ..judge.signals.heartbeat import arrival_lateness
 from ..heartbeat import Record
 from ..judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from .view import DaemonView, IncidentState, JobView
@@ -114,26 +114,6 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
 Row = tuple[str, tuple[str, ...], float]
 
 
-def arrival_lateness(records: Iterable[Record]) -> dict[int, float]:
-    """{rank: seconds it entered the newest commonly completed collective after the
-    first of them}. Rings are matched by collective seq (collective n is the same
-    call on every rank) and skipped where the ops differ (a desync: no common
-    collective to compare). Start times are CLOCK_MONOTONIC, one clock per host,
-    so only records of one node compare. Fewer than two ranks, or no common
-    completed collective: {}."""
-    rings = {r.rank: {e.seq: e for e in r.ring if e.end > 0} for r in records}
-    if len(rings) < 2:
-        return {}
-    common = set.intersection(*(set(ring) for ring in rings.values()))
-    for seq in sorted(common, reverse=True):
-        entries = {rank: ring[seq] for rank, ring in rings.items()}
-        if len({e.op for e in entries.values()}) != 1:
-            continue
-        first = min(e.start for e in entries.values())
-        return {rank: round(e.start - first, 6) for rank, e in entries.items()}
-    return {}
-
-
 def _str(value) -> str:
     return "" if value is None else str(value)
 
@@ -145,7 +125,7 @@ def _num(value: float) -> float:
 def _job_rows(jv: JobView) -> list[Row]:
     """Every job and rank series of one JobView (raises on a malformed view)."""
     snap, key, job = jv.last, jv.key, jv.judgement.job
-    records = {r.pid: (r, alive) for r, alive in job_records(snap)}
+    records = {r.pid: (r, alive) for r, alive in jv.judgement.records}
     procs = {p.pid: p for p in snap.processes.procs if not p.error} if snap.processes else {}
     # Ranks judged here from a peer's signals are exported by their own node's
     # daemon; the job's verdict and culprits here include them.
@@ -188,13 +168,12 @@ def _job_rows(jv: JobView) -> list[Row]:
             continue
         if alive and rv.rank >= 0:
             live.append(rec)
-        inside = snap.taken_at - rec.entered_at if alive and rec.in_collective else 0.0
         age = snap.taken_at - rec.updated_at
         rows += [
             ("ddpwatch_rank_step", r, float(rec.step)),
             ("ddpwatch_rank_collective_seq", r, float(rec.collective_seq)),
             ("ddpwatch_rank_heartbeat_age_seconds", r, _num(max(age, 0.0))),
-            ("ddpwatch_rank_in_collective_seconds", r, _num(max(inside, 0.0))),
+            ("ddpwatch_rank_in_collective_seconds", r, _num(rec.inside_s(snap.taken_at, alive))),
             ("ddpwatch_rank_step_duration_seconds", r, _num(rec.last_step_seconds)),
             ("ddpwatch_rank_step_seconds_total", r, _num(rec.step_seconds)),
             ("ddpwatch_rank_collectives_total", r, float(rec.collectives_completed)),

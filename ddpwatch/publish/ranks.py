@@ -16,7 +16,6 @@ COLUMNS = (  # (key, header, format)
 
 
 def row(record: Record, alive: bool, now: float) -> dict:
-    inside = record.in_collective and alive
     state = record.phase if alive else ("exited" if record.phase == "exited" else "gone")
     return {
         "rank": record.rank,
@@ -30,7 +29,7 @@ def row(record: Record, alive: bool, now: float) -> dict:
         "step": record.step,
         "collective_seq": record.collective_seq,
         "op": record.op,
-        "in_collective_s": round(now - record.entered_at, 3) if inside else 0.0,
+        "in_collective_s": round(record.inside_s(now, alive), 3),
         "tokens_per_s": round(record.last_step_tokens / record.last_step_seconds, 1)
         if record.last_step_seconds > 0 else 0.0,
         "comm_share": round(min(record.collective_seconds / record.step_seconds, 1.0), 4)

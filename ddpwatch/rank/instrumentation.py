@@ -42,6 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import asyncwork, callbacks
 from .asyncwork import call_quietly as _call_quietly, when_done
 from ..heartbeat import OP_CODE, Phase, open_writer
+from ..heartbeat.layout import TORCH_COLLECTIVES
 try:
     from ..heartbeat import _hotpath
 except ImportError:  # not built (no compiler at install): the Python wrappers
@@ -50,13 +51,7 @@ from ..heartbeat.writer import NullWriter, default_identity
 
 IDENTITY_FIELDS = tuple(default_identity())
 
-# op name -> how to find the payload tensor(s) among the call's arguments
-_COLLECTIVES = (
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
-    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
-    "all_reduce_coalesced", "all_gather_coalesced",
-)
+_COLLECTIVES = TORCH_COLLECTIVES  # the functions wrapped (heartbeat/layout.py)
 
 _state = threading.local()
 _writer = NullWriter()

@@ -2,9 +2,11 @@
 `ddpwatch exec`), and which records belong to the job. Pure."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from ...heartbeat import Record
 from ...observe.snapshot import Snapshot
-from .lookup import owns, record_of
+from .lookup import owns, proc_of, record_of
 from .spec import NUMBER, declare
 
 SIGNALS = declare(
@@ -40,10 +42,10 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     first, last = record_of(history[0], pid), record_of(history[-1], pid)
     if last is None:
         return {"hb": False}
-    now = history[-1].taken_at
+    now, alive = history[-1].taken_at, proc_of(history[-1], pid) is not None
     s = {"hb": True, "hb_phase": last.phase, "hb_op": last.op, "hb_seq": last.collective_seq,
          "hb_step": last.step, "hb_age_s": round(now - last.updated_at, 3),
-         "hb_inside_s": round(now - last.entered_at, 3) if last.in_collective else 0.0,
+         "hb_inside_s": round(last.inside_s(now, alive), 3),
          "hb_advanced": first is not None and (first.collective_seq, first.step) != (
              last.collective_seq, last.step),
          "hb_step_s": round(last.last_step_seconds, 4),
@@ -114,3 +116,23 @@ def job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
                 dead[rec.rank] = rec
     members = {id(r) for r in dead.values()}
     return [(rec, alive) for rec, alive in pairs if id(rec) in written or id(rec) in members]
+
+
+def arrival_lateness(records: Iterable[Record]) -> dict[int, float]:
+    """{rank: seconds it entered the newest commonly completed collective after the
+    first of them}. Rings are matched by collective seq (collective n is the same
+    call on every rank) and skipped where the ops differ (a desync: no common
+    collective to compare). Start times are CLOCK_MONOTONIC, one clock per host,
+    so only records of one node compare. Fewer than two ranks, or no common
+    completed collective: {}."""
+    rings = {r.rank: {e.seq: e for e in r.ring if e.end > 0} for r in records}
+    if len(rings) < 2:
+        return {}
+    common = set.intersection(*(set(ring) for ring in rings.values()))
+    for seq in sorted(common, reverse=True):
+        entries = {rank: ring[seq] for rank, ring in rings.items()}
+        if len({e.op for e in entries.values()}) != 1:
+            continue
+        first = min(e.start for e in entries.values())
+        return {rank: round(e.start - first, 6) for rank, e in entries.items()}
+    return {}
