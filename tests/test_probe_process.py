@@ -13,7 +13,7 @@ import pytest
 
 from conftest import need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.probes import ProbeContext, load_all, run_probe
+from ddpwatch.observe.probes import Outcome, ProbeContext, failure, load_all, outcome, run_probe
 from ddpwatch.observe.probes import process as P
 
 FX = os.path.join(os.path.dirname(__file__), "fixtures", "proc")
@@ -168,7 +168,18 @@ def test_missing_files_degrade_per_thread(tmp_path):
     assert [t.tid for t in obs.threads] == [5072, 5075, 5078]
     assert obs.threads[1].sched == P.NO_SCHEDSTAT
     (tmp_path / "5072" / "stat").write_text("garbage")
-    assert P.read_process(str(tmp_path), 5072).error.startswith("unparsable")
+    torn = P.read_process(str(tmp_path), 5072).error
+    assert outcome(torn) is Outcome.FAILED and torn.startswith("failed: ")
+    (tmp_path / "5072" / "stat").unlink()
+    assert outcome(P.read_process(str(tmp_path), 5072).error) is Outcome.GONE
+
+
+def test_os_errors_become_typed_outcomes_at_the_boundary():
+    assert failure(FileNotFoundError(2, "No such file")) == "gone"
+    assert failure(PermissionError(13, "Permission denied")) == "denied: Permission denied"
+    assert outcome(failure(PermissionError(13, "Permission denied"))) is Outcome.DENIED
+    assert outcome(failure(ValueError("bad"))) is Outcome.FAILED
+    assert outcome("") is Outcome.OBSERVED and outcome("???") is Outcome.FAILED
 
 
 def test_lean_read_keeps_schedstat_and_takes_exec_data_from_the_caller():

@@ -13,7 +13,7 @@ from .. import errors
 from ..publish import report
 from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
-from ..observe.probes import Look, ProbeContext
+from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
 from ..observe.snapshot import Job, Snapshot, load, save
@@ -68,7 +68,7 @@ def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
     """The node surveyed again (records advance) and the job looked at."""
     snap = sampler.sample(job, sampler.survey(), look)
     if snap.processes is not None:
-        denied = [p for p in snap.processes.procs if p.error.startswith("denied")]
+        denied = [p for p in snap.processes.procs if outcome(p.error) is Outcome.DENIED]
         if denied and denied[0].pid == job.target_pid:
             raise errors.NoPermission(
                 f"pid {job.target_pid}: {denied[0].error}: run as the ranks' user or root "

@@ -84,6 +84,32 @@ class ProbeResult:
     extra: dict = field(default_factory=dict)
 
 
+class Outcome(enum.Enum):
+    """How observing one pid went. Probes translate the OS's errors into these
+    once, where they read (as psutil's wrap_exceptions does); a pid's `error`
+    text carries it ("gone", "denied: reason", "failed: reason") in snapshots,
+    and consumers ask `outcome(error)`, never the text."""
+    OBSERVED = ""
+    GONE = "gone"
+    DENIED = "denied"
+    FAILED = "failed"
+
+
+def failure(err: BaseException) -> str:
+    """The `error` text of a pid that could not be read, from what reading it raised."""
+    if isinstance(err, (FileNotFoundError, ProcessLookupError)):
+        return Outcome.GONE.value
+    if isinstance(err, PermissionError):
+        return f"{Outcome.DENIED.value}: {err.strerror}"
+    return f"{Outcome.FAILED.value}: {getattr(err, 'strerror', None) or err}"
+
+
+def outcome(error: str) -> Outcome:
+    head = error.partition(":")[0]
+    return next((o for o in Outcome if o.value == head), Outcome.FAILED) if error else \
+        Outcome.OBSERVED
+
+
 REGISTRY: dict[str, ProbeSpec] = {}
 MODULES = ("heartbeats", "process", "sockets", "stacks", "host", "traffic")
 

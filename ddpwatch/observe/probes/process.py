@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ... import codec
-from . import ProbeContext, register
+from . import ProbeContext, failure, register
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -66,8 +66,8 @@ class ThreadObs:
 
 @dataclass(frozen=True)
 class ProcessObs:
-    """One pid. `error` is "" when observed, else "gone" / "denied: ..." and the
-    other fields keep their defaults."""
+    """One pid. `error` is "" when observed, else what `failure` made of it
+    ("gone", "denied: ...": see `outcome`) and the other fields keep their defaults."""
     pid: int
     error: str = ""
     ppid: int = -1
@@ -311,12 +311,8 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
     try:
         st = parse_stat(_read(f"{base}/stat"))
         status = parse_status(_read(f"{base}/status"))
-    except (FileNotFoundError, ProcessLookupError):
-        return ProcessObs(pid, error="gone")
-    except PermissionError as err:
-        return ProcessObs(pid, error=f"denied: {err.strerror}")
-    except (ValueError, IndexError) as err:  # torn or foreign file
-        return ProcessObs(pid, error=f"unparsable stat: {err}")
+    except (OSError, ValueError, IndexError) as err:  # gone, denied; or a torn file
+        return ProcessObs(pid, error=failure(err))
     if exec_info is not None:
         cmdline, env = exec_info
         source = "environ" if env else ""

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from ... import codec
-from . import Look, ProbeContext, register
+from . import Look, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
@@ -327,11 +327,8 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
             ns = _ns(ctx.procfs, pid)
             if ns not in tables or not ns:
                 tables[ns] = read_table(ctx.procfs, pid)
-        except (FileNotFoundError, ProcessLookupError):
-            out.append(PidSockets(pid, error="gone"))
-            continue
-        except PermissionError as err:
-            out.append(PidSockets(pid, error=f"denied: {err.strerror}"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError) as err:
+            out.append(PidSockets(pid, error=failure(err)))
             continue
         if ns not in infos and not ctx.socket_info:
             infos[ns] = ((), "")  # states and queues from /proc are enough this time
