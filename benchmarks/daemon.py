@@ -10,12 +10,13 @@
 """
 from __future__ import annotations
 
+from common import free_port  # benchmarks/common.py
+
 import argparse
 import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,12 +31,6 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from pairs import ratio_summary, run_pairs  # benchmarks/pairs.py, beside this script
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd, env, log=subprocess.DEVNULL):

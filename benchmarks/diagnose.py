@@ -10,11 +10,12 @@
 """
 from __future__ import annotations
 
+from common import free_port  # benchmarks/common.py
+
 import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,12 +25,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(fault: str | None, hb_dir: str) -> subprocess.Popen:

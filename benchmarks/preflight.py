@@ -7,9 +7,10 @@ Target: <= 10 s. Needs root, ip and a veth (as the tests' `netns` fixture).
 """
 from __future__ import annotations
 
+from common import free_port  # benchmarks/common.py
+
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,12 +19,6 @@ import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_netns() -> dict:

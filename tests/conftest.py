@@ -2,6 +2,7 @@
 that die with the test, and waiting on conditions instead of sleeping."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -135,6 +136,13 @@ def torchrun(nproc: int, *args: str) -> list[str]:
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
 
 
+def trainer(*args: str) -> list[str]:
+    """The bundled trainer on 2 CPU ranks under torchrun (a port chosen now),
+    training until killed unless `args` give --steps."""
+    steps = () if any(a.startswith("--steps") for a in args) else ("--steps=0",)
+    return torchrun(2, "-m", "trainer", "--device-type=cpu", *steps, *args)
+
+
 def need_c_core():
     try:
         from ddpwatch.heartbeat import _hotpath  # noqa: F401
@@ -190,50 +198,82 @@ def netns(request):
 
 
 class Receiver:
-    """A local webhook receiver; `responses` are served in order, then 200s."""
+    """A webhook receiver on `host` (127.0.0.1) and an OS-chosen (or given) port.
+    Answers POSTs from a script of (status, headers[, delay_s]) replies, then
+    200; records every request (path, lower-cased headers, body, arrival, status)."""
 
-    def __init__(self, responses=(), host="127.0.0.1"):
-        self.requests: list[tuple[dict, bytes, float]] = []
-        self.responses = list(responses)
+    Request = collections.namedtuple("Request", "path headers body at status")
+
+    def __init__(self, responses=(), host: str = "127.0.0.1", port: int = 0):
+        self.requests: list = []
+        self.script: collections.deque = collections.deque()
+        self.cond = threading.Condition()
+        self.respond(*responses)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
+                arrived = time.monotonic()
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append((dict(self.headers), body, time.monotonic()))
-                code, headers, *delay = (receiver.responses.pop(0) if receiver.responses
-                                         else (200, {}))
-                if delay:  # a receiver that hangs
-                    time.sleep(delay[0])
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                with receiver.cond:
+                    status, headers, delay = (receiver.script.popleft() if receiver.script
+                                              else (200, {}, 0.0))
+                    receiver.requests.append(Receiver.Request(
+                        self.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                        arrived, status))
+                    receiver.cond.notify_all()
+                time.sleep(delay)
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:
+                    pass  # the client timed out and left: that is the point of a delay
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, 0), Handler)
-        self.url = f"http://{host}:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False  # server_close must not join handlers still sleeping
+
+        self.server = Server((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://{host}:{self.port}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def respond(self, *replies):
+        """More scripted replies: (status, headers) or (status, headers, delay_s)."""
+        with self.cond:
+            self.script.extend((r[0], r[1], r[2] if len(r) > 2 else 0.0) for r in replies)
 
     def bodies(self) -> list[dict]:
-        return [json.loads(b) for _, b, _ in self.requests]
+        return [json.loads(r.body) for r in list(self.requests)]
 
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def wait_for(self, n: int, timeout: float = 10.0) -> list:
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.requests) >= n, timeout):
+                pytest.fail(f"receiver got {len(self.requests)} request(s), wanted {n}")
+            return list(self.requests)
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @pytest.fixture
-def receiver():
+def receivers():
+    """receivers(responses=(), host=..., port=0) -> a running Receiver, stopped at teardown."""
     made = []
 
-    def make(responses=(), host="127.0.0.1"):
-        r = Receiver(responses, host)
-        made.append(r)
-        return r
-    yield make
+    def start(responses=(), host: str = "127.0.0.1", port: int = 0) -> Receiver:
+        made.append(Receiver(responses, host, port))
+        return made[-1]
+    yield start
     for r in made:
-        r.close()
+        r.stop()

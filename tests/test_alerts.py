@@ -3,9 +3,7 @@ retries, Retry-After, give-ups, a hung receiver, shutdown, overflow and order.""
 from __future__ import annotations
 
 import base64
-import collections
 import email.utils
-import http.server
 import json
 import os
 import subprocess
@@ -32,83 +30,6 @@ from ddpwatch.errors import ConfigError
 
 FAST = dict(base_delay_s=0.05, max_delay_s=0.2)
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
-
-
-class Receiver:
-    """127.0.0.1 on an OS-chosen (or given) port. Answers POSTs from a script of
-    (status, headers, delay_s) replies, then 200; records every request."""
-
-    Request = collections.namedtuple("Request", "path headers body at status")
-
-    def __init__(self, port: int = 0):
-        self.requests: list = []
-        self.script: collections.deque = collections.deque()
-        self.cond = threading.Condition()
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                arrived = time.monotonic()
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.cond:
-                    status, headers, delay = (receiver.script.popleft() if receiver.script
-                                              else (200, {}, 0.0))
-                    receiver.requests.append(Receiver.Request(
-                        self.path, {k.lower(): v for k, v in self.headers.items()}, body,
-                        arrived, status))
-                    receiver.cond.notify_all()
-                time.sleep(delay)
-                try:
-                    self.send_response(status)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"ok")
-                except OSError:
-                    pass  # the client timed out and left: that is the point of a delay
-
-            def log_message(self, *args):
-                pass
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-            block_on_close = False  # server_close must not join handlers still sleeping
-
-        self.server = Server(("127.0.0.1", port), Handler)
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def respond(self, *replies):
-        with self.cond:
-            self.script.extend((s, h, d) for s, h, d in replies)
-
-    def wait_for(self, n: int, timeout: float = 10.0) -> list:
-        with self.cond:
-            if not self.cond.wait_for(lambda: len(self.requests) >= n, timeout):
-                pytest.fail(f"receiver got {len(self.requests)} request(s), wanted {n}")
-            return list(self.requests)
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receivers():
-    """receivers(port=0) -> a running Receiver, stopped at teardown."""
-    made = []
-
-    def start(port: int = 0) -> Receiver:
-        made.append(Receiver(port))
-        return made[-1]
-
-    yield start
-    for r in made:
-        r.stop()
 
 
 @pytest.fixture
@@ -242,7 +163,7 @@ def test_receiver_down_then_up_is_delivered_after_retries(receivers, dispatchers
                     max_attempts=200)
     d.submit(alert())
     wait_until(lambda: d.stats()["generic"]["retried"] >= 2, timeout=10, what="refused retries")
-    r = receivers(port)
+    r = receivers(port=port)
     wait_until(lambda: d.stats()["generic"]["sent"] == 1, timeout=10, what="delivery")
     assert len(r.wait_for(1)) == 1
     assert d.stats()["generic"] == dict(sent=1, failed=0, retried=d.stats()["generic"]["retried"],

@@ -12,8 +12,8 @@ import urllib.request
 from datetime import datetime
 
 import pytest
-from conftest import free_port, need, wait_until
-from test_alerts import Receiver, alert
+from conftest import Receiver, free_port, need, wait_until
+from test_alerts import alert
 
 from ddpwatch.publish.alerts import Dispatcher, build_sinks
 
@@ -21,10 +21,8 @@ BINARY = "/usr/bin/prometheus-alertmanager"
 
 
 @pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.stop()
+def receiver(receivers):
+    return receivers()
 
 
 @pytest.fixture

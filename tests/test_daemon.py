@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port, need, torchrun, wait_until
+from conftest import REPO, free_port, need, trainer, wait_until
 from diag import by_hand
 
 SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5"  # base64 of a test-only key
@@ -63,8 +63,7 @@ class DaemonRun:
 
 
 def trainer_job(start_job, *faults):
-    return start_job(torchrun(2, "-m", "trainer", "--steps=0", "--device-type=cpu",
-                              *[f"--fault={f}" for f in faults]), name="trainer")
+    return start_job(trainer(*[f"--fault={f}" for f in faults]), name="trainer")
 
 
 def rank_pid(status: dict, rank: int) -> int:
@@ -92,8 +91,8 @@ def with_heartbeats(status: dict, count: int = 2):
 
 
 def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
-        start_job, tmp_path, hb_dir, receiver):
-    hook = receiver()
+        start_job, tmp_path, hb_dir, receivers):
+    hook = receivers()
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url, "secret": SECRET}],
                         "resolve_after_s": 2})
@@ -130,7 +129,8 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
                                  and b["job"] == key], 30, what="firing webhook")
     assert firing[0]["culprits"] == [1] and firing[0]["verdict"] == "stopped"
     from ddpwatch.publish.alerts.generic import verify_hub, verify_standard
-    headers, body, _ = next(r for r in hook.requests if json.loads(r[1])["job"] == key)
+    signed = next(r for r in hook.requests if json.loads(r.body)["job"] == key)
+    headers, body = signed.headers, signed.body
     assert verify_standard(SECRET, headers, body) and verify_hub(SECRET, headers, body)
     assert not verify_standard(SECRET + "x", headers, body)
     os.kill(victim_pid, signal.SIGCONT)
@@ -140,9 +140,9 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
 
 
 def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(
-        start_job, tmp_path, hb_dir, receiver):
+        start_job, tmp_path, hb_dir, receivers):
     # hangs past the 1 s timeout, then 500, then 429 with Retry-After, then 200
-    hook = receiver([(200, {}, 6.0), (500, {}), (429, {"Retry-After": "1"}), (200, {})])
+    hook = receivers([(200, {}, 6.0), (500, {}), (429, {"Retry-After": "1"}), (200, {})])
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url, "timeout_s": 1}]})
     trainer = trainer_job(start_job, "hang:rank=1:step=10")
@@ -150,9 +150,9 @@ def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(
     wait_until(lambda: hook.requests, 30, what="first delivery attempt")
     ticks_before, started = daemon.status()["tick"], time.monotonic()
     wait_until(lambda: len(hook.requests) >= 4, 60, what="4 delivery attempts")
-    times = [t for _, _, t in hook.requests]
+    times = [r.at for r in hook.requests]
     assert times[3] - times[2] >= 0.9  # Retry-After: 1 was honoured
-    assert len({json.loads(b)["incident_id"] for _, b, _ in hook.requests}) == 1  # one message
+    assert len({b["incident_id"] for b in hook.bodies()}) == 1  # one message
     # while the receiver hung and failed, the loop kept ticking (1 s tick)
     elapsed = time.monotonic() - started
     ticks = daemon.status()["tick"] - ticks_before
@@ -258,13 +258,13 @@ def test_http_endpoints_and_token(start_job, tmp_path, hb_dir):
 
 
 def test_systemd_ready_after_first_tick_and_sigterm_flushes_and_stops(
-        start_job, tmp_path, hb_dir, receiver):
+        start_job, tmp_path, hb_dir, receivers):
     import socket as socketlib
     notify_path = str(tmp_path / "notify.sock")
     sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
     sock.bind(notify_path)
     sock.settimeout(60)
-    hook = receiver([(200, {}, 3.0)])  # a slow receiver: the flush must wait for it
+    hook = receivers([(200, {}, 3.0)])  # a slow receiver: the flush must wait for it
     port = free_port()
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"listen": f"127.0.0.1:{port}",

@@ -10,7 +10,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import REPO, free_port, need, torchrun, wait_until
+from conftest import REPO, free_port, need, trainer, wait_until
 from diag import (by_hand, by_rank, diagnose, env_rank, launcher_pid, pin, python_pid, rank_pids,
                   until_verdict, verdicts)
 
@@ -18,10 +18,6 @@ pytestmark = pytest.mark.usefixtures("need_py_spy")
 
 HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 TIMEOUT = 60
-
-
-def trainer(*args: str) -> list[str]:
-    return torchrun(2, "-m", "trainer", "--steps=0", *args)
 
 
 def findings(report: dict) -> dict[int, set[str]]:

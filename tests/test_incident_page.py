@@ -131,9 +131,9 @@ def our_incident(daemon, key):
     return next((i for i in daemon.status()["incidents"] if i["job"] == key), None)
 
 
-def test_real_incident_page_in_headless_chromium(start_job, tmp_path, hb_dir, receiver):
+def test_real_incident_page_in_headless_chromium(start_job, tmp_path, hb_dir, receivers):
     need(CHROMIUM is not None, "Debian package chromium (dev.sh DEBIAN_PACKAGES)")
-    hook = receiver()
+    hook = receivers()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {
         "webhooks": [{"type": "generic", "url": hook.url}], "resolve_after_s": 2,
         "external_url": EXTERNAL})

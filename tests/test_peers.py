@@ -58,9 +58,9 @@ def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url:
     return start_job(argv, env=env, name=name), root
 
 
-def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, netns, receiver):
+def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, netns, receivers):
     need_namespaces()
-    hook = receiver(host=netns["host_addr"])  # both nodes reach it (B over its veth)
+    hook = receivers(host=netns["host_addr"])  # both nodes reach it (B over its veth)
     port_a, port_b, master_port = free_port(), free_port(), free_port()
     url_a = f"http://{netns['host_addr']}:{port_a}"
     url_b = f"http://{netns['peer_addr']}:{port_b}"

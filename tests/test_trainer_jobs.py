@@ -10,15 +10,11 @@ import sys
 import psutil
 import pytest
 
-from conftest import REPO, torchrun, wait_until
+from conftest import REPO, trainer, wait_until
 from ddpwatch.heartbeat import read_dir
 
 RANKS_KEYS = {"rank", "local_rank", "pid", "step", "collective_seq", "op", "in_collective_s",
               "tokens_per_s", "comm_share"}
-
-
-def trainer(*args: str) -> list[str]:
-    return torchrun(2, "-m", "trainer", "--device-type=cpu", *args)
 
 
 def ranks_json(hb_dir: str) -> list[dict]:
