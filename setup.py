@@ -24,7 +24,7 @@ class build_py_with_pth(build_py):
             # setuptools' editable_wheel ignores build_lib and packs the wheel from
             # the directory it set as install_lib (setuptools >= 64).
             target = self.distribution.get_command_obj("install").install_lib or target
-        self.copy_file(os.path.join(here, PTH), os.path.join(target, PTH),
+        self.copy_file(os.path.join(here, "ddpwatch", "rank", PTH), os.path.join(target, PTH),
                        preserve_mode=False)
 
     def get_outputs(self, include_bytecode=True):

@@ -205,7 +205,7 @@ def test_the_pth_line_warns_once_where_ddpwatch_cannot_be_imported(tmp_path):
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                               "['purelib'])"], capture_output=True, text=True,
                              check=True).stdout.strip()
-    with open(os.path.join(REPO, "ddpwatch-auto.pth")) as f:
+    with open(os.path.join(REPO, "ddpwatch", "rank", "ddpwatch-auto.pth")) as f:
         pth = f.read()
     with open(os.path.join(purelib, "ddpwatch-auto.pth"), "w") as f:
         f.write(pth)
@@ -218,7 +218,7 @@ def test_the_pth_line_warns_once_where_ddpwatch_cannot_be_imported(tmp_path):
 
 def test_pth_is_one_import_line():
     """site runs a .pth line only if it starts with `import`; any other line is a path."""
-    with open(os.path.join(REPO, "ddpwatch-auto.pth")) as f:
+    with open(os.path.join(REPO, "ddpwatch", "rank", "ddpwatch-auto.pth")) as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("import ")
     assert textwrap.dedent(lines[0]) == lines[0]

@@ -102,10 +102,10 @@ def judged_stopped(job) -> None:
         report = until_verdict(r0, {0: ("blocked_in_collective", "victim"),
                                     1: ("stopped", "culprit")}, TIMEOUT, hb_dir=job.hb_dir,
                                extra=NO_STACKS)
+        assert report["job"]["culprits"] == [1]
+        assert_collective_evidence(report, job)  # while both still stand where judged
     finally:
         os.kill(r1, signal.SIGCONT)
-    assert report["job"]["culprits"] == [1]
-    assert_collective_evidence(report, job)
 
 
 def assert_collective_evidence(report: dict, job) -> None:

@@ -1,7 +1,7 @@
 """Start of automatic heartbeats in every Python process: `boot()`.
 
 Called at interpreter start-up, before the script, from one of two places:
-* `ddpwatch-auto.pth`, installed into site-packages with the package: Python's
+* `ddpwatch-auto.pth` (beside this file), copied to site-packages by setup.py: Python's
   `site` runs its one line in every interpreter of that environment; the line
   does nothing unless DDPWATCH_AUTO=1 (and costs a dict lookup then);
 * `ddpwatch/rank/boot/sitecustomize.py`, which `ddpwatch exec` puts first on
