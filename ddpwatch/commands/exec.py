@@ -27,14 +27,16 @@ class CommandNotExecutable(errors.DdpwatchError):
     exit_code = 126
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def boot_dir() -> str:
-    from ..rank import __file__ as rank_init
-    return os.path.join(os.path.dirname(os.path.abspath(rank_init)), "boot")
+    """ddpwatch/rank/boot, found by path: the command imports nothing of the rank side."""
+    return os.path.join(_PACKAGE, "rank", "boot")
 
 
 def package_home() -> str:
-    from .. import __file__ as package_init
-    return os.path.dirname(os.path.dirname(os.path.abspath(package_init)))
+    return os.path.dirname(_PACKAGE)
 
 
 def exec_env(environ: dict, directory: str | None = None) -> dict:
