@@ -222,3 +222,29 @@ def test_pth_is_one_import_line():
         lines = [line for line in f.read().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("import ")
     assert textwrap.dedent(lines[0]) == lines[0]
+
+
+def test_a_rank_stopped_inside_a_collective_is_no_desync_peer(tmp_path):
+    """Seen under exec with Lightning: SIGSTOP caught rank 1 inside its per-step
+    broadcast (#N) while rank 0, past it, waited in the bucket all-reduce (#N+1).
+    The saved trainer_stop history, rank 1's record moved into such a broadcast:
+    rank 1 stopped culprit, rank 0 blocked (not a desync victim)."""
+    import json
+
+    from ddpwatch.judge import classify
+    from ddpwatch.judge import rules as rules_mod
+    from ddpwatch.observe.snapshot import load
+    with open(os.path.join(REPO, "tests", "fixtures", "snapshots", "trainer_stop.json")) as f:
+        history = json.load(f)
+    for snap in history["history"]:
+        records = {r["rank"]: r for r in snap["heartbeats"]["records"]}
+        stopped, waiting = records[1], records[0]
+        stopped.update(phase="inside", op="broadcast", outstanding=1,
+                       collective_seq=waiting["collective_seq"] - 1,
+                       entered_at=waiting["entered_at"] - 0.01,
+                       updated_at=waiting["entered_at"] - 0.01)
+    path = tmp_path / "stopped_in_broadcast.json"
+    path.write_text(json.dumps(history))
+    judgement = classify.judge(load(str(path)), rules_mod.load_default(None))
+    got = {r.rank: (r.verdict, r.role) for r in judgement.ranks}
+    assert got == {0: ("blocked_in_collective", "victim"), 1: ("stopped", "culprit")}, got
