@@ -223,3 +223,70 @@ def test_bf16_autocast_found_from_outside(lightning_bf16, tmp_path):
 def test_lightning_under_exec_a_stopped_rank(lightning_bf16):
     check_records(lightning_bf16)
     judged_stopped(lightning_bf16)
+
+
+# --- one process, world size 1: what auto-instrumentation fills in, and leaves ------
+PROBE = r"""
+import os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from ddpwatch.heartbeat import read_dir
+mode = sys.argv[1]
+if mode == "explicit":
+    import ddpwatch
+    ddpwatch.instrument(compute_dtype="float32", data_fingerprint="the-scripts-own")
+if mode != "no-init":
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                            world_size=1)
+    DistributedSampler(TensorDataset(torch.zeros(10, 2)), seed=7)
+    model = DDP(torch.nn.Linear(2, 2))
+    def record():
+        (r,), _ = read_dir(os.environ["DDPWATCH_DIR"])
+        return r
+    seen = []
+    model(torch.zeros(1, 2)).sum().backward()
+    seen.append(record().compute_dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.zeros(1, 2)).float().sum().backward()
+    seen.append(record().compute_dtype)
+    model(torch.zeros(1, 2)).sum().backward()
+    seen.append(record().compute_dtype)
+    r = record()
+    print("record", r.rank, r.world_size, r.data_fingerprint, ",".join(seen), r.collectives_completed)
+    dist.destroy_process_group()
+print("modules", "ddpwatch.rank.instrumentation" in sys.modules)
+"""
+
+
+def probe(mode: str, tmp_path) -> tuple[list[str], list[str]]:
+    hb = tmp_path / mode
+    out = __import__("subprocess").run(
+        [sys.executable, "-c", PROBE, mode, str(free_port())], capture_output=True, text=True,
+        timeout=TIMEOUT, env=dict(os.environ, DDPWATCH_AUTO="1", DDPWATCH_DIR=str(hb),
+                                  PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    return lines.get("record", []), lines["modules"]
+
+
+def test_auto_fills_dtype_at_each_forward_and_the_sampler_fingerprint(tmp_path):
+    record, modules = probe("auto", tmp_path)
+    rank, world, fingerprint, dtypes, completed = record
+    assert (rank, world) == ("0", "1") and int(completed) >= 3
+    assert len(fingerprint) == 16 and fingerprint != "the-scripts-own"
+    # plain, then under bf16 autocast, then plain again: each forward says it
+    assert dtypes == "float32,bfloat16,float32", dtypes
+
+
+def test_a_script_that_instruments_itself_keeps_what_it_said(tmp_path):
+    record, _ = probe("explicit", tmp_path)
+    rank, world, fingerprint, dtypes, _ = record
+    assert (rank, world, fingerprint) == ("0", "1", "the-scripts-own")
+    assert dtypes == "float32,float32,float32"
+
+
+def test_a_process_that_never_calls_init_process_group_gets_nothing(tmp_path):
+    record, modules = probe("no-init", tmp_path)
+    assert record == [] and modules == ["False"]  # armed only: not even instrumented
+    assert not (tmp_path / "no-init").exists()
