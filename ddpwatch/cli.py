@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "override rules (repeatable)")
     p.set_defaults(handler="report")
 
+    p = sub.add_parser("exec", help="run a launch command with heartbeats in every rank, no "
+                       "edit to the script: ddpwatch exec -- torchrun --nproc_per_node=2 train.py")
+    p.add_argument("--dir", help="heartbeat directory for the ranks (sets DDPWATCH_DIR)")
+    p.add_argument("launch", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the launch command (torchrun, python, accelerate launch, srun...)")
+    p.set_defaults(handler="exec")
+
     p = sub.add_parser("rules", help="work with rule files")
     rules_sub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rules_sub.required = True

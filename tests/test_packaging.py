@@ -62,7 +62,15 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert any(n.endswith("data/data/share/ddpwatch/rules/default.yaml") for n in names), names
     assert any(n.startswith("trainer/") for n in names)
     assert any(n.startswith("ddpwatch/heartbeat/_hotpath") and n.endswith(".so") for n in names), names
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDPWATCH_PURE_PYTHON")}
+    # automatic heartbeats: the .pth at the wheel's root, exec's sitecustomize in the package
+    assert "ddpwatch-auto.pth" in names and "ddpwatch/rank/boot/sitecustomize.py" in names, names
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDPWATCH_PURE_PYTHON")
+           and not k.startswith("DDPWATCH_AUTO")}
+    auto = subprocess.run([py, "-c", "import sys; m = sys.modules.get('ddpwatch.rank.autoboot'); "
+                           "print(m and m.__file__); assert 'torch' not in sys.modules"],
+                          capture_output=True, text=True, env=dict(env, DDPWATCH_AUTO="1"),
+                          cwd=str(tmp_path))
+    assert auto.returncode == 0 and str(venv) in auto.stdout and not auto.stderr, auto
     hot = subprocess.run([py, "-c", "from ddpwatch.heartbeat import _hotpath; "
                           "from ddpwatch.heartbeat.writer import core_class; "
                           "assert core_class() is _hotpath.Core; print(_hotpath.__file__)"],

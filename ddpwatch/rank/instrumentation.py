@@ -66,6 +66,11 @@ def writer():
     return _writer
 
 
+def installed() -> bool:
+    """instrument() ran in this process (by the script or automatically, auto.py)."""
+    return _installed
+
+
 def instrument(model=None, directory: str | None = None, auto_steps: bool = True, **identity):
     """Install the patches once (later calls only update identity / hook `model`).
 
@@ -240,6 +245,8 @@ def _patch_ddp():
     def forward(self, *args, **kwargs):
         if not self.__dict__.get("_ddpwatch_seen"):
             _call_quietly(lambda: _first_forward(self))
+        elif not _explicit_dtype:
+            _track_dtype(self)
         return original_forward(self, *args, **kwargs)
 
     @functools.wraps(original_register)
@@ -263,7 +270,33 @@ def _first_forward(ddp):
     ddp.__dict__["_ddpwatch_seen"] = True
     _hook_ddp(ddp)
     if not _explicit_dtype:
-        _writer.set_identity(compute_dtype=_observed_dtype(ddp.module))
+        param = next(ddp.module.parameters(), None)
+        ddp.__dict__["_ddpwatch_device"] = param.device.type if param is not None else "cpu"
+        ddp.__dict__["_ddpwatch_param_dtype"] = _dtype_name(param.dtype) if param is not None else ""
+        ddp.__dict__["_ddpwatch_dtype"] = _observed_dtype(ddp.module)
+        _writer.set_identity(compute_dtype=ddp.__dict__["_ddpwatch_dtype"])
+
+
+_is_autocast_enabled = torch.is_autocast_enabled
+
+
+def _track_dtype(ddp):
+    """At each later forward: autocast switched on or off since (Lightning's
+    bf16-mixed, accelerate's mixed_precision enter it around the forward), a
+    dtype seen from outside the script. One call and a comparison per forward;
+    the header is rewritten only when the dtype changed."""
+    try:
+        d = ddp.__dict__
+        device = d["_ddpwatch_device"]
+        if _is_autocast_enabled(device):
+            name = _dtype_name(torch.get_autocast_dtype(device))
+        else:
+            name = d["_ddpwatch_param_dtype"]
+        if name != d["_ddpwatch_dtype"]:
+            d["_ddpwatch_dtype"] = name
+            _writer.set_identity(compute_dtype=name)
+    except Exception:  # evidence only: never into the training step
+        pass
 
 
 def _hook_ddp(ddp):

@@ -84,7 +84,10 @@ def link(ranks: list[dict]) -> None:
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
     # rank caught between two different collectives is not one.
-    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in")]
+    # A stopped rank waits in nothing: SIGSTOP caught Lightning's rank 1 inside its
+    # per-step broadcast (#N) while rank 0, past it, waited in the bucket all-reduce
+    # (#N+1), and rank 0 was called a desync victim of a rank that was only stopped.
+    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in") and not is_stopped(p)]
     ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
     step, share, cpu, wait = (_PeerMedian(ranks, k) for k in (
         "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
