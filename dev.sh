@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2)
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 systemd strace util-linux)
 VENV=.venv
 
 setup() {
