@@ -276,9 +276,28 @@ def test_client_resets_and_garbage_log_no_traceback_and_json_stays_json(
         json.loads(line)  # every line the daemon printed is a JSON log record
 
 
-def fake_rank_script() -> str:
+HONEST_RANK = r"""
+import os, socket, time
+from ddpwatch.heartbeat import writer
+w = writer.open_writer(os.environ["DDPWATCH_DIR"])
+# an established TCP connection in the rank's network namespace, idle
+server = socket.create_server(("127.0.0.1", 0))
+client = socket.create_connection(server.getsockname())
+peer, _ = server.accept()
+client.sendall(b"x"); peer.recv(1)
+print("ready", w.path, flush=True)
+while True:
+    w.step()
+    time.sleep(0.5)
+"""
+
+
+def fake_rank_script(honest: bool = False) -> str:
     """A user's process that looks like a rank and writes its own heartbeat record,
-    with NaN and infinities in every float of it (its own record: allowed)."""
+    with NaN and infinities in every float of it (its own record: allowed); or
+    (honest) steps every 0.5 s and holds an idle TCP connection."""
+    if honest:
+        return HONEST_RANK
     return r"""
 import math, mmap, os, struct, time
 from ddpwatch.heartbeat import layout, writer
@@ -299,7 +318,8 @@ while True:
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31mrun\r\u202e"
 
 
-def start_fake_rank(start_job, shared_dir, run_id="hostile-run", as_root=False):
+def start_fake_rank(start_job, shared_dir, run_id="hostile-run", as_root=False, honest=False,
+                    prefix=()):
     port = free_port()
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id,
@@ -307,8 +327,9 @@ def start_fake_rank(start_job, shared_dir, run_id="hostile-run", as_root=False):
     os.makedirs(env["DDPWATCH_DIR"], mode=0o700, exist_ok=True)
     if not as_root:
         os.chown(env["DDPWATCH_DIR"], NOBODY, NOBODY)
-    argv = [sys.executable, "-c", fake_rank_script()]
-    job = start_job(argv if as_root else as_nobody(*argv), env=env, name="fake-rank")
+    argv = [sys.executable, "-c", fake_rank_script(honest)]
+    job = start_job([*prefix, *(argv if as_root else as_nobody(*argv))], env=env,
+                    name="fake-rank")
     wait_until(lambda: "ready" in job.output(), 60, what="the fake rank's record")
     rank_pid = next(p.pid for p in job.processes() if "python" in p.name())
     return job, rank_pid
@@ -435,3 +456,145 @@ def test_unit_exposure_is_at_most_3():
     caps = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.M).group(1).split()
     assert set(caps) == {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_NET_RAW",
                          "CAP_SYS_ADMIN"}
+
+
+SERVICE_UID = 61873  # in systemd's DynamicUser range (61184-65519)
+
+
+def unit_directives(path: str = UNIT) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in open(path):
+        line = line.strip()
+        if line and not line.startswith(("#", "[")) and "=" in line:
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def syscall_groups() -> dict[str, list[str]]:
+    out = subprocess.run(["systemd-analyze", "syscall-filter", "--no-pager"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    groups, current = {}, None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.split()[0], [])
+        elif current is not None and line.strip() and not line.strip().startswith("#"):
+            current.append(line.split()[0])
+        elif not line.strip():
+            current = None
+    return groups
+
+
+def allowed_syscalls(filters: list[str]) -> set[str]:
+    """The set a unit's SystemCallFilter= lines let through (allow list, then ~deny)."""
+    groups = syscall_groups()
+
+    def expand(names, seen=()):
+        result = set()
+        for name in names:
+            if name.startswith("@"):
+                if name not in seen:
+                    result |= expand(groups.get(name, ()), (*seen, name))
+            else:
+                result.add(name)
+        return result
+    allowed: set[str] = set()
+    for value in filters:
+        if value.startswith("~"):
+            allowed -= expand(value[1:].split())
+        else:
+            allowed |= expand(value.split())
+    return allowed
+
+
+def metric(text: str, name: str, **labels) -> float | None:
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels
+                   else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir, netns,
+                                                          need_py_spy):
+    """The daemon as the unit runs it, as far as that goes without systemd: a
+    non-root uid holding exactly the unit's capabilities (ambient, bounding set),
+    no_new_privs, its UMask and LimitNOFILE, traced by strace so every system call
+    it and its helpers (py-spy, nsenter, ss, ip) made is checked against the
+    unit's SystemCallFilter, and no writable+executable mapping is made
+    (MemoryDenyWriteExecute). The job is a user's (uid 65534) rank in a network
+    namespace of its own, its record 0600 in a 0700 directory."""
+    need_root()
+    need(shutil.which("strace") is not None, "strace (Debian strace) missing")
+    need(shutil.which("systemd-analyze") is not None, "systemd-analyze (Debian systemd) missing")
+    unit = unit_directives()
+    caps = unit["CapabilityBoundingSet"][0].split()
+    assert caps == unit["AmbientCapabilities"][0].split()
+    capset = "-all," + ",".join("+" + c.lower().removeprefix("cap_") for c in caps)
+    nofile = unit["LimitNOFILE"][0]
+    umask = unit["UMask"][0]
+    state = os.path.join(shared_dir, "state")
+    os.makedirs(state)
+    os.chown(state, SERVICE_UID, SERVICE_UID)
+    port = free_port()
+    config = os.path.join(shared_dir, "config.yaml")
+    with open(config, "w") as f:
+        f.write(f"listen: 127.0.0.1:{port}\ntick_s: 0.5\nprobe_timeout_s: 10\n"
+                f"stacks_min_interval_s: 5\n")
+    os.chmod(config, 0o644)
+    trace = os.path.join(state, "strace.txt")
+    _, pid = start_fake_rank(start_job, shared_dir, honest=True, prefix=netns["exec"])
+    argv = ["prlimit", f"--nofile={nofile}:{nofile}",
+            "setpriv", f"--reuid={SERVICE_UID}", f"--regid={SERVICE_UID}", "--clear-groups",
+            f"--inh-caps={capset}", f"--ambient-caps={capset}", f"--bounding-set={capset}",
+            "--no-new-privs",
+            "sh", "-c", f'umask {umask} && exec strace -f -qq -s 64 -o "$0" "$@"', trace,
+            sys.executable, "-m", "ddpwatch", "run", "--config", config]
+    daemon = start_job(argv, env={"DDPWATCH_STATE_DIR": state}, name="sandboxed-daemon")
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: get(url + "/readyz")[0] == 200, 120, what="the sandboxed daemon ready")
+    status = lambda: json.loads(get(url + "/status")[1])  # noqa: E731
+
+    def ours():
+        job = job_with(status(), pid)
+        return job and next(r for r in job["ranks"] if r["pid"] == pid)
+    # process: the rank is found at all only if its environ (RANK...) is readable
+    rank = wait_until(ours, 120, what="the user's rank discovered (CAP_SYS_PTRACE)")
+    # heartbeats: a 0600 record in a 0700 directory of uid 65534
+    wait_until(lambda: (ours() or {}).get("signals", {}).get("hb_step") is not None, 60,
+               what="the user's record read (CAP_DAC_READ_SEARCH)")
+    # stacks: py-spy of a process of another uid; sockets: ss inside its namespace
+    def dumped():
+        get(url + "/status?stacks=1")  # at most one dump per 5 s: the rate limit
+        r = ours()
+        return r if r and r["stack"] and r["signals"].get("peer_idle_s") is not None else None
+    rank = wait_until(dumped, 120, interval=1,
+                      what=f"py-spy stacks (CAP_SYS_PTRACE) and sockets read through nsenter "
+                           f"(CAP_SYS_ADMIN): {ours()}")
+    text = get(url + "/metrics")[1].decode()
+    for probe in ("heartbeats", "process", "traffic", "host"):
+        if probe == "host" and metric(text, "ddpwatch_probe_success", probe=probe) is None:
+            continue  # host runs on the first tick and every 60th
+        assert metric(text, "ddpwatch_probe_success", probe=probe) == 1.0, (probe, text)
+    assert "Traceback" not in daemon.output(), daemon.output()[-3000:]
+    daemon.kill()
+    # every system call made is one the unit's filter lets through
+    allowed = allowed_syscalls(unit["SystemCallFilter"])
+    made, wx, program, refused = set(), [], {}, set()
+    with open(trace) as f:
+        for line in f:
+            m = re.match(r"(\d+)\s+(?:<\.\.\. )?([a-z0-9_]+)[( ]", line)
+            if not m:
+                continue
+            tid, call = m.groups()
+            made.add(call)
+            if call == "execve":
+                program[tid] = line  # -s 0 hides the path; the pid tells the helper
+            if call not in allowed:
+                refused.add((call, program.get(tid, "?")[:200]))
+            if re.search(r"\b(mmap|mprotect|pkey_mprotect)\(.*PROT_WRITE\|PROT_EXEC", line):
+                wx.append(line.strip())
+    assert made and not refused, sorted(refused)
+    assert not wx, wx[:5]
+    assert oct(os.stat(trace).st_mode & 0o777) == "0o600"  # the unit's UMask applied
