@@ -565,13 +565,16 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
     wait_until(lambda: (ours() or {}).get("signals", {}).get("hb_step") is not None, 60,
                what="the user's record read (CAP_DAC_READ_SEARCH)")
     # stacks: py-spy of a process of another uid; sockets: ss inside its namespace
-    def dumped():
+    deadline, rank = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
         get(url + "/status?stacks=1")  # at most one dump per 5 s: the rate limit
-        r = ours()
-        return r if r and r["stack"] and r["signals"].get("peer_idle_s") is not None else None
-    rank = wait_until(dumped, 120, interval=1,
-                      what=f"py-spy stacks (CAP_SYS_PTRACE) and sockets read through nsenter "
-                           f"(CAP_SYS_ADMIN): {ours()}")
+        rank = ours()
+        if rank and rank["stack"] and rank["signals"].get("peer_idle_s") is not None:
+            break
+        time.sleep(1)
+    assert rank and rank["stack"], f"no py-spy stacks (CAP_SYS_PTRACE): {rank}"
+    assert rank["signals"].get("peer_idle_s") is not None, \
+        f"sockets not read in the rank's namespace (nsenter: CAP_SYS_ADMIN): {rank}"
     text = get(url + "/metrics")[1].decode()
     for probe in ("heartbeats", "process", "traffic", "host"):
         if probe == "host" and metric(text, "ddpwatch_probe_success", probe=probe) is None:
@@ -581,7 +584,7 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
     daemon.kill()
     # every system call made is one the unit's filter lets through
     allowed = allowed_syscalls(unit["SystemCallFilter"])
-    made, wx, program, refused = set(), [], {}, set()
+    made, wx, program, refused, setns = set(), [], {}, set(), []
     with open(trace) as f:
         for line in f:
             m = re.match(r"(\d+)\s+(?:<\.\.\. )?([a-z0-9_]+)[( ]", line)
@@ -595,6 +598,13 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
                 refused.add((call, program.get(tid, "?")[:200]))
             if re.search(r"\b(mmap|mprotect|pkey_mprotect)\(.*PROT_WRITE\|PROT_EXEC", line):
                 wx.append(line.strip())
+            # RestrictNamespaces=net: entering or making any other namespace is refused
+            if call in ("setns", "unshare", "clone", "clone3") and re.search(
+                    r"CLONE_NEW(NS|PID|UTS|IPC|USER|CGROUP|TIME)\b", line):
+                refused.add((f"{call} (RestrictNamespaces=net)", line.strip()[:200]))
+            if call == "setns":
+                setns.append(line.strip())
     assert made and not refused, sorted(refused)
+    assert any("CLONE_NEWNET" in line for line in setns), "nsenter never entered a namespace"
     assert not wx, wx[:5]
     assert oct(os.stat(trace).st_mode & 0o777) == "0o600"  # the unit's UMask applied
