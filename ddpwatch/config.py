@@ -194,7 +194,7 @@ def _coerce(key: str, value, where: str):
             if key == "peers":
                 for url in value:
                     if not (isinstance(url, str) and PEER_URL.fullmatch(url)):
-                        raise ConfigError(f"{where}: peers: {yamlfile.show(url)} is not a "
+                        raise ConfigError(f"{where}: peers: {yamlfile.show_url(url)} is not a "
                                           f"daemon's base URL (http://HOST:PORT)")
             if key == "rules" and not all(isinstance(r, str) and r for r in value):
                 raise TypeError
@@ -207,7 +207,8 @@ def _coerce(key: str, value, where: str):
     except (TypeError, ValueError) as err:
         wanted = ("list" if kind.startswith("tuple") else
                   "mapping" if kind.startswith("dict") else kind)
-        shown = f"a {type(value).__name__}" if key in SECRETS else yamlfile.show(value)
+        shown = (f"a {type(value).__name__}" if key in SECRETS or key == "peers"
+                 else yamlfile.show(value))
         raise ConfigError(f"{where}: {key}: {shown} is not a valid {wanted}") from err
     return value
 

@@ -8,6 +8,8 @@ bounded too (the composer recurses per level) and so is the file's size.
 """
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from .errors import ConfigError
@@ -115,6 +117,23 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+_USERINFO = re.compile(r"(//)[^/@\s'\"]*@")
+
+
 def show(value, limit: int = 60) -> str:
-    """repr() of a user's value, bounded, for error messages."""
-    return _short(repr(value), limit)
+    """repr() of a user's value, bounded, for error messages; credentials in a URL
+    (`//user:password@`) are masked."""
+    return _short(_USERINFO.sub(r"\1***@", repr(value)), limit)
+
+
+def show_url(value) -> str:
+    """A URL for an error message without what may be secret in it (credentials,
+    path, query: a webhook's path is often its token)."""
+    if not isinstance(value, str):
+        return f"a {type(value).__name__}"
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return show(value[:24] + ("..." if len(value) > 24 else ""))
+    hostport = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    hidden = "/..." if len(rest) > len(rest.split("/", 1)[0]) else ""
+    return show(f"{scheme[:10]}://{hostport[:60]}{hidden}")

@@ -221,7 +221,7 @@ def test_metrics_pass_promtool(start_job, tmp_path, hb_dir):
     ("listen: 0.0.0.0:19999\n", "not loopback: set a token"),
     ("tick_s: fast\n", "tick_s"),
     ("tick_s: 1\npeers: [node2:19500]\n", ":2: peers: 'node2:19500' is not a daemon's base URL"),
-    ("peers: {node2: 19500}\n", ":1: peers: {'node2': 19500} is not a valid list"),
+    ("peers: {node2: 19500}\n", ":1: peers: a dict is not a valid list"),
     ("peer_max_age_s: 0\n", ":1: peer_max_age_s: 0 is not a number of seconds within 0.1.."),
     ("tick_s: 1\nopen_after_s: {healty: 5}\n",
      ":2: open_after_s: 'healty' is not a verdict that opens an incident"),

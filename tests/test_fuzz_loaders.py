@@ -103,3 +103,29 @@ def test_rules_loader_is_total_on_raw_bytes(file, data):
 
 def test_shipped_rules_still_load():
     assert len(rules_mod.load_default()) > 10
+
+
+SECRET = "whsec_c2VjcmV0LWZ1enoK"
+SECRET_VALUES = [SECRET, f"[{SECRET}]", f"{{a: {SECRET}}}", "http://u:pw-SECRET@h:1/T0SECRET",
+                 "[http://u:pw-SECRET@h:1]",
+                 f"[{{type: generic, url: 'http://u:pw-SECRET@h/T0SECRET', secret: {SECRET}}}]",
+                 f"[{{type: generic, url: 'ftp://u:pw-SECRET@h/T0SECRET', secret: [{SECRET}]}}]",
+                 f"[{{type: slack, url: 'https://hooks.example/T0SECRET', secret: {SECRET}}}]",
+                 "[{type: generic, url: 'http://u:pw-SECRET@h/T0SECRET', timeout_s: .nan}]"]
+
+
+@BOUNDED
+@given(lines=st.lists(st.one_of(
+    st.tuples(st.sampled_from(["token", "peer_token", "webhooks"]), st.sampled_from(SECRET_VALUES)),
+    st.tuples(st.just("peers"), st.sampled_from([v for v in SECRET_VALUES if "@" in v]))),
+    min_size=1, max_size=3),
+       other=yamlish(CONFIG_KEYS))
+def test_config_errors_never_show_a_secret(file, lines, other):
+    """Secret fields (token, peer_token, webhooks) and credentials in any URL."""
+    file.write_text("\n".join(f"{k}: {v}" for k, v in lines) + "\n" + other)
+    try:
+        config_mod.load(str(file))
+    except ConfigError as err:
+        located(err, str(file))
+        for secret in (SECRET, "pw-SECRET", "T0SECRET", "c2VjcmV0LWZ1enoK"):
+            assert secret not in str(err), str(err)

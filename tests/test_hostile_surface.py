@@ -50,6 +50,7 @@ BAD_FILES = [
     ("token_not_str", f"token: [{TOKEN}]\n".encode(), 1),
     ("webhook_secret_not_str", f"webhooks:\n  - type: generic\n    url: http://u:pw-SECRET@127.0.0.1:9/{HOOK_PATH}\n    secret: [{WHSEC}]\n".encode(), 1),
     ("webhook_bad_scheme", f"webhooks:\n  - type: generic\n    url: ftp://u:pw-SECRET@127.0.0.1/{HOOK_PATH}\n    secret: {WHSEC}\n".encode(), 1),
+    ("peer_with_credentials", b"tick_s: 1\npeers: [http://u:pw-SECRET@node2:19500]\n", 2),
     ("webhook_timeout_nan", f"webhooks:\n  - {{type: generic, url: 'http://u:pw-SECRET@127.0.0.1:9/{HOOK_PATH}', timeout_s: .nan}}\n".encode(), 1),
 ]
 
