@@ -40,7 +40,8 @@ class BoundedServer:
         self.request_deadline_s = request_deadline_s
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
-        family, _, _, _, address = infos[0]
+        # "localhost" may list ::1 first; the daemon always meant 127.0.0.1 by it
+        family, _, _, _, address = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
