@@ -239,6 +239,48 @@ def test_1030_idle_connections_neither_exhaust_descriptors_nor_stall_metrics(
     no_traceback(daemon)
 
 
+DRIP_ATTACK = r"""
+import socket, sys, time
+port, n, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+request = b"GET /status HTTP/1.0\r\nX-Slow: " + b"a" * 4000 + b"\r\n\r\n"
+conns, sent = [], 0
+end = time.monotonic() + seconds
+print("dripping", flush=True)
+while time.monotonic() < end:
+    while len(conns) < n:  # keep n connections dripping; reopen the ones cut
+        try:
+            conns.append([socket.create_connection(("127.0.0.1", port), timeout=5), 0])
+        except OSError:
+            break
+    for c in list(conns):
+        try:
+            c[0].send(request[c[1]:c[1] + 1]); c[1] += 1; sent += 1
+        except OSError:
+            conns.remove(c)
+    time.sleep(0.5)
+print("sent", sent, flush=True)
+"""
+
+
+def test_slow_dripping_clients_hold_no_worker(start_job, tmp_path, hb_dir):
+    """40 connections sending a byte every half second (slowloris), reopened as
+    they are cut: /metrics still answers at once, every time."""
+    need_root()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
+    attacker = start_job(as_nobody(sys.executable, "-c", DRIP_ATTACK, str(daemon.port), "40",
+                                   "12"), name="drip-attacker")
+    wait_until(lambda: "dripping" in attacker.output(), 60, what="the drip attack")
+    time.sleep(1)  # let the drippers take their places (not a synchronisation)
+    for _ in range(8):
+        started = time.monotonic()
+        code, _ = get(daemon.url + "/metrics")
+        assert code == 200 and time.monotonic() - started < 5, code
+        time.sleep(0.5)
+    wait_until(lambda: "sent" in attacker.output(), 60, what="the end of the drip attack")
+    keeps_ticking(daemon)
+    no_traceback(daemon)
+
+
 RESET_ATTACK = r"""
 import socket, struct, sys
 port = int(sys.argv[1])

@@ -6,15 +6,19 @@ for 30 s and discovery failed with EMFILE).
   a selector; at most `max_pending` are kept, the oldest is closed to make room
   for a new one, and none is kept longer than `idle_timeout_s`. An idle
   connection costs a descriptor for a while, never a thread.
-* A connection gets one of `workers` threads only once its request has begun;
+* The accepting thread also reads each request's head (request line and
+  headers, at most MAX_HEAD bytes) without blocking, so a client sending a byte
+  now and then (slowloris) holds a pending slot, never a worker.
+* A connection gets one of `workers` threads only once its whole head is in;
   with every worker busy it is answered 503 at once.
-* A worker reads and answers with a per-socket timeout, and a request still
-  unfinished after `request_deadline_s` (a byte every few seconds) is cut.
+* A worker answers with a per-socket timeout, and an answer still unsent after
+  `request_deadline_s` (a client that does not read) is cut.
 * Client errors (resets, timeouts, garbage) are quiet: one debug line, never a
   traceback on stderr that would bypass `--log-format json`.
 """
 from __future__ import annotations
 
+import io
 import logging
 import queue
 import selectors
@@ -25,6 +29,9 @@ from collections import OrderedDict
 
 log = logging.getLogger("ddpwatch")
 
+MAX_HEAD = 16384  # a GET's request line and headers; ours need a few hundred bytes
+TOO_LARGE = (b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+             b"Connection: close\r\n\r\n")
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
         b"Content-Length: 5\r\nRetry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
 
@@ -32,8 +39,15 @@ BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
 class BoundedServer:
     def __init__(self, host: str, port: int, handler_class, *, workers: int = 8,
                  max_pending: int = 64, idle_timeout_s: float = 5.0,
-                 request_timeout_s: float = 5.0, request_deadline_s: float = 15.0):
-        self.handler_class = handler_class
+                 request_timeout_s: float = 5.0, request_deadline_s: float = 10.0):
+        heads = self._heads = {}  # connection -> its request head, read by the acceptor
+
+        class Prebuffered(handler_class):
+            def setup(self):
+                super().setup()
+                self.rfile = io.BytesIO(heads.pop(self.request, b""))
+
+        self.handler_class = Prebuffered if handler_class is not None else None
         self.max_pending = max_pending
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -56,7 +70,8 @@ class BoundedServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.sock, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._pending: OrderedDict[socket.socket, tuple[float, object]] = OrderedDict()
+        self._pending: OrderedDict[socket.socket, tuple[float, object, bytearray]] = \
+            OrderedDict()
         self._busy: dict[socket.socket, float] = {}  # in a worker -> since when
         self._lock = threading.Lock()
         self._free = threading.Semaphore(workers)
@@ -126,11 +141,33 @@ class BoundedServer:
                 self._forget(oldest)
                 self.stats["evicted"] += 1
             conn.setblocking(False)
-            self._pending[conn] = (time.monotonic(), addr)
+            self._pending[conn] = (time.monotonic(), addr, bytearray())
             self._selector.register(conn, selectors.EVENT_READ)
 
     def _dispatch(self, conn: socket.socket) -> None:
-        _, addr = self._pending.pop(conn)
+        _, addr, head = self._pending[conn]
+        try:
+            data = conn.recv(MAX_HEAD + 1 - len(head))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # closed or reset before a whole request
+            del self._pending[conn]
+            self._forget(conn)
+            return
+        head += data
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            if len(head) <= MAX_HEAD:
+                return  # more to come; the idle timeout bounds the wait
+            del self._pending[conn]
+            try:
+                conn.send(TOO_LARGE)
+            except OSError:
+                pass
+            self._forget(conn)
+            return
+        del self._pending[conn]
         self._selector.unregister(conn)
         if not self._free.acquire(blocking=False):
             self.stats["busy_503"] += 1
@@ -142,6 +179,7 @@ class BoundedServer:
             return
         with self._lock:
             self._busy[conn] = time.monotonic()
+        self._heads[conn] = bytes(head)
         self._jobs.put((conn, addr))
 
     def _forget(self, conn: socket.socket) -> None:
@@ -154,7 +192,7 @@ class BoundedServer:
     def _expire(self) -> None:
         now = time.monotonic()
         while self._pending:
-            conn, (since, _) = next(iter(self._pending.items()))
+            conn, (since, _, _) = next(iter(self._pending.items()))
             if now - since < self.idle_timeout_s:
                 break
             del self._pending[conn]
@@ -187,6 +225,7 @@ class BoundedServer:
             finally:
                 with self._lock:
                     self._busy.pop(conn, None)
+                self._heads.pop(conn, None)
                 _close(conn)
                 self._free.release()
 
