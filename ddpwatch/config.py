@@ -1,7 +1,10 @@
 """The daemon's one documented config: defaults -> file -> environment -> flags.
 
 File lookup: `--config FILE` > `$DDPWATCH_CONFIG` > /etc/ddpwatch/config.yaml (if
-present). Strict: an unknown key is an error naming file and line (exit 78).
+present). Strict: an unknown key is an error naming file and line (exit 78), so
+is a duration out of its bounds (BOUNDS; NaN and infinities too), a YAML alias,
+a `!!python/...` tag, a list as a key or a byte that is not UTF-8 (yamlfile.py).
+The values of secret fields (token, peer_token, webhooks) are never shown.
 
     listen: 127.0.0.1:19500      # HTTP for /metrics /status /healthz /readyz
     token: ""                    # bearer token for /status; required off loopback
