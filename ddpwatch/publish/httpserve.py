@@ -116,14 +116,17 @@ class BoundedServer:
                 events = self._selector.select(timeout=1.0)
             except OSError:  # closed under us at stop
                 return
-            for key, _ in events:
-                if key.fileobj is self.sock:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    return
-                else:
-                    self._dispatch(key.fileobj)
-            self._expire()
+            try:
+                for key, _ in events:
+                    if key.fileobj is self.sock:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        return
+                    elif key.fileobj in self._pending:  # not evicted earlier this round
+                        self._dispatch(key.fileobj)
+                self._expire()
+            except Exception:  # this thread is the server: it must not die
+                log.exception("http: accept loop error")
 
     def _accept(self) -> None:
         for _ in range(256):  # bounded per round: expiry must still run
