@@ -13,7 +13,7 @@ from ddpwatch import config as config_mod
 from ddpwatch.errors import ConfigError
 from ddpwatch.judge import rules as rules_mod
 
-BOUNDED = settings(max_examples=300, deadline=2000, derandomize=True,
+BOUNDED = settings(max_examples=300, deadline=2000, derandomize=True, database=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture,
                                           HealthCheck.too_slow])
 LOCATED = re.compile(r"^(?P<file>[^:]+)(:(?P<line>\d+))?")
