@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# chromium: the incident page is opened headless in tests/test_incident_page.py
-DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium)
+# chromium: the incident page is opened headless (tests/test_incident_page.py);
+# systemd: systemd-analyze checks the unit; strace: the unit's syscall filter is
+# checked against what the probes really call (tests/test_hostile_surface.py)
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace
+                 util-linux)
 VENV=.venv
 
 setup() {

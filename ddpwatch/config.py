@@ -1,7 +1,10 @@
 """The daemon's one documented config: defaults -> file -> environment -> flags.
 
 File lookup: `--config FILE` > `$DDPWATCH_CONFIG` > /etc/ddpwatch/config.yaml (if
-present). Strict: an unknown key is an error naming file and line (exit 78).
+present). Strict: an unknown key is an error naming file and line (exit 78), so
+is a duration out of its bounds (BOUNDS; NaN and infinities too), a YAML alias,
+a `!!python/...` tag, a list as a key or a byte that is not UTF-8 (yamlfile.py).
+The values of secret fields (token, peer_token, webhooks) are never shown.
 
     listen: 127.0.0.1:19500      # HTTP for /metrics /status /healthz /readyz
     token: ""                    # bearer token for /status; required off loopback
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from . import yamlfile
 from .errors import ConfigError
 from .observe.probes import load_all as load_probes
 from .judge.vocabulary import PROBLEMS  # job verdicts an incident can be opened for
@@ -111,72 +115,87 @@ def find_file(flag: str | None) -> str | None:
     return SYSTEM_CONFIG if os.path.exists(SYSTEM_CONFIG) else None
 
 
+# Durations: (least, most) seconds. A NaN or inf tick was a busy loop or an
+# OverflowError; a too-small one burns a core (issue 14).
+BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
+          "stacks_min_interval_s": (1.0, 86400.0), "probe_timeout_s": (0.1, 600.0),
+          "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0)}
+# values never shown in an error or a log line
+SECRETS = ("token", "peer_token", "webhooks")
+
+
 def load(path: str | None, overrides: dict | None = None) -> Config:
     values: dict = {}
+    lines: dict[str, str] = {}  # key -> "file:line" (or $VAR, --flag) it came from
     source = "defaults"
     if path:
-        values.update(_read(path))
+        values, lines = _read(path)
         source = path
     for var, key in ENV.items():
         if os.environ.get(var):
             values[key] = _coerce(key, os.environ[var], f"${var}")
+            lines[key] = f"${var}"
     for key, value in (overrides or {}).items():
         if value is not None:
-            values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
+            flag = f"--{key.replace('_', '-')}"
+            values[key] = _coerce(key, value, flag)
+            lines[key] = flag
     config = Config(**values, source=source)
-    _validate(config)
+    _validate(config, lines)
     return config
 
 
-def _read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigError(f"{path}: {err.strerror}") from err
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: "
-                          f"{getattr(err, 'problem', err)}") from err
+def _read(path: str) -> tuple[dict, dict]:
+    root = yamlfile.compose(yamlfile.read_text(path), path)
     if root is None:
-        return {}
+        return {}, {}
     if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{path}:1: the config must be a mapping of keys")
-    values = {}
+        raise ConfigError(f"{path}:{root.start_mark.line + 1}: the config must be a mapping "
+                          f"of keys")
+    values, lines = {}, {}
     for key_node, value_node in root.value:
-        key = key_node.value
+        key = yamlfile.scalar_key(key_node, path)
         where = f"{path}:{key_node.start_mark.line + 1}"
         if key not in _TYPES or key == "source":
-            raise ConfigError(f"{where}: unknown key {key!r} (known: "
+            raise ConfigError(f"{where}: unknown key {yamlfile.show(key)} (known: "
                               f"{', '.join(k for k in _TYPES if k != 'source')})")
-        values[key] = _coerce(key, yaml.safe_load(yaml.serialize(value_node)), where)
-    return values
+        if key in values:
+            raise ConfigError(f"{where}: {key}: given twice (first at {lines[key]})")
+        values[key] = _coerce(key, yamlfile.construct(value_node, path), where)
+        lines[key] = where
+    return values, lines
 
 
 def _coerce(key: str, value, where: str):
     kind = _TYPES[key]
     try:
         if kind == "float":
-            return float(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise TypeError
+            number = float(value)
+            least, most = BOUNDS[key]
+            if not least <= number <= most:  # also false for nan
+                raise ConfigError(f"{where}: {key}: {yamlfile.show(value)} is not a number of "
+                                  f"seconds within {least:g}..{most:g}")
+            return number
         if key == "external_url":
             if not isinstance(value, str) or not (value == "" or EXTERNAL_URL.fullmatch(value)):
-                raise ConfigError(f"{where}: external_url: {value!r} is not a base URL as "
-                                  f"people reach this daemon (http(s)://HOST[:PORT][/PREFIX], "
-                                  f"no query)")
+                raise ConfigError(f"{where}: external_url: {yamlfile.show(value)} is not a base "
+                                  f"URL as people reach this daemon "
+                                  f"(http(s)://HOST[:PORT][/PREFIX], no query)")
             return value
         if kind == "str":
-            if not isinstance(value, (str, int, float)):
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise TypeError
             return str(value)
         if key == "probes":
             if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
                 raise TypeError
             switchable = [n for n, spec in load_probes().items() if spec.switchable]
-            unknown = set(value) - set(switchable)
+            unknown = set(map(str, value)) - set(switchable)
             if unknown:
-                raise ConfigError(f"{where}: probes: unknown probe(s) {sorted(unknown)} "
+                raise ConfigError(f"{where}: probes: unknown probe(s) "
+                                  f"{yamlfile.show(sorted(unknown))} "
                                   f"(switchable: {', '.join(switchable)})")
             return dict(value)
         if key == "open_after_s":
@@ -191,13 +210,22 @@ def _coerce(key: str, value, where: str):
             if key == "peers":
                 for url in value:
                     if not (isinstance(url, str) and PEER_URL.fullmatch(url)):
-                        raise ConfigError(f"{where}: peers: {url!r} is not a daemon's base URL "
-                                          f"(http://HOST:PORT)")
+                        raise ConfigError(f"{where}: peers: {yamlfile.show_url(url)} is not a "
+                                          f"daemon's base URL (http://HOST:PORT)")
+            if key == "rules" and not all(isinstance(r, str) and r for r in value):
+                raise TypeError
+            if key == "webhooks":
+                # checked now, so a bad item fails the load (exit 78, or a refused
+                # reload) with its line, not later when the dispatcher is built
+                from .publish.alerts import build_sinks
+                build_sinks(list(value), where)
             return tuple(value)
     except (TypeError, ValueError) as err:
         wanted = ("list" if kind.startswith("tuple") else
                   "mapping" if kind.startswith("dict") else kind)
-        raise ConfigError(f"{where}: {key}: {value!r} is not a valid {wanted}") from err
+        shown = (f"a {type(value).__name__}" if key in SECRETS or key == "peers"
+                 else yamlfile.show(value))
+        raise ConfigError(f"{where}: {key}: {shown} is not a valid {wanted}") from err
     return value
 
 
@@ -209,37 +237,41 @@ def _open_after(value, where: str) -> dict[str, float]:
     delays = {}
     for verdict, seconds in value.items():
         if verdict not in PROBLEMS:
-            raise ConfigError(f"{where}: open_after_s: {verdict!r} is not a verdict that opens "
+            raise ConfigError(f"{where}: open_after_s: {yamlfile.show(verdict)} is not a verdict that opens "
                               f"an incident ({', '.join(PROBLEMS)})")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ConfigError(f"{where}: open_after_s: {verdict}: {seconds!r} is not a number "
-                              f"of seconds >= 0")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not 0 <= seconds <= 86400:  # also refuses nan and inf
+            raise ConfigError(f"{where}: open_after_s: {verdict}: {yamlfile.show(seconds)} is "
+                              f"not a number of seconds within 0..86400")
         delays[verdict] = float(seconds)
     return delays
 
 
-def _validate(c: Config) -> None:
-    where = c.source
+def _validate(c: Config, lines: dict | None = None) -> None:
+    lines = lines or {}
+
+    def at(*keys: str) -> str:  # the file:line of the first key given, else the file
+        return next((lines[k] for k in keys if k in lines), c.source)
     try:
         host, port = c.host_port
-        if not 0 < port < 65536:
+        if not 0 < port < 65536 or not host:
             raise ValueError
     except ValueError as err:
-        raise ConfigError(f"{where}: listen: {c.listen!r} is not HOST:PORT") from err
-    if c.tick_s <= 0 or c.window_s <= 0:
-        raise ConfigError(f"{where}: tick_s and window_s must be positive")
+        raise ConfigError(f"{at('listen')}: listen: {yamlfile.show(c.listen)} is not "
+                          f"HOST:PORT") from err
     if c.peers and c.peer_max_age_s <= c.tick_s + c.probe_timeout_s:
         # a peer is polled once per tick, each poll waiting up to probe_timeout_s
-        raise ConfigError(f"{where}: peer_max_age_s ({c.peer_max_age_s:g}) must exceed tick_s + "
+        raise ConfigError(f"{at('peer_max_age_s', 'peers')}: peer_max_age_s "
+                          f"({c.peer_max_age_s:g}) must exceed tick_s + "
                           f"probe_timeout_s ({c.tick_s + c.probe_timeout_s:g}), or no peer's "
                           f"answer is ever fresh")
-    if c.peer_max_age_s <= 0:
-        raise ConfigError(f"{where}: peer_max_age_s must be positive")
     if c.log_format not in ("text", "json"):
-        raise ConfigError(f"{where}: log_format: {c.log_format!r} (text or json)")
+        raise ConfigError(f"{at('log_format')}: log_format: {yamlfile.show(c.log_format)} "
+                          f"(text or json)")
     if not is_loopback(host) and not c.token:
-        raise ConfigError(f"{where}: listen: {c.listen} is not loopback: set a token "
-                          f"(token: or $DDPWATCH_TOKEN) so /status is not open to the network")
+        raise ConfigError(f"{at('listen', 'token')}: listen: {c.listen} is not loopback: set a "
+                          f"token (token: or $DDPWATCH_TOKEN) so /status is not open to the "
+                          f"network")
 
 
 def is_loopback(host: str) -> bool:

@@ -32,6 +32,11 @@ def setup_logging(fmt: str) -> None:
     root = logging.getLogger("ddpwatch")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    # An exception escaping any thread goes through the same handler, so nothing
+    # reaches stderr outside `--log-format json` (issue 14: client resets did).
+    threading.excepthook = lambda a: log.error(
+        "thread %s died", a.thread.name if a.thread else "?",
+        exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
 
 
 def build_dispatcher(cfg):
@@ -69,10 +74,15 @@ def main(args) -> int:
     daemon = Daemon(cfg, rules, dispatcher, peers=poller)
     from ..publish.metrics import make_registry, render
     registry = make_registry(lambda: daemon.view)
-    host, port = cfg.host_port
+    def make_server(c):
+        host, port = c.host_port
+        return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
+                      request_stacks=lambda: setattr(daemon, "stacks_requested", True),
+                      stacks_min_interval_s=c.stacks_min_interval_s)
+
+    host = cfg.host_port[0]
     try:
-        server = Server(host, port, lambda: daemon.view, lambda: render(registry), cfg.token,
-                        request_stacks=lambda: setattr(daemon, "stacks_requested", True))
+        server = make_server(cfg)
     except OSError as err:
         daemon.close()
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
@@ -92,7 +102,7 @@ def main(args) -> int:
     while not stop.is_set():
         if reload_requested.is_set():
             reload_requested.clear()
-            dispatcher = _reload(args, daemon, dispatcher, server)
+            dispatcher, server = _reload(args, daemon, dispatcher, server, make_server)
         daemon.tick()
         if first:
             notify("READY=1")
@@ -112,17 +122,29 @@ def main(args) -> int:
     return errors.OK
 
 
-def _reload(args, daemon, dispatcher, server):
-    """Atomic: a bad file is logged and the running config kept."""
+def _reload(args, daemon, dispatcher, server, make_server):
+    """Atomic: a bad file, or a listen address that cannot be bound, is logged and
+    the running config kept. Returns the (dispatcher, server) now in use."""
     try:
         cfg, rules = load_all(args)
-        new_dispatcher = build_dispatcher(cfg) if cfg.webhooks != daemon.config.webhooks \
-            else dispatcher
     except errors.DdpwatchError as err:
         log.error("reload refused, keeping the running config: %s", err)
-        return dispatcher
+        return dispatcher, server
+    except Exception as err:  # a bug; the loop must not die of it (values may be secret)
+        log.error("reload refused, keeping the running config: unexpected %s",
+                  type(err).__name__)
+        return dispatcher, server
     if cfg.listen != daemon.config.listen:
-        log.warning("reload: listen changes only on restart (still %s)", daemon.config.listen)
+        server, why = rebind(server, cfg, daemon.config, make_server)
+        if why:
+            log.error("reload refused, keeping the running config: %s", why)
+            return dispatcher, server
+    try:
+        new_dispatcher = build_dispatcher(cfg) if cfg.webhooks != daemon.config.webhooks \
+            else dispatcher
+    except errors.DdpwatchError as err:  # checked at load already; kept for safety
+        log.error("reload: webhooks kept as they were: %s", err)
+        new_dispatcher = dispatcher
     if poller_inputs(cfg) != poller_inputs(daemon.config):
         if daemon.peers is not None:
             daemon.peers.stop()
@@ -134,7 +156,41 @@ def _reload(args, daemon, dispatcher, server):
             dispatcher.close(timeout_s=2.0)
         daemon.dispatcher = new_dispatcher
     server.token = cfg.token
+    server.stacks_min_interval_s = cfg.stacks_min_interval_s
     setup_logging(cfg.log_format)
     daemon.reconfigure(cfg, rules)
     log.info("reloaded %s (%d rules)", cfg.source, len(rules))
-    return new_dispatcher
+    return new_dispatcher, server
+
+
+def rebind(server, cfg, old_cfg, make_server):
+    """Serve on cfg.listen from now on. Returns (server in use, None), or (server in
+    use, why not) with the old address still served under the old token: never the
+    new token on the old address (issue 14: moving listen to loopback and dropping
+    the token left 0.0.0.0 serving /status without one)."""
+    try:
+        new = make_server(cfg)
+    except OSError as first:
+        why = f"{cfg.source}: listen: cannot listen on {cfg.listen}: {first.strerror}"
+        if cfg.host_port[1] != old_cfg.host_port[1]:
+            return server, why
+        # same port, another address: the old socket holds the port; let go, then bind
+        server.stop()
+        try:
+            new = make_server(cfg)
+        except OSError as err:
+            why = f"{cfg.source}: listen: cannot listen on {cfg.listen}: {err.strerror}"
+            try:
+                server = make_server(old_cfg)
+                server.start()
+            except OSError as again:
+                log.error("reload: cannot listen on %s nor again on %s (%s): no HTTP until "
+                          "a reload succeeds", cfg.listen, old_cfg.listen, again.strerror)
+            return server, why
+        new.start()
+        log.info("reload: now listening on %s (was %s)", cfg.listen, old_cfg.listen)
+        return new, None
+    new.start()
+    server.stop()
+    log.info("reload: now listening on %s (was %s)", cfg.listen, old_cfg.listen)
+    return new, None

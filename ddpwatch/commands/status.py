@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 import urllib.error
 import urllib.request
 
@@ -28,13 +29,27 @@ def fetch(url: str, token: str | None) -> dict:
         raise errors.Unavailable(f"{url}: no daemon answers ({reason})") from err
 
 
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control and format characters (ESC, CR, BEL,
+    bidi overrides...) shown escaped. Run ids, hostnames and every other field come
+    from ranks other users own (issue 14: a run id moved the cursor)."""
+    return "".join(c if not unicodedata.category(c).startswith("C") else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
 def table(doc: dict) -> str:
+    return "\n".join(printable(line) for line in _lines(doc))
+
+
+def _lines(doc: dict) -> list[str]:
     rows = [COLUMNS]
     for job in doc.get("jobs", []):
         for r in job["ranks"]:
             rows.append((job["key"], r.get("host") or "-", str(r["rank"]), str(r["pid"]),
                          r["verdict"], r["role"],
                          f"{r['confidence']:.0%}", ",".join(f["id"] for f in r["findings"]) or "-"))
+    rows = [tuple(printable(str(c)) for c in row) for row in rows]  # widths as shown
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [f"node {doc['node']}  tick {doc['tick']}  "
              f"job verdict: {doc['job']['verdict']}  culprits: {doc['job']['culprits']}"]
@@ -52,7 +67,7 @@ def table(doc: dict) -> str:
         state = f"error: {peer['error']}" if peer["error"] else "ok"
         age = f", last answer {peer['age_s']:.1f}s ago" if peer["age_s"] is not None else ""
         lines.append(f"peer {peer['url']} ({peer['node'] or '?'}): {state}{age}")
-    return "\n".join(lines)
+    return lines
 
 
 def main(args) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from .. import yamlfile
 from ..errors import ConfigError
 from .signals import SIGNALS
 from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
@@ -108,9 +109,11 @@ def render(template: str, signals: dict) -> str:
 
 
 def parse_condition(text: str, where: str) -> Condition:
-    m = _COND.match(str(text))
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: a condition is a string, not {yamlfile.show(text)}")
+    m = _COND.match(text)
     if not m:
-        raise ConfigError(f"{where}: cannot read condition {text!r} "
+        raise ConfigError(f"{where}: cannot read condition {yamlfile.show(text)} "
                           f"(want '<signal> <op> <value>', op one of {' '.join(_OPS)})")
     negate, signal, op, raw = m.groups()
     if signal not in SIGNALS:
@@ -119,10 +122,8 @@ def parse_condition(text: str, where: str) -> Condition:
         raise ConfigError(f"{where}: 'not' only goes with a bare signal: {text!r}")
     if not op:
         return Condition(text, signal, "not" if negate else "")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{where}: bad value in {text!r}: {err}") from err
+    node = yamlfile.compose(raw, f"{where}: value in {yamlfile.show(text)}")
+    value = None if node is None else yamlfile.construct(node, f"{where}: {yamlfile.show(text)}")
     if op == "in" and not isinstance(value, list):
         raise ConfigError(f"{where}: 'in' needs a list: {text!r}")
     spec = SIGNALS[signal]
@@ -135,28 +136,20 @@ def parse_condition(text: str, where: str) -> Condition:
 
 
 def load(path: str) -> list[Rule]:
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigError(f"{path}: {err.strerror}") from err
-    return parse(text, path)
+    return parse(yamlfile.read_text(path), path)
 
 
 def parse(text: str, path: str = "<rules>") -> list[Rule]:
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from err
+    root = yamlfile.compose(text, path)
     if root is None or not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{path}: expected a mapping with a 'rules' list")
-    top = {k.value: v for k, v in root.value}
-    for key_node, _ in root.value:
-        if key_node.value not in ("rules", "version"):
+    top = {}
+    for key_node, value_node in root.value:
+        key = yamlfile.scalar_key(key_node, path)
+        if key not in ("rules", "version"):
             raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: unknown key "
-                              f"{key_node.value!r} (allowed: rules, version)")
+                              f"{yamlfile.show(key)} (allowed: rules, version)")
+        top[key] = value_node
     rules_node = top.get("rules")
     if not isinstance(rules_node, yaml.SequenceNode):
         raise ConfigError(f"{path}: 'rules' must be a list")
@@ -175,16 +168,24 @@ def _rule(node, path: str) -> Rule:
     line = node.start_mark.line + 1
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:{line}: a rule must be a mapping")
-    raw = yaml.safe_load(yaml.serialize(node))
+    for key_node, _ in node.value:
+        yamlfile.scalar_key(key_node, path)
+    raw = yamlfile.construct(node, path)
+    if not isinstance(raw.get("id", ""), (str, int)) or isinstance(raw.get("id"), bool):
+        raise ConfigError(f"{path}:{line}: a rule id is a name, not {yamlfile.show(raw['id'])}")
     rule_id = str(raw.get("id", "?"))
-    where = f"{path}:{line}: rule {rule_id!r}"
+    where = f"{path}:{line}: rule {yamlfile.show(rule_id)}"
     for key_node, _ in node.value:
         if key_node.value not in RULE_KEYS:
-            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: rule {rule_id!r}: "
-                              f"unknown key {key_node.value!r} (allowed: "
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: rule "
+                              f"{yamlfile.show(rule_id)}: "
+                              f"unknown key {yamlfile.show(key_node.value)} (allowed: "
                               f"{', '.join(sorted(RULE_KEYS))})")
     if "id" not in raw:
         raise ConfigError(f"{path}:{line}: rule without an id")
+    for key in ("verdict", "finding", "role", "severity", "evidence", "remedy", "description"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ConfigError(f"{where}: {key}: a string, not {yamlfile.show(raw[key])}")
     verdict, finding = raw.get("verdict", ""), raw.get("finding", "")
     if bool(verdict) == bool(finding):
         raise ConfigError(f"{where}: needs exactly one of 'verdict' or 'finding'")
@@ -201,12 +202,14 @@ def _rule(node, path: str) -> Rule:
     when = raw.get("when", [])
     if not isinstance(when, list) or not when:
         raise ConfigError(f"{where}: 'when' must be a non-empty list of conditions")
-    try:
-        confidence = float(raw.get("confidence", 0.8))
-        priority = int(raw.get("priority", 0))
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where}: confidence and priority must be numbers") from err
-    if not 0.0 <= confidence <= 1.0:
+    confidence, priority = raw.get("confidence", 0.8), raw.get("priority", 0)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or isinstance(priority, bool) or not isinstance(priority, int) \
+            or not -10**6 <= priority <= 10**6:
+        raise ConfigError(f"{where}: confidence must be a number and priority a whole number "
+                          f"within -1000000..1000000")
+    confidence = float(confidence)
+    if not 0.0 <= confidence <= 1.0:  # also false for nan
         raise ConfigError(f"{where}: confidence {confidence} is not within 0..1")
     for key in ("evidence", "remedy"):
         try:

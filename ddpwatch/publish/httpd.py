@@ -4,7 +4,8 @@ its bundle's report.txt, report.json and snapshots.json under /incidents/<id>/);
 404 elsewhere.
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
-otherwise only on suspicion).
+otherwise only on suspicion): at most once per `stacks_min_interval_s`, so asking
+in a loop does not run py-spy in a loop (issue 14: 2 -> 16 runs in 8 s).
 
 Only reads the latest published DaemonView (and the bundles of the incidents it
 lists: a path in a request is only ever compared with the incidents' ids).
@@ -17,10 +18,12 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import os
 import threading
+import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -29,11 +32,28 @@ from . import bundle, peers, report
 from .page_list import incident_path, render_list
 from ..codec import to_json
 from ..errors import DdpwatchError
+from .httpserve import BoundedServer
 
 log = logging.getLogger("ddpwatch")
 BUNDLE_FILES = {"report.txt": "text/plain; charset=utf-8", "report.json": "application/json",
                 "snapshots.json": "application/json"}
 HTML = "text/html; charset=utf-8"
+
+
+def finite(value):
+    """`value` with every NaN or infinity made None: JSON has neither (a rank's
+    record may hold them, and `NaN` breaks every strict JSON reader)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(doc, **kw) -> bytes:
+    return json.dumps(finite(doc), allow_nan=False, **kw).encode()
 
 
 def status_document(view) -> dict:
@@ -50,35 +70,48 @@ def status_document(view) -> dict:
 
 class Server:
     def __init__(self, host: str, port: int, get_view, render_metrics, token: str = "",
-                 request_stacks=lambda: None):
+                 request_stacks=lambda: None, stacks_min_interval_s: float = 5.0,
+                 clock=time.monotonic, **limits):
         self.get_view = get_view
         self.request_stacks = request_stacks
         self.render_metrics = render_metrics
         self.token = token
+        self.stacks_min_interval_s = stacks_min_interval_s
+        self.clock = clock
+        self._stacks_lock = threading.Lock()
+        self._stacks_at = -1e9
+        self.listen = (host, port)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = limits.get("request_timeout_s", 5.0)
+
             def do_GET(self):
                 server.handle(self)
 
             def log_message(self, *args):  # access logs would drown the daemon's own
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="ddpwatch-http",
-                                       daemon=True)
+        self.httpd = BoundedServer(host, port, Handler, **limits)
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        return self.httpd.port
 
     def start(self) -> None:
-        self.thread.start()
+        self.httpd.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
+
+    def _stacks_allowed(self) -> bool:
+        """One on-demand dump per interval, whoever asks."""
+        with self._stacks_lock:
+            now = self.clock()
+            if now - self._stacks_at < self.stacks_min_interval_s:
+                return False
+            self._stacks_at = now
+            return True
 
     def handle(self, req) -> None:
         path = req.path.split("?", 1)[0]
@@ -107,13 +140,16 @@ class Server:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
             else:
                 if path == "/peer":
-                    body = json.dumps(peers.document(view)).encode()
-                    self._send(req, 200, body, "application/json")
+                    self._send(req, 200, dumps(peers.document(view)), "application/json")
                     return
+                headers = {}
                 if "stacks=1" in req.path.partition("?")[2].split("&"):
-                    self.request_stacks()  # the next tick dumps every job's stacks
-                body = json.dumps(status_document(view), indent=1).encode()
-                self._send(req, 200, body, "application/json")
+                    if self._stacks_allowed():
+                        self.request_stacks()  # the next tick dumps every job's stacks
+                    else:
+                        headers["X-Ddpwatch-Stacks"] = "rate-limited"
+                self._send(req, 200, dumps(status_document(view), indent=1), "application/json",
+                           headers)
         else:
             self._send(req, 404, b"not found\n", "text/plain")
 

@@ -13,6 +13,7 @@ from .base import MODULES, REGISTRY, Flavour
 
 COMMON = {"type": str, "url": str, "timeout_s": (int, float), "name": str}
 DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 300.0
 
 
 def flavours() -> dict[str, Flavour]:
@@ -45,18 +46,19 @@ def _build_one(item, where: str, known: dict[str, Flavour], index: int, config: 
         raise ConfigError(f"{where}: expected a mapping with type and url, got "
                           f"{type(item).__name__}")
     kind = item.get("type")
-    if kind not in known:
-        raise ConfigError(f"{where}: type: {kind!r} is not one of {sorted(known)}")
+    if not isinstance(kind, str) or kind not in known:
+        raise ConfigError(f"{where}: type: {repr(kind)[:40]} is not one of {sorted(known)}")
     flavour = known[kind]
     allowed = {**COMMON, **flavour.options}
     for key, value in item.items():
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {key!r} for type {kind!r} "
+        if not isinstance(key, str) or key not in allowed:
+            raise ConfigError(f"{where}: unknown key {repr(key)[:40]} for type {kind!r} "
                               f"(allowed: {', '.join(sorted(allowed))})")
-        # bool is an int in Python; `timeout_s: true` is still a mistake.
+        # bool is an int in Python; `timeout_s: true` is still a mistake. The value
+        # itself is never shown: url and secret carry credentials (issue 14).
         if isinstance(value, bool) or not isinstance(value, allowed[key]):
             raise ConfigError(f"{where}: {key}: expected {_type_name(allowed[key])}, "
-                              f"got {value!r}")
+                              f"got a {type(value).__name__}")
     if "url" not in item:
         raise ConfigError(f"{where}: url: missing (the receiver's http(s) URL)")
     url = urllib.parse.urlsplit(item["url"])
@@ -69,8 +71,9 @@ def _build_one(item, where: str, known: dict[str, Flavour], index: int, config: 
         raise ConfigError(f"{where}: url: expected http:// or https://host..., got "
                           f"{url.scheme or '(no scheme)'}://{url.hostname or '(no host)'}")
     timeout_s = float(item.get("timeout_s", DEFAULT_TIMEOUT_S))
-    if timeout_s <= 0:
-        raise ConfigError(f"{where}: timeout_s: must be > 0, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise ConfigError(f"{where}: timeout_s: must be > 0 and <= {MAX_TIMEOUT_S:g}, "
+                          f"got {timeout_s}")
     same_kind = sum(1 for other in config if isinstance(other, dict) and other.get("type") == kind)
     name = item.get("name") or (kind if same_kind == 1 else f"{kind}-{index}")
     options = {k: v for k, v in item.items() if k in flavour.options}
