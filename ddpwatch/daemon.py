@@ -20,6 +20,7 @@ from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
+from .heartbeat.scan import ScanState
 from .publish.incidents import IncidentBook
 from .observe.probes import ProbeContext, run_probe
 from .observe.probes.traffic import for_ports, local_ports, open_capture
@@ -62,6 +63,7 @@ class Daemon:
         self._exec_cache: dict = {}  # (pid, start) -> (cmdline, env): fixed after exec
         self._dead_records: dict = {}  # records of gone writers: probes/heartbeats.py
         self._rank_heartbeat_dirs: tuple[str, ...] = ()  # named by the ranks (discovery)
+        self._scan_state = ScanState()  # record directories' listings, refused files
         # Connection attempts are counted across ticks (a peer retries seconds apart):
         # the capture stays open while the probe is on (probes/traffic.py).
         self._capture = open_capture(clock) if config.probe_on("traffic") else None
@@ -134,7 +136,8 @@ class Daemon:
         table = discovery.read_table(ctx.procfs, self._exec_cache)
         self._rank_heartbeat_dirs = discovery.heartbeat_dirs(table, ctx.procfs)
         hb = run_probe("heartbeats", dataclasses.replace(
-            ctx, rank_heartbeat_dirs=self._rank_heartbeat_dirs), ())
+            ctx, rank_heartbeat_dirs=self._rank_heartbeat_dirs, scan_state=self._scan_state,
+            parents={pid: info.ppid for pid, info in table.items()}), ())
         statuses.append(status_of(hb))
         alive = ({r.pid for r, a in zip(hb.data.records, hb.data.alive) if a} if hb.ok else set())
         self._parents = {pid: info.ppid for pid, info in table.items()}

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ...heartbeat import Record, Skipped, read_file
-from ...heartbeat.reader import attempt_reader, list_records
+from ...heartbeat.scan import scan
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import ProbeContext, register
@@ -21,26 +21,37 @@ class HeartbeatObs:
 
 @register("heartbeats", help="heartbeat records the ranks write (ddpwatch.instrument)")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
+    """Every record in the directories, within heartbeat/scan.py's caps: a bad
+    or hostile file is a Skipped, never the probe's failure."""
     dead = ctx.dead_records
     records, alive, skipped = [], [], []
-    paths = [p for d in record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
-             for p in list_records(d)]
-    read_once = attempt_reader()
-    for path in paths:
-        identity = _file_identity(path) if dead is not None else None
+    live = frozenset(ctx.parents) if ctx.parents else None
+    dirs = record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
+    cached_dead, identities = {}, {}
+
+    def reader(path):
+        identity = identities[path] = _file_identity(path) if dead is not None else None
         cached = dead.get(path) if dead is not None else None
         if cached is not None and cached[2] and identity is not None and cached[0] == identity:
-            records.append(cached[1])
-            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
-            continue
-        result = read_file(path, read_once)
+            cached_dead[path] = True
+            return cached[1]
+        return read_file(path)
+
+    paths = []
+    for path, result in scan(dirs, ctx.scan_state, live, reader):
         if isinstance(result, Skipped):
             skipped.append(result)
+            continue
+        paths.append(path)
+        if cached_dead.get(path):
+            records.append(result)
+            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
             continue
         is_alive = record_alive(result, ctx.procfs)
         records.append(result)
         alive.append(is_alive)
         if dead is not None:
+            identity = identities.get(path)
             if is_alive or identity is None:
                 dead.pop(path, None)
             else:
