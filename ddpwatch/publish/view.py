@@ -32,6 +32,11 @@ class Incident:
     # the node whose daemon sends this incident's webhooks: this one, or a peer
     # (alerts/route.py); "" while undecided or when no webhooks are configured
     alerts_from: str = ""
+    # who the job is (discovery.owner_key: uid, launcher pid and start), which
+    # tells two users' jobs with one run id apart; `job` is only its label
+    owner: str = ""
+    # why the evidence bundle is not written yet ("" once it is): retried each tick
+    bundle_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,3 +71,4 @@ class DaemonView:
     alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
     alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
     webhooks: bool = False  # this node has webhooks configured (told to peers)
+    stage_failures: dict[str, int] | None = None  # tick stage -> failures since start
