@@ -15,7 +15,7 @@ import socket
 import time
 
 from .judge import classify, rules as rules_mod, stackmatch
-from .observe import discovery
+from .observe import discovery, helpers
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import write_bundle
 from .config import Config
@@ -77,6 +77,11 @@ class Daemon:
         self._table: dict = {}
         self._last_views: dict = {}  # owner key -> the last tick's JobView
         self._saved = None  # what incident_store last saved (a mark of it)
+        # helper programs found once, by absolute path, not through PATH per call
+        missing = [n for n, p in helpers.resolve_all().items() if p is None]
+        if missing:
+            log.warning("not found: %s (the probes that run them report it)",
+                        ", ".join(missing))
         self._resume()
 
     def _resume(self) -> None:
