@@ -34,6 +34,12 @@ log = logging.getLogger("ddpwatch")
 # meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
 # pay. Problems at start-up have verdicts of their own (sockets are still read).
 STARTUP_GRACE_S = 10.0
+# py-spy runs one tick may start, over all jobs (a person's request excepted):
+# every local user can start processes that look like suspicious ranks, and
+# each would cost a py-spy run every stacks_min_interval_s (issue 14: 65 runs per
+# 10 s). Jobs past the budget get theirs on a later tick (the ones dumped wait
+# for their interval).
+MAX_DUMPS_PER_TICK = 8
 
 
 def load_rules(config: Config) -> list:
@@ -75,6 +81,8 @@ class Daemon:
         self.stacks_requested = False
         self.stage_failures: dict[str, int] = collections.Counter()
         self._table: dict = {}
+        self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
+        self._dumps_left = MAX_DUMPS_PER_TICK
         self._last_views: dict = {}  # owner key -> the last tick's JobView
         self._saved = None  # what incident_store last saved (a mark of it)
         # helper programs found once, by absolute path, not through PATH per call
@@ -126,6 +134,7 @@ class Daemon:
         statuses = []
         jobs = self._guard("discovery", lambda: self._discover(ctx, statuses), [])
         requested, self.stacks_requested = self.stacks_requested, False
+        self._dumps_left = MAX_DUMPS_PER_TICK
         self._requested_now = requested
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, self._table), {})
@@ -153,7 +162,8 @@ class Daemon:
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
             alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())),
-            webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures))
+            webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
+            stack_dumps=self.stack_dumps)
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -268,10 +278,14 @@ class Daemon:
         earlier for the ranks that have not moved since."""
         now = stackmatch.progress_of(heartbeats)
         taken, stacks, then = self._stacks.get(key, (-1e9, None, {}))
-        if force or self.clock() - taken >= self.config.stacks_min_interval_s:
+        due = self.clock() - taken >= self.config.stacks_min_interval_s
+        if force or (due and self._dumps_left >= min(len(job.rank_pids), MAX_DUMPS_PER_TICK)):
             result = run_probe("stacks", ctx, job.rank_pids)
             statuses.append(status_of(result))
             if result.ok:
+                runs = sum(p.status in ("ok", "error") for p in result.data.pids)
+                self.stack_dumps += runs
+                self._dumps_left -= runs
                 self._stacks[key] = (self.clock(), result.data, now)
                 return result.data
         return stackmatch.still_current(stacks, then, now) if stacks is not None else None

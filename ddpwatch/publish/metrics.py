@@ -66,6 +66,9 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Tick stages that failed since the daemon started (logged, then the tick went on): "
         "discovery, judge, incidents, bundle (evidence not written, retried), persist "
         "(incidents not saved), alerts, peer_signals.")),
+    "ddpwatch_stack_dumps_total": ("counter", (), (
+        "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
+        "is not dumped).")),
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
     "ddpwatch_incidents_without_bundle": ("gauge", (JOB,), (
         "Open incidents whose evidence bundle could not be written yet (retried each tick; "
@@ -241,6 +244,8 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
         failures = dict.fromkeys(STAGES, 0) | dict(view.stage_failures)
         rows += [("ddpwatch_stage_failures_total", (stage,), float(n))
                  for stage, n in sorted(failures.items())]
+    if view.stack_dumps >= 0:
+        rows.append(("ddpwatch_stack_dumps_total", (), float(view.stack_dumps)))
     missing: dict[str, int] = {}
     for inc in view.incidents:
         if inc.state != IncidentState.RESOLVED and not inc.bundle and inc.bundle_error:

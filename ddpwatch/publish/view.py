@@ -72,3 +72,4 @@ class DaemonView:
     alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
     webhooks: bool = False  # this node has webhooks configured (told to peers)
     stage_failures: dict[str, int] | None = None  # tick stage -> failures since start
+    stack_dumps: int = -1  # py-spy runs since start (-1: not counted, an old view)
