@@ -34,7 +34,7 @@ NAME = re.compile(r"rank(-?\d{1,9})-pid(\d{1,9})" + re.escape(layout.FILE_SUFFIX
 # Reasons a file stays refused while it is unchanged: the bytes are not, and will
 # not become, a record of this reader's (a writer rewrites by creating anew).
 _FINAL = ("not a ddpwatch heartbeat record", "layout version", "truncated or resized",
-          "record claims uid", "not a regular file", "unreadable record")
+          "record claims uid", "not a regular file", "unreadable record", "field ")
 
 
 @dataclass
