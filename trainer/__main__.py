@@ -1,5 +1,5 @@
 import sys
 
-from ddpwatch.train import main
+from .train import main
 
 sys.exit(main())

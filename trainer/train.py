@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpwatch import data
-from ddpwatch import faults as faultlib
-from ddpwatch.dtype import choose_dtype, cpu_flags, cuda_capability, resolve_device
-from ddpwatch.model import GPT, GPTConfig, param_breakdown
+from . import data
+from . import faults as faultlib
+from .dtype import choose_dtype, cpu_flags, cuda_capability, resolve_device
+from .model import GPT, GPTConfig, param_breakdown
 
 # -----------------------------------------------------------------------------
 # default config values
