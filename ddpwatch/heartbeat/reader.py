@@ -55,7 +55,7 @@ def attempt_reader():
     return lambda mem: in_c(mem, layout.SEQ_OFFSET, layout.RECORD_SIZE)
 
 
-def read_consistent(mem, read_once=None) -> bytes | None:
+def read_consistent(mem, read_once=None, patience_s: float = BUSY_PATIENCE_S) -> bytes | None:
     """Seqlock read of a record (a buffer, or a file descriptor with
     `pread_once`): a copy taken while seq stayed even and unchanged, or None if
     the writer kept it busy throughout."""
@@ -71,7 +71,7 @@ def read_consistent(mem, read_once=None) -> bytes | None:
             os.sched_yield()  # let a writer on this core finish its publish
         if attempt >= READ_RETRIES:
             now = time.monotonic()
-            give_up = give_up or now + BUSY_PATIENCE_S
+            give_up = give_up or now + patience_s
             if now >= give_up:
                 return None
             time.sleep(0.001)
@@ -94,15 +94,19 @@ def pread_once(fd: int) -> bytes | None:
     if len(data) != layout.RECORD_SIZE:
         raise layout.LayoutError(f"truncated while read: {len(data)} bytes, a record has "
                                  f"{layout.RECORD_SIZE}")
-    if os.pread(fd, layout.SEQ.size, layout.SEQ_OFFSET) != head:
-        return None
-    return data
+    after = os.pread(fd, layout.SEQ.size, layout.SEQ_OFFSET)
+    if len(after) != layout.SEQ.size:
+        raise layout.LayoutError("truncated while read")
+    return data if after == head else None
 
 
-def read_file(path: str, read_once=None) -> layout.Record | Skipped:
+def read_file(path: str, read_once=None, patience_s: float = BUSY_PATIENCE_S,
+              ) -> layout.Record | Skipped:
     """Read one record file consistently; any problem becomes a Skipped.
     (`read_once` is accepted for old callers and ignored: files are read with
-    pread, never mapped.)"""
+    pread, never mapped.) `patience_s`: how long to wait out a writer that keeps
+    the record busy (a caller reading many files gives each a share of a budget:
+    a file whose owner flips its seq forever must not hold up the rest)."""
     try:
         # O_NONBLOCK: a FIFO planted under a record's name must not hang the reader.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -120,7 +124,7 @@ def read_file(path: str, read_once=None) -> layout.Record | Skipped:
         except layout.LayoutError as err:
             return Skipped(path, str(err))
         try:
-            data = read_consistent(fd, pread_once)
+            data = read_consistent(fd, pread_once, patience_s)
         except layout.LayoutError as err:
             return Skipped(path, str(err))
         if data is None:

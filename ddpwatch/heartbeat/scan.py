@@ -33,14 +33,14 @@ MAX_READS_PER_TICK = 1024
 NAME = re.compile(r"rank(-?\d{1,9})-pid(\d{1,9})" + re.escape(layout.FILE_SUFFIX) + r"\Z")
 # Reasons a file stays refused while it is unchanged: the bytes are not, and will
 # not become, a record of this reader's (a writer rewrites by creating anew).
-_FINAL = ("not a ddpwatch heartbeat record", "layout version", "truncated or resized",
+_FINAL = ("not a ddpwatch heartbeat record", "layout version", "truncated",
           "record claims uid", "not a regular file", "unreadable record", "field ")
 
 
 @dataclass
 class ScanState:
     """What a caller scanning every tick keeps between scans."""
-    listings: dict = field(default_factory=dict)   # dir -> (dir identity, names)
+    listings: dict = field(default_factory=dict)   # dir -> (dir identity, Listing)
     refused: dict = field(default_factory=dict)    # path -> (file identity, Skipped)
 
 
@@ -48,42 +48,53 @@ def identity(st: os.stat_result) -> tuple:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _names(directory: str, state: ScanState | None) -> list[str]:
+@dataclass(frozen=True)
+class Listing:
+    """A directory's record file names, sorted, each with the pid its name
+    gives (None if it is not named like a record): parsed once per listing."""
+    names: tuple[str, ...] = ()
+    pids: tuple[int | None, ...] = ()
+
+
+def _pid(name: str) -> int | None:
+    m = NAME.match(name)
+    return int(m.group(2)) if m else None
+
+
+def _names(directory: str, state: ScanState | None) -> Listing:
     try:
         st = os.stat(directory)
     except OSError:
-        return []
+        return Listing()
     if not stat.S_ISDIR(st.st_mode):
-        return []
+        return Listing()
     key = identity(st)
     if state is not None:
         cached = state.listings.get(directory)
         if cached is not None and cached[0] == key:
             return cached[1]
     try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(layout.FILE_SUFFIX))
+        names = tuple(sorted(n for n in os.listdir(directory) if n.endswith(layout.FILE_SUFFIX)))
     except OSError:
-        return []
+        return Listing()
+    listing = Listing(names, tuple(_pid(n) for n in names))
     if state is not None:
-        state.listings[directory] = (key, names)
-    return names
+        state.listings[directory] = (key, listing)
+    return listing
 
 
-def _priority(name: str, live: frozenset | None) -> int:
-    """0: named for a running pid; 1: a record's name; 2: anything else."""
-    m = NAME.match(name)
-    if m is None:
-        return 2
-    return 0 if live is not None and int(m.group(2)) in live else 1
-
-
-def choose(names: list[str], live: frozenset | None, limit: int) -> tuple[list[str], int]:
-    """The names to look at (at most `limit`, live pids first, else by name) and
-    how many were left out."""
+def choose(listing: Listing, live: frozenset | None, limit: int) -> tuple[list[str], int]:
+    """The names to look at (at most `limit`: named for a running pid first, then
+    named like a record, then the rest, each by name) and how many were left out.
+    One pass with set lookups: this runs every tick over every name."""
+    names = listing.names
     if len(names) <= limit:
-        return names, 0
-    ranked = sorted(names, key=lambda n: (_priority(n, live), n))
-    return ranked[:limit], len(names) - limit
+        return list(names), 0
+    live = live or frozenset()
+    tiers: tuple[list, list, list] = ([], [], [])
+    for name, pid in zip(names, listing.pids):
+        tiers[2 if pid is None else 0 if pid in live else 1].append(name)
+    return (tiers[0] + tiers[1] + tiers[2])[:limit], len(names) - limit
 
 
 def scan(directories, state: ScanState | None = None, live: frozenset | None = None,
@@ -95,8 +106,8 @@ def scan(directories, state: ScanState | None = None, live: frozenset | None = N
     seen_paths = set()
     budget = reads
     for directory in directories:
-        names = _names(directory, state)
-        chosen, left_out = choose(names, live, per_dir)
+        listing = _names(directory, state)
+        chosen, left_out = choose(listing, live, per_dir)
         for name in chosen:
             path = os.path.join(directory, name)
             seen_paths.add(path)
@@ -125,7 +136,7 @@ def scan(directories, state: ScanState | None = None, live: frozenset | None = N
                     state.refused.pop(path, None)
             yield path, result
         if left_out:
-            yield directory, Skipped(directory, f"{left_out} of {len(names)} record files "
+            yield directory, Skipped(directory, f"{left_out} of {len(listing.names)} record files "
                                                 f"not examined this tick (at most {per_dir} "
                                                 f"per directory, {reads} reads per tick)")
     if state is not None:

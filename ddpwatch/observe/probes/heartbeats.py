@@ -4,10 +4,14 @@ record's process is still the one that wrote it (heartbeat/liveness.py).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from ...heartbeat import Record, Skipped, read_file
+from ...heartbeat.reader import BUSY_PATIENCE_S
 from ...heartbeat.scan import scan
+
+BUSY_BUDGET_S = 0.05
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import ProbeContext, register
@@ -28,6 +32,9 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
     live = frozenset(ctx.parents) if ctx.parents else None
     dirs = record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
     cached_dead, identities = {}, {}
+    # one budget for waiting out busy writers, over all files of this run: a
+    # legitimate writer is busy for microseconds, a hostile one forever
+    deadline = time.monotonic() + BUSY_BUDGET_S
 
     def reader(path):
         identity = identities[path] = _file_identity(path) if dead is not None else None
@@ -35,7 +42,8 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
         if cached is not None and cached[2] and identity is not None and cached[0] == identity:
             cached_dead[path] = True
             return cached[1]
-        return read_file(path)
+        return read_file(path, None, max(0.0, min(BUSY_PATIENCE_S,
+                                                  deadline - time.monotonic())))
 
     paths = []
     for path, result in scan(dirs, ctx.scan_state, live, reader):
