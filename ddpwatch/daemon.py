@@ -85,6 +85,7 @@ class Daemon:
         self._dumps_left = MAX_DUMPS_PER_TICK
         self._last_views: dict = {}  # owner key -> the last tick's JobView
         self._saved = None  # what incident_store last saved (a mark of it)
+        self._persist_error = ""
         # helper programs found once, by absolute path, not through PATH per call
         missing = [n for n, p in helpers.resolve_all().items() if p is None]
         if missing:
@@ -343,10 +344,14 @@ class Daemon:
                                             self._rank_heartbeat_dirs))
         except Exception as err:
             self.stage_failures["bundle"] += 1
-            log.warning("incident %s: evidence bundle not written (%s: %s); retried next "
-                        "tick", incident.id, type(err).__name__, err)
-            self.incidents.attach_bundle(incident.id, "", f"{type(err).__name__}: {err}")
+            error = f"{type(err).__name__}: {err}"
+            if error != incident.bundle_error:  # said once, not every tick of a full disk
+                log.warning("incident %s: evidence bundle not written (%s); retried each "
+                            "tick", incident.id, error)
+            self.incidents.attach_bundle(incident.id, "", error)
             return False
+        if incident.bundle_error:
+            log.info("incident %s: evidence bundle written at last: %s", incident.id, path)
         self.incidents.attach_bundle(incident.id, path)
         return True
 
@@ -364,9 +369,18 @@ class Daemon:
     def _persist(self) -> None:
         """Save the incidents when they changed (publish/incident_store.py)."""
         state, sending, mark = self._state_mark()
-        if mark != self._saved:
+        if mark == self._saved:
+            return
+        try:
             incident_store.save(self.config.effective_state_dir(), state, sending)
-            self._saved = mark
+        except OSError as err:  # a full disk, say: tried again next tick
+            self.stage_failures["persist"] += 1
+            if str(err) != self._persist_error:
+                log.warning("incidents not saved to %s (%s); retried each tick",
+                            self.config.effective_state_dir(), err)
+            self._persist_error = str(err)
+            return
+        self._saved, self._persist_error = mark, ""
 
     def _state_mark(self):
         state = self.incidents.state()

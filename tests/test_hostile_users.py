@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -302,3 +303,52 @@ def test_sigkill_and_restart_resolve_the_same_incident_without_a_second_page(
     for run in (first_run, daemon.job):
         assert "Traceback" not in run.output()
     assert get(daemon.url + "/readyz")[0] == 200
+
+
+def test_a_full_disk_leaves_the_incident_without_bundle_said_and_retried(
+        start_job, tmp_path, hb_dir, need_py_spy):
+    """The state directory on a 1 MiB tmpfs, filled: the incident opens all the
+    same, says why it has no bundle (/status, /metrics), and gets its bundle
+    once there is room again."""
+    need(os.geteuid() == 0 and shutil.which("mount") is not None, "needs root to mount a tmpfs")
+    state = tmp_path / "state"
+    state.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs",
+                           str(state)], capture_output=True, text=True)
+    need(done.returncode == 0, f"cannot mount a tmpfs: {done.stderr}")
+    try:
+        filler = state / "filler"
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        daemon = DaemonRun(start_job, tmp_path, hb_dir, {"resolve_after_s": 2})
+        trainer = trainer_job(start_job)
+        healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"]
+                                      == "healthy" else None)(our_status(daemon, trainer)), 240,
+                             what="healthy job")
+        key = healthy["key"]
+        os.kill(rank_pid(healthy, 1), signal.SIGSTOP)
+        incident = wait_until(lambda: next((i for i in daemon.status()["incidents"]
+                                            if i["job"] == key and i["bundle_error"]), None), 60,
+                              what="an incident without bundle")
+        assert incident["bundle"] == "" and "No space left" in incident["bundle_error"]
+        text = daemon.metrics()
+        assert f'ddpwatch_incidents_without_bundle{{ddp_job="{key}"}} 1.0' in text
+        failed = [v for n, labels, v in samples(text) if n == "ddpwatch_stage_failures_total"
+                  and labels == '{stage="bundle"}']
+        assert failed and failed[0] >= 1
+        assert daemon.status()["stage_failures"]["bundle"] >= 1
+        os.unlink(filler)
+        written = wait_until(lambda: next((i for i in daemon.status()["incidents"]
+                                           if i["id"] == incident["id"] and i["bundle"]), None),
+                             30, what="the bundle, retried")
+        assert written["bundle_error"] == "" and os.path.isdir(written["bundle"])
+        assert "ddpwatch_incidents_without_bundle" not in daemon.metrics()
+        wait_until(lambda: (state / "incidents.json").exists(), 10, what="incidents saved")
+        assert "Traceback" not in daemon.job.output()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], capture_output=True)
