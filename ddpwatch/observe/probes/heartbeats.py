@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from ...heartbeat import Record, Skipped, read_file
 from ...heartbeat.reader import BUSY_PATIENCE_S
 from ...heartbeat.scan import scan
-
-BUSY_BUDGET_S = 0.05
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import ProbeContext, register
+
+# One budget per run for waiting out busy writers, over all files (reader.py)
+BUSY_BUDGET_S = 0.05
+
 
 @dataclass(frozen=True)
 class HeartbeatObs:
