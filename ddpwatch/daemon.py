@@ -14,11 +14,12 @@ import socket
 import time
 
 from .judge import classify, rules as rules_mod, vocabulary
-from .observe import discovery
+from .observe import discovery, helpers
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import rewrite_page, write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
+from .publish import incident_store
 from .publish.incidents import IncidentBook
 from .observe.probes import Look, ProbeContext
 from .observe.sampler import Sampler
@@ -61,6 +62,29 @@ class Daemon:
         # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
         self.stacks_requested = False
         self.stage_failures: dict[str, int] = collections.Counter()
+        self._last_views: dict = {}  # owner key -> the last tick's JobView
+        self._saved = None  # what incident_store last saved (a mark of it)
+        self._persist_error = ""
+        # helper programs found once, by absolute path, not through PATH per call
+        missing = [n for n, p in helpers.resolve_all().items() if p is None]
+        if missing:
+            log.warning("not found: %s (the probes that run them report it)",
+                        ", ".join(missing))
+        self._resume()
+
+    def _resume(self) -> None:
+        """Take up the incidents a previous daemon left in the state directory."""
+        counter, open_, resolved, sending = incident_store.load(
+            self.config.effective_state_dir())
+        open_ = {k: i for k, i in open_.items() if i.owner == k}  # ours, or not used
+        self.incidents.restore(counter, open_, resolved)
+        self.alert_route.resume({i: j for i, j in sending.items()
+                                 if any(inc.id == i for inc in open_.values())})
+        self._saved = self._state_mark()[2]  # nothing new to write yet
+        if open_:
+            log.warning("resumed %d open incident(s) from %s: %s", len(open_),
+                        incident_store.path_in(self.config.effective_state_dir()),
+                        ", ".join(sorted(i.id for i in open_.values())))
 
     def _probe_context(self, config: Config) -> ProbeContext:
         return ProbeContext(heartbeat_dir=config.heartbeat_dir or None, clock=self.clock,
@@ -89,13 +113,24 @@ class Daemon:
         jobs = self._guard("discovery", lambda: self._discover(statuses), [])
         requested, self.stacks_requested = self.stacks_requested, False
         self._requested_now = requested
-        views = []
+        # Jobs are who owns them (uid, launcher); a run id is only their label
+        # (two users' jobs may claim one: issue 14)
+        table = self._survey.table if self._survey is not None else {}
+        views, owners = [], {}
+        labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
         for job in jobs:
-            view = self._guard("judge", lambda: self._judge_job(job, statuses), None)
+            owner = discovery.owner_key(job, table)
+            label = labels.get(owner) or discovery.job_key(job)
+            view = self._guard("judge", lambda: self._judge_job(job, statuses, owner, label),
+                               None)
             if view is not None:
                 views.append(view)
-        self._forget_vanished({v.key for v in views})
-        self._guard("incidents", lambda: self._incidents(views), None)
+                owners[owner] = view
+        self._forget_vanished(set(owners))
+        self._last_views = owners
+        self._guard("incidents", lambda: self._incidents(owners), None)
+        self._guard("bundle", self._retry_bundles, None)
+        self._guard("persist", self._persist, None)
         self._tick += 1
         views.sort(key=lambda v: (vocabulary.SEVERITY.index(v.judgement.job.verdict), v.key))
         self.view = DaemonView(
@@ -107,7 +142,8 @@ class Daemon:
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
             alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())),
-            webhooks=self.dispatcher is not None)
+            webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
+            stack_dumps=self.sampler.stack_dumps)
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -130,14 +166,15 @@ class Daemon:
             history.popleft()
         return history[0], history[-1]
 
-    def _judge_job(self, job, statuses) -> JobView:
+    def _judge_job(self, job, statuses, key: str, label: str) -> JobView:
         """Glance at a job that was healthy, look in detail at one that was not (or
-        is not any more), and closer still (stacks) on suspicion or on request."""
-        key = discovery.job_key(job)
+        is not any more), and closer still (stacks) on suspicion or on request.
+        `key`: who the job is (discovery.owner_key), for the daemon's books;
+        `label`: what it is called (the run id), for people, metrics and peers."""
         first_seen = self._first_seen.setdefault(key, self.clock())
         detailed = self._verdicts.get(key) != "healthy" or self._requested_now
         # the peer view: this job's ranks on other nodes, as their daemons see them
-        remote = self.peers.remote_signals(key) if self.peers else ()
+        remote = self.peers.remote_signals(label) if self.peers else ()
 
         def sample(look):
             snap = self.sampler.sample(job, self._survey, look, key)
@@ -160,7 +197,7 @@ class Daemon:
             statuses.extend(closer.probes[len(last.probes):])
             last = self._history[key][-1] = closer
             judgement, remote = self._judge(key, (first, last), remote)
-        return JobView(key, judgement, last)
+        return JobView(label, judgement, last)
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
         """(judgement, the remote signals it used). A peer's answer that breaks the
@@ -183,23 +220,18 @@ class Daemon:
             self._first_seen.pop(key, None)
         self.sampler.forget(gone)
 
-    def _incidents(self, views: list) -> None:
-        verdicts = {v.key: (v.judgement.job.verdict, v.judgement.job.culprits,
-                            v.judgement.job.summary) for v in views}
-        by_key = {v.key: v for v in views}
+    def _incidents(self, by_key: dict) -> None:
+        """by_key: owner key -> this tick's JobView."""
+        verdicts = {k: (v.judgement.job.verdict, v.judgement.job.culprits,
+                        v.judgement.job.summary) for k, v in by_key.items()}
+        labels = {k: v.key for k, v in by_key.items()}
         news = set()  # incidents opened or changed this tick
-        for event in self.incidents.update(verdicts, time.time()):
+        for event in self.incidents.update(verdicts, time.time(), labels):
             incident = event.incident
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
                         incident.verdict, list(incident.culprits))
             if event.kind in ("opened", "changed"):
-                view = by_key[incident.job]
-                path = self._guard("bundle", lambda: write_bundle(
-                    self.config.effective_state_dir(), incident, view, self._history[view.key],
-                    record_dirs(self.config.heartbeat_dir or None, self._survey.record_dirs)),
-                    "")
-                if path:
-                    self.incidents.attach_bundle(incident.id, path)
+                self._write_bundle(incident, by_key[incident.owner])
             elif incident.bundle:  # resolved: the page says when and how
                 self._guard("bundle", lambda: rewrite_page(incident.bundle, incident), "")
             if event.kind != "resolved":
@@ -211,7 +243,7 @@ class Daemon:
         claims = self.peers.claims() if self.peers else {}
         mute = self.peers.without_webhooks() if self.peers else frozenset()
         for incident in self.incidents.open():
-            view = by_key.get(incident.job)
+            view = by_key.get(incident.owner)
             owner = owner_node(view.judgement.ranks if view else (), self.node, mute)
             was_sending = self.alert_route.sending(incident.id)
             if self.alert_route.route(incident.id, incident.job, owner, self.node, claims,
@@ -225,6 +257,61 @@ class Daemon:
                          f"{self.alert_route.grace_s:g}s, else from this node")
             self.incidents.set_alerts_from(incident.id,
                                            self.alert_route.alerts_from(incident.id, self.node))
+
+    def _write_bundle(self, incident, view) -> bool:
+        """Write the incident's evidence; on failure (a full disk) the incident
+        says why in `bundle_error` and _retry_bundles tries again next tick."""
+        try:
+            path = write_bundle(self.config.effective_state_dir(), incident, view,
+                                self._history[incident.owner],
+                                record_dirs(self.config.heartbeat_dir or None,
+                                            self._survey.record_dirs))
+        except Exception as err:
+            self.stage_failures["bundle"] += 1
+            error = f"{type(err).__name__}: {err}"
+            if error != incident.bundle_error:  # said once, not every tick of a full disk
+                log.warning("incident %s: evidence bundle not written (%s); retried each "
+                            "tick", incident.id, error)
+            self.incidents.attach_bundle(incident.id, "", error)
+            return False
+        if incident.bundle_error:
+            log.info("incident %s: evidence bundle written at last: %s", incident.id, path)
+        self.incidents.attach_bundle(incident.id, path)
+        return True
+
+    def _retry_bundles(self) -> None:
+        """Open incidents whose bundle could not be written, while their job is
+        still here to be written about (its snapshots are the evidence)."""
+        for incident in self.incidents.open():
+            view = self.view_of(incident.owner)
+            if not incident.bundle and incident.bundle_error and view is not None:
+                self._write_bundle(incident, view)
+
+    def view_of(self, owner: str):
+        return self._last_views.get(owner)
+
+    def _persist(self) -> None:
+        """Save the incidents when they changed (publish/incident_store.py)."""
+        state, sending, mark = self._state_mark()
+        if mark == self._saved:
+            return
+        try:
+            incident_store.save(self.config.effective_state_dir(), state, sending)
+        except OSError as err:  # a full disk, say: tried again next tick
+            self.stage_failures["persist"] += 1
+            if str(err) != self._persist_error:
+                log.warning("incidents not saved to %s (%s); retried each tick",
+                            self.config.effective_state_dir(), err)
+            self._persist_error = str(err)
+            return
+        self._saved, self._persist_error = mark, ""
+
+    def _state_mark(self):
+        state = self.incidents.state()
+        sending = self.alert_route.sent_from_here()
+        return state, sending, (state["counter"], tuple(sorted(state["open"].items())),
+                                tuple(i.id for i in state["resolved"]),
+                                tuple(sorted(sending.items())))
 
     def _send(self, incident) -> None:
         if self.dispatcher is not None:

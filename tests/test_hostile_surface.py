@@ -119,8 +119,8 @@ def test_start_with_a_bad_file_exits_78_naming_file_and_line(tmp_path, name, con
 
 
 def test_sighup_with_each_bad_file_keeps_the_running_config(start_job, tmp_path, hb_dir,
-                                                             receiver):
-    hook = receiver()
+                                                             receivers):
+    hook = receivers()
     port = hook.url.rsplit(":", 1)[1].split("/")[0]
     good = {"token": TOKEN, "tick_s": 0.5,
             "webhooks": [{"type": "generic", "secret": WHSEC,

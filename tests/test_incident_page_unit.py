@@ -21,6 +21,7 @@ from ddpwatch.config import load as load_config
 from ddpwatch.errors import ConfigError
 from ddpwatch.judge import classify, rules as rules_mod
 from ddpwatch.observe import snapshot
+from ddpwatch.publish.incidents import safe_name
 from ddpwatch.publish import bundle, page, report
 from ddpwatch.publish.alerts import Alert, alertmanager, generic, slack
 from ddpwatch.publish.httpd import Server
@@ -198,7 +199,8 @@ def test_ranks_of_other_nodes_get_a_row_from_their_signals():
 def make_bundle(tmp_path, name="trainer_stop", run_id=None):
     judgement, history = judged(name)
     job_key = run_id or "127.0.0.1:1"
-    inc = Incident(f"{job_key}-1795365014-1", job_key, "open", judgement.job.verdict,
+    # ids are made as the IncidentBook makes them: the run id is a label, never a path
+    inc = Incident(f"{safe_name(job_key)}-1795365014-1", job_key, "open", judgement.job.verdict,
                    judgement.job.culprits, judgement.job.summary, 1795365010.0, 1795365014.0,
                    0.0, "")
     view = JobView(job_key, judgement, history[-1])
@@ -254,7 +256,7 @@ def test_http_serves_list_and_page_under_the_token_rule(tmp_path):
         code, ctype, listing = get(base + "/incidents/", "t0ken")
         assert code == 200 and ctype.startswith("text/html")
         link = parse(listing).find(".//h:a", NS).get("href")
-        assert link == "/incidents/127.0.0.1%3A1-1795365014-1"
+        assert link == incident_path(inc.id) == f"/incidents/{inc.id}"  # ids are safe names
         code, _, html = get(base + link, "t0ken")
         assert code == 200 and 'data-culprits="1"' in html
         evidence = [a.get("href") for a in parse(html).findall(".//h:a", NS)]

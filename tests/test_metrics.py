@@ -193,6 +193,9 @@ def test_families_and_labels():
     assert value(m, "ddpwatch_incidents_opened_total", verdict="desync") == 0
     assert value(m, "ddpwatch_probe_success", probe="sockets") == 0
     assert value(m, "ddpwatch_probe_success", probe="process") == 1
+    # why a probe failed, not only that it did (issue 14)
+    assert value(m, "ddpwatch_probe_error_info", probe="sockets", reason="ss: boom") == 1
+    assert "process" not in {s.labels["probe"] for s in m["ddpwatch_probe_error_info"]}
     assert value(m, "ddpwatch_probe_duration_seconds", probe="process") == 0.007
     assert value(m, "ddpwatch_ticks_total") == 7
     assert value(m, "ddpwatch_tick_duration_seconds") == 0.05
@@ -207,7 +210,7 @@ def test_families_and_labels():
     # Bounded labels only: no pid, no socket peer, and never Prometheus's own `job`.
     allowed = {JOB, "rank", "local_rank", "host", "backend", "device_type", "compute_dtype",
                "torch_version", "data_fingerprint", "verdict", "role", "finding", "probe",
-               "version", "sink", "outcome", "peer"}
+               "version", "sink", "outcome", "peer", "reason", "stage"}
     assert {k for samples in m.values() for s in samples for k in s.labels} <= allowed
 
 

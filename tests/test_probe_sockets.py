@@ -154,8 +154,9 @@ def test_ss_failure_keeps_proc_fields(fake_ss, monkeypatch):
 
 
 def test_no_ss_fails_the_probe(monkeypatch):
-    real_which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda n: None if n == "ss" else real_which(n))
+    from ddpwatch.observe import helpers
+    real_path = helpers.path
+    monkeypatch.setattr(helpers, "path", lambda n: None if n == "ss" else real_path(n))
     result = run_probe("sockets", ProbeContext(procfs=PROC), (5072,))
     assert not result.ok and "ss" in result.error
 

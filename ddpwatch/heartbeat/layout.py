@@ -18,6 +18,7 @@ Layout version history:
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -235,18 +236,31 @@ def decode(buf: bytes) -> Record:
     ring = []
     for n in range(max(1, cseq - RING_SLOTS + 1), cseq + 1):
         rseq, rop, rbytes, rstart, rend = RING_SLOT.unpack_from(buf, ring_offset(n))
-        if rseq == n:  # slots of collectives still outstanding hold older entries
+        if rseq == n and math.isfinite(rstart) and math.isfinite(rend):
+            # slots of collectives still outstanding hold older entries
             ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
     phase = progress.pop("phase")
     progress["op"] = _op_name(progress["op"])
+    # The bytes are another user's: a time that is no number would reach every
+    # subtraction, metric and JSON document downstream. A writer never makes one.
+    for name in ("started_at", "started_wall"):
+        _finite(name, h[8 if name == "started_at" else 9])
+    for name, value in progress.items():
+        if isinstance(value, float):
+            _finite(name, value)
     return Record(
         pid=h[3], rank=h[4], local_rank=h[5], world_size=h[6], uid=h[7], started_at=h[8],
         started_wall=h[9], run_id=_text(h[10]), hostname=_text(h[11]),
         torch_version=_text(h[12]), backend=_text(h[13]), device_type=_text(h[14]),
         compute_dtype=_text(h[15]), data_fingerprint=_text(h[16]), data_batches=h[17],
         data_shards=h[18], seq=seq,
-        phase=Phase.NAMES[phase] if phase < len(Phase.NAMES) else f"phase{phase}",
+        phase=Phase.NAMES[phase] if 0 <= phase < len(Phase.NAMES) else f"phase{phase}",
         ring=tuple(ring), **progress)
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise LayoutError(f"field {name} is {value!r}, not a finite number")
 
 
 def ring_offset(collective_seq: int) -> int:

@@ -2,8 +2,14 @@
 
 A record outlives its process (that is how a killed rank is noticed), and pids
 are reused, so "alive" means: a process with that pid exists *and* it started
-no later than the record was created. Shared by the daemon's heartbeat probe
-and the writer's pruning of old records (retention.py).
+no later than the record was created, *and* it belongs to the record's user.
+Shared by the daemon's heartbeat probe and the writer's pruning of old records
+(retention.py).
+
+The owner check is what keeps a forged record from naming someone else's
+process (issue 14: a user's `rank1-pid<N>.hb` naming root's `sleep` made it a
+rank, and py-spy attached to it every 5 s). The reader has already checked that
+the record's uid is its file's owner; here the process must be that uid's too.
 """
 from __future__ import annotations
 
@@ -19,10 +25,13 @@ def record_alive(record: Record, procfs: str = "/proc") -> bool:
     try:
         with open(f"{procfs}/{record.pid}/stat") as f:
             text = f.read()
+            owner = os.fstat(f.fileno()).st_uid  # /proc/PID/* belong to the process's uid
         # The command name may hold spaces and ')': fields follow the last ')'.
         started = int(text[text.rindex(")") + 2:].split()[19]) / _CLK_TCK
     except (OSError, IndexError, ValueError):
         return False
+    if owner != record.uid:
+        return False  # not this user's process, whatever the record says
     return wrote(record, started, suspended_s(), time.time() - time.clock_gettime(
         time.CLOCK_BOOTTIME))
 

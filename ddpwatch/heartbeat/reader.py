@@ -3,10 +3,15 @@
 A record file that is truncated, from another layout version, garbage, or owned
 by someone other than its process is *skipped with a reason* (the caller shows
 or counts it); it never raises out of `read_dir`.
+
+Record files belong to other users: they are read with pread(2) into a buffer
+of our own, never mapped. A mapping of a file its owner can truncate is a
+SIGBUS waiting to happen (issue 14: a user shrinking their record after the
+size check killed the root daemon with "Fatal Python error: Bus error"); a
+pread of a shrunk file just returns fewer bytes, which the layout check refuses.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import time
@@ -50,9 +55,10 @@ def attempt_reader():
     return lambda mem: in_c(mem, layout.SEQ_OFFSET, layout.RECORD_SIZE)
 
 
-def read_consistent(mem, read_once=None) -> bytes | None:
-    """Seqlock read of a mapped record: a copy taken while seq stayed even and
-    unchanged, or None if the writer kept it busy throughout."""
+def read_consistent(mem, read_once=None, patience_s: float = BUSY_PATIENCE_S) -> bytes | None:
+    """Seqlock read of a record (a buffer, or a file descriptor with
+    `pread_once`): a copy taken while seq stayed even and unchanged, or None if
+    the writer kept it busy throughout."""
     read_once = read_once or attempt_reader()
     give_up = None
     attempt = 0
@@ -65,14 +71,42 @@ def read_consistent(mem, read_once=None) -> bytes | None:
             os.sched_yield()  # let a writer on this core finish its publish
         if attempt >= READ_RETRIES:
             now = time.monotonic()
-            give_up = give_up or now + BUSY_PATIENCE_S
+            give_up = give_up or now + patience_s
             if now >= give_up:
                 return None
             time.sleep(0.001)
 
 
-def read_file(path: str, read_once=None) -> layout.Record | Skipped:
-    """Read one record file consistently; any problem becomes a Skipped."""
+def pread_once(fd: int) -> bytes | None:
+    """One seqlock read attempt through the file: seq, the whole record, seq
+    again, each its own pread. Each pread is a separate kernel copy made in
+    program order, so an even seq unchanged around the bulk copy means no
+    publish overlapped it (the writer's release stores are ordered by
+    _hotpath.c, or by x86's total store order in the Python writer). A file
+    shorter than a record gives None via the length check, never a fault."""
+    head = os.pread(fd, layout.SEQ.size, layout.SEQ_OFFSET)
+    if len(head) != layout.SEQ.size:
+        raise layout.LayoutError("truncated while read")
+    (before,) = layout.SEQ.unpack(head)
+    if not before or before & 1:
+        return None
+    data = os.pread(fd, layout.RECORD_SIZE, 0)
+    if len(data) != layout.RECORD_SIZE:
+        raise layout.LayoutError(f"truncated while read: {len(data)} bytes, a record has "
+                                 f"{layout.RECORD_SIZE}")
+    after = os.pread(fd, layout.SEQ.size, layout.SEQ_OFFSET)
+    if len(after) != layout.SEQ.size:
+        raise layout.LayoutError("truncated while read")
+    return data if after == head else None
+
+
+def read_file(path: str, read_once=None, patience_s: float = BUSY_PATIENCE_S,
+              ) -> layout.Record | Skipped:
+    """Read one record file consistently; any problem becomes a Skipped.
+    (`read_once` is accepted for old callers and ignored: files are read with
+    pread, never mapped.) `patience_s`: how long to wait out a writer that keeps
+    the record busy (a caller reading many files gives each a share of a budget:
+    a file whose owner flips its seq forever must not hold up the rest)."""
     try:
         # O_NONBLOCK: a FIFO planted under a record's name must not hang the reader.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -89,8 +123,10 @@ def read_file(path: str, read_once=None) -> layout.Record | Skipped:
                                  else os.pread(fd, layout.RECORD_SIZE, 0))
         except layout.LayoutError as err:
             return Skipped(path, str(err))
-        with mmap.mmap(fd, layout.RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mem:
-            data = read_consistent(mem, read_once)
+        try:
+            data = read_consistent(fd, pread_once, patience_s)
+        except layout.LayoutError as err:
+            return Skipped(path, str(err))
         if data is None:
             return Skipped(path, "record kept changing while read (writer busy); try again")
         try:

@@ -11,7 +11,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .probes.process import parse_cmdline, parse_environ, parse_stat, torchrun_args
+from .probes.process import CLK_TCK, parse_cmdline, parse_environ, parse_stat, torchrun_args
 from .snapshot import Job
 
 
@@ -21,6 +21,8 @@ class ProcInfo:
     ppid: int
     cmdline: tuple[str, ...]
     env: dict[str, str]
+    uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
+    start: int = -1   # start time after boot, clock ticks (with pid: who it is)
 
 
 def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
@@ -40,6 +42,7 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
         try:
             with open(f"{procfs}/{pid}/stat") as f:
                 stat_fields = parse_stat(f.read())
+                uid = os.fstat(f.fileno()).st_uid
             ppid = stat_fields.ppid
             key = None
             if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
@@ -54,11 +57,18 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
             continue
         if key is not None:
             seen.add(key)
-        table[pid] = ProcInfo(pid, ppid, cmdline, env)
+        table[pid] = ProcInfo(pid, ppid, cmdline, env, uid, round(stat_fields.start_time_s * CLK_TCK))
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]
     return table
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return -1
 
 
 CACHE_AFTER_S = 2.0
@@ -190,8 +200,9 @@ def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list
     key = (me.env.get("MASTER_ADDR"), me.env.get("MASTER_PORT"), me.env.get("WORLD_SIZE"))
     if None in key:
         return []
+    # Another user's processes are never this job's, whatever their environment says.
     return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
-            and (p.env.get("MASTER_ADDR"), p.env.get("MASTER_PORT"),
+            and p.uid == me.uid and (p.env.get("MASTER_ADDR"), p.env.get("MASTER_PORT"),
                  p.env.get("WORLD_SIZE")) == key]
 
 
@@ -215,9 +226,44 @@ def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
     return jobs
 
 
+MAX_LABEL = 128
+
+
 def job_key(job: Job) -> str:
-    """A stable, bounded label for a job ("none" is torchrun's default run id)."""
+    """A stable, bounded label for a job ("none" is torchrun's default run id).
+    A label, never a path or a key that tells jobs apart: the run id is whatever
+    the job's owner put in its environment (owner_key tells jobs apart)."""
     if job.run_id and job.run_id != "none":
-        return job.run_id
+        return "".join(c if c.isprintable() else "?" for c in job.run_id[:MAX_LABEL])
     anchor = job.launcher_pid if job.launcher_pid > 0 else min(job.rank_pids, default=job.target_pid)
     return f"pid{anchor}"
+
+
+def owner_key(job: Job, table: dict[int, ProcInfo]) -> str:
+    """Who a job is, for the daemon's own books: the uid, pid and start time of
+    its launcher (else its first rank). Two users' jobs with one run id never
+    share it (issue 14: a second user's process with a stopped job's run id
+    hid that job's incident), and it stays the same across a daemon restart."""
+    anchor = job.launcher_pid if job.launcher_pid > 0 else min(job.rank_pids,
+                                                               default=job.target_pid)
+    info = table.get(anchor)
+    uid, start = (info.uid, info.start) if info is not None else (-1, -1)
+    return f"u{uid}.p{anchor}.s{start}"
+
+
+def labels(jobs: list[Job], table: dict[int, ProcInfo]) -> dict[str, str]:
+    """owner_key -> the job's label (job_key), each label used once: jobs that
+    share a run id keep it in order of start (the oldest keeps it bare, the
+    others get "@<owner key>"), so /metrics never holds two series with the
+    same labels and the first job keeps the name its other nodes know it by."""
+    keyed = sorted(((owner_key(j, table), job_key(j)) for j in jobs),
+                   key=lambda kl: (_start_of(kl[0]), kl[0]))
+    out, taken = {}, set()
+    for owner, label in keyed:
+        out[owner] = label if label not in taken else f"{label}@{owner}"
+        taken.add(out[owner])
+    return out
+
+
+def _start_of(owner: str) -> int:
+    return _int(owner.rsplit(".s", 1)[-1])

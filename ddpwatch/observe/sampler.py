@@ -15,12 +15,18 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..heartbeat.scan import ScanState
 from . import discovery
 from .probes import REGISTRY, Look, ProbeContext, load_all, run_probe
 from .probes.traffic import for_ports, local_ports, open_capture
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
 HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
+# py-spy runs one pass may start, over all jobs (a person's request excepted):
+# every local user can start processes that look like suspicious ranks, and
+# each would cost a py-spy run every stacks_min_interval_s (issue 14: 65 runs per
+# 10 s). Jobs past the budget get theirs on a later pass.
+MAX_DUMPS_PER_PASS = 8
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class Sampler:
         self._dead_records: dict | None = {} if keep_caches else None
         self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
         self._host, self._host_at = None, -1e18
+        self._scan_state = ScanState()  # record directories' listings, refused files
+        self._dumps_left = MAX_DUMPS_PER_PASS
+        self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
         # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): still_current
         self._stacks: dict[str, tuple[float, object, dict]] = {}
 
@@ -92,10 +101,13 @@ class Sampler:
     # --- the node --------------------------------------------------------------------
     def survey(self) -> Survey:
         ctx, statuses = self.ctx, []
+        self._dumps_left = MAX_DUMPS_PER_PASS
         table = discovery.read_table(ctx.procfs, self._exec_cache)
         named = discovery.heartbeat_dirs(table, ctx.procfs)
         hb = run_probe("heartbeats", dataclasses.replace(
-            ctx, rank_heartbeat_dirs=named, dead_records=self._dead_records), ())
+            ctx, rank_heartbeat_dirs=named, dead_records=self._dead_records,
+            scan_state=self._scan_state, parents={pid: info.ppid for pid, info in table.items()}),
+            ())
         statuses.append(status_of(hb))
         traffic = None
         if self._capture is not None:  # drained every pass: packets carry their own times
@@ -171,10 +183,14 @@ class Sampler:
     def _stacks_of(self, ctx, pids, survey, key, force, results):
         now = progress_of(survey.heartbeats)
         taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
-        if force or self.ctx.clock() - taken >= self.stacks_min_interval_s:
+        due = self.ctx.clock() - taken >= self.stacks_min_interval_s
+        if force or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
             result = run_probe("stacks", ctx, pids)
             results.append(result)
             if result.ok:
+                runs = sum(p.status in ("ok", "error") for p in result.data.pids)
+                self.stack_dumps += runs
+                self._dumps_left -= runs
                 self._stacks[key] = (self.ctx.clock(), result.data, now)
                 return result.data
         return still_current(stacks, then, now) if stacks is not None else None

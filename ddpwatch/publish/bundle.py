@@ -22,14 +22,22 @@ from ..heartbeat.paths import record_path
 log = logging.getLogger("ddpwatch")
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}\Z")
+
+
 def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[str, ...]) -> str:
     """state_dir/incidents/<id>/ (rewritten if the incident's judgement changes):
     report.json (verdicts, evidence), snapshots.json
     (everything observed: processes, sockets, stacks, heartbeat rings), records/
     (the ranks' raw heartbeat files, found in `heartbeat_dirs`), report.html (the
     page, publish/page.py). Returns the directory."""
+    if not SAFE_NAME.match(incident.id):
+        # ids are made by incidents.safe_name; anything else is a bug, not a path
+        raise ValueError(f"incident id {incident.id!r} is not a safe directory name")
     root = os.path.join(state_dir, "incidents")
     os.makedirs(root, mode=0o700, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(root).st_mode):  # a symlink planted there: not followed
+        raise NotADirectoryError(f"{root} is not a directory")
     final = os.path.join(root, dir_name(incident.id))
     incident = dataclasses.replace(incident, bundle=final)
     work = tempfile.mkdtemp(prefix=".tmp-", dir=root)

@@ -65,7 +65,10 @@ def status_document(view) -> dict:
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__, "job": first["job"], "ranks": first["ranks"], "jobs": jobs,
             "incidents": [to_json(i) for i in view.incidents],
-            "peers": [to_json(p) for p in view.peers]}
+            "peers": [to_json(p) for p in view.peers],
+            # why the daemon may be blind or behind (issue 14): failed stages, probe errors
+            "stage_failures": dict(view.stage_failures or {}),
+            "probe_errors": {p.name: p.error for p in view.probes if not p.ok}}
 
 
 class Server:

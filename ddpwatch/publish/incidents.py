@@ -4,6 +4,8 @@ for the events it returns."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 from dataclasses import dataclass
 
 from ..judge.vocabulary import CALM, OPEN_AFTER_S  # which verdicts page, and when
@@ -53,9 +55,11 @@ class IncidentBook:
         self._open_after_s = {**OPEN_AFTER_S, **(overrides or {})}
 
     def update(self, verdicts: dict[str, tuple[str, tuple[int, ...], str]], now: float,
-               ) -> list[Event]:
+               labels: dict[str, str] | None = None) -> list[Event]:
         """verdicts: job key -> (job verdict, culprits, summary), for jobs seen this tick.
-        A job that vanished counts as calm (its processes are gone)."""
+        A job that vanished counts as calm (its processes are gone). `labels`: job
+        key -> the label people see (the run id), when the key is not it."""
+        labels = labels or {}
         events = []
         for key, (verdict, culprits, summary) in verdicts.items():
             current = self._open.get(key)
@@ -70,8 +74,10 @@ class IncidentBook:
                 continue
             if current is None:
                 self._counter += 1
-                incident = Incident(f"{key}-{int(now)}-{self._counter}", key, IncidentState.OPEN,
-                                    verdict, culprits, summary, now, now, 0.0, "")
+                label = labels.get(key, key)
+                incident = Incident(f"{safe_name(label)}-{int(now)}-{self._counter}", label,
+                                    IncidentState.OPEN, verdict, culprits, summary, now, now,
+                                    0.0, "", owner=key)
                 self._open[key] = incident
                 self.opened_total[verdict] = self.opened_total.get(verdict, 0) + 1
                 events.append(Event("opened", incident))
@@ -101,8 +107,8 @@ class IncidentBook:
         self._resolved = [i for i in self._resolved if now - i.resolved_at < KEEP_RESOLVED_S]
         return events
 
-    def attach_bundle(self, incident_id: str, path: str) -> None:
-        self._amend(incident_id, bundle=path)
+    def attach_bundle(self, incident_id: str, path: str, error: str = "") -> None:
+        self._amend(incident_id, bundle=path, bundle_error=error)
 
     def set_alerts_from(self, incident_id: str, node: str) -> None:
         self._amend(incident_id, alerts_from=node)
@@ -117,3 +123,33 @@ class IncidentBook:
 
     def all(self) -> tuple[Incident, ...]:
         return tuple(self._open.values()) + tuple(self._resolved)
+
+    # --- across restarts (publish/incident_store.py keeps these on disk) -------
+    def state(self) -> dict:
+        return {"counter": self._counter, "open": dict(self._open),
+                "resolved": list(self._resolved)}
+
+    def restore(self, counter: int, open_: dict[str, Incident],
+                resolved: list[Incident]) -> None:
+        """Take up where a daemon that was killed left off: its open incidents
+        stay open under their ids (resolved here, once their job is calm or
+        gone) and are not opened again while the problem lasts."""
+        self._counter = max(self._counter, counter)
+        self._open.update(open_)
+        self._resolved = list(resolved) + self._resolved
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+MAX_NAME = 48
+
+
+def safe_name(label: str) -> str:
+    """A label made fit for a file name: letters, digits, '_', '.', '-' only, no
+    leading dot, no "..", at most MAX_NAME characters, and a short hash of the label when
+    anything was changed (so two labels never make one name). A run id is
+    whatever a job's owner wrote (issue 14: `../../../../tmp/x/L/pwn` made root
+    write a bundle through a symlink), so it is never a path."""
+    cleaned = _UNSAFE.sub("_", label).replace("..", "_").lstrip(".")[:MAX_NAME] or "job"
+    if cleaned != label:
+        cleaned = f"{cleaned[:MAX_NAME - 9]}_{hashlib.sha256(label.encode()).hexdigest()[:8]}"
+    return cleaned

@@ -19,6 +19,7 @@ seq or collective series; a rank whose /proc was unreadable has no CPU series.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -34,6 +35,7 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
+STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals")
 _R = (JOB, "rank")
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")
@@ -56,7 +58,21 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "suspicion (stacks) appear only in ticks that ran them.")),
     "ddpwatch_probe_duration_seconds": ("gauge", ("probe",), (
         "Time the probe took in the last tick (summed over its runs).")),
+    "ddpwatch_probe_error_info": ("gauge", ("probe", "reason"), (
+        "Why the probe failed in the last tick (its error with numbers as N, cut to 120 "
+        "characters), for each "
+        "probe with ddpwatch_probe_success 0; the value is always 1.")),
+    "ddpwatch_stage_failures_total": ("counter", ("stage",), (
+        "Tick stages that failed since the daemon started (logged, then the tick went on): "
+        "discovery, judge, incidents, bundle (evidence not written, retried), persist "
+        "(incidents not saved), alerts, peer_signals.")),
+    "ddpwatch_stack_dumps_total": ("counter", (), (
+        "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
+        "is not dumped).")),
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
+    "ddpwatch_incidents_without_bundle": ("gauge", (JOB,), (
+        "Open incidents whose evidence bundle could not be written yet (retried each tick; "
+        "/status says why under bundle_error).")),
     "ddpwatch_incidents_opened_total": ("counter", ("verdict",), (
         "Incidents opened since the daemon started, by the verdict that opened them.")),
     "ddpwatch_webhook_alerts_total": ("counter", ("sink", "outcome"), (
@@ -199,6 +215,22 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
         rows.append(("ddpwatch_probe_success", (name,), float(all(p.ok for p in runs))))
         rows.append(("ddpwatch_probe_duration_seconds", (name,),
                      _num(sum(p.duration_s for p in runs))))
+        # digits (pids, ports, counts) made N: one series per kind of failure
+        reasons = sorted({re.sub(r"\d+", "N", p.error)[:120] or "failed"
+                          for p in runs if not p.ok})
+        rows += [("ddpwatch_probe_error_info", (name, r), 1.0) for r in reasons]
+    if view.stage_failures is not None:
+        failures = dict.fromkeys(STAGES, 0) | dict(view.stage_failures)
+        rows += [("ddpwatch_stage_failures_total", (stage,), float(n))
+                 for stage, n in sorted(failures.items())]
+    if view.stack_dumps >= 0:
+        rows.append(("ddpwatch_stack_dumps_total", (), float(view.stack_dumps)))
+    missing: dict[str, int] = {}
+    for inc in view.incidents:
+        if inc.state != IncidentState.RESOLVED and not inc.bundle and inc.bundle_error:
+            missing[inc.job] = missing.get(inc.job, 0) + 1
+    rows += [("ddpwatch_incidents_without_bundle", (job,), float(n))
+             for job, n in sorted(missing.items())]
     open_by_job = {jv.key: 0 for jv in view.jobs}
     for inc in view.incidents:
         if inc.state != IncidentState.RESOLVED:

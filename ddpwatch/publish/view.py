@@ -34,6 +34,11 @@ class Incident:
     alerts_from: str = ""
     # how it resolved, said when it did: the job healthy again, or gone
     resolution: str = ""
+    # who the job is (discovery.owner_key: uid, launcher pid and start), which
+    # tells two users' jobs with one run id apart; `job` is only its label
+    owner: str = ""
+    # why the evidence bundle is not written yet ("" once it is): retried each tick
+    bundle_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,3 +73,5 @@ class DaemonView:
     alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
     alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
     webhooks: bool = False  # this node has webhooks configured (told to peers)
+    stage_failures: dict[str, int] | None = None  # tick stage -> failures since start
+    stack_dumps: int = -1  # py-spy runs since start (-1: not counted, an old view)

@@ -4,13 +4,19 @@ record's process is still the one that wrote it (heartbeat/liveness.py).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from ...heartbeat import Record, Skipped, read_file
-from ...heartbeat.reader import attempt_reader, list_records
+from ...heartbeat.reader import BUSY_PATIENCE_S
+from ...heartbeat.scan import scan
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import ProbeContext, register
+
+# One budget per run for waiting out busy writers, over all files (reader.py)
+BUSY_BUDGET_S = 0.05
+
 
 @dataclass(frozen=True)
 class HeartbeatObs:
@@ -21,26 +27,41 @@ class HeartbeatObs:
 
 @register("heartbeats", scope="node", switchable=False, help="heartbeat records the ranks write (ddpwatch.instrument)")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
+    """Every record in the directories, within heartbeat/scan.py's caps: a bad
+    or hostile file is a Skipped, never the probe's failure."""
     dead = ctx.dead_records
     records, alive, skipped = [], [], []
-    paths = [p for d in record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
-             for p in list_records(d)]
-    read_once = attempt_reader()
-    for path in paths:
-        identity = _file_identity(path) if dead is not None else None
+    live = frozenset(ctx.parents) if ctx.parents else None
+    dirs = record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
+    cached_dead, identities = {}, {}
+    # one budget for waiting out busy writers, over all files of this run: a
+    # legitimate writer is busy for microseconds, a hostile one forever
+    deadline = time.monotonic() + BUSY_BUDGET_S
+
+    def reader(path):
+        identity = identities[path] = _file_identity(path) if dead is not None else None
         cached = dead.get(path) if dead is not None else None
         if cached is not None and cached[2] and identity is not None and cached[0] == identity:
-            records.append(cached[1])
-            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
-            continue
-        result = read_file(path, read_once)
+            cached_dead[path] = True
+            return cached[1]
+        return read_file(path, None, max(0.0, min(BUSY_PATIENCE_S,
+                                                  deadline - time.monotonic())))
+
+    paths = []
+    for path, result in scan(dirs, ctx.scan_state, live, reader):
         if isinstance(result, Skipped):
             skipped.append(result)
+            continue
+        paths.append(path)
+        if cached_dead.get(path):
+            records.append(result)
+            alive.append(False)  # a gone writer stays gone (pids are checked by start time)
             continue
         is_alive = record_alive(result, ctx.procfs)
         records.append(result)
         alive.append(is_alive)
         if dead is not None:
+            identity = identities.get(path)
             if is_alive or identity is None:
                 dead.pop(path, None)
             else:

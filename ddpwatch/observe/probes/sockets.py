@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, replace
 
 from ... import codec
+from .. import helpers
 from . import Look, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
 
@@ -280,7 +280,8 @@ def parse_ip_addr(text: str) -> tuple[Interface, ...]:
 
 def read_ip_addr(ns_path: str, timeout_s: float) -> str:
     """`ip -o addr show up` inside the namespace `ns_path` (needs root)."""
-    cmd = ["nsenter", f"--net={ns_path}", "ip", "-o", "addr", "show", "up"]
+    nsenter, ip = _tool("nsenter"), _tool("ip")
+    cmd = [nsenter, f"--net={ns_path}", ip, "-o", "addr", "show", "up"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
@@ -289,16 +290,22 @@ def read_ip_addr(ns_path: str, timeout_s: float) -> str:
 
 def read_ss(ns_path: str | None, timeout_s: float) -> str:
     """`ss -tineH`, inside the namespace `ns_path` (needs root) when given."""
-    ss = shutil.which("ss")
-    if ss is None:
-        raise FileNotFoundError("ss (iproute2) not found on PATH")
-    cmd = [ss, "-tineH"]
+    cmd = [_tool("ss"), "-tineH"]
     if ns_path:
-        cmd = ["nsenter", f"--net={ns_path}"] + cmd
+        cmd = [_tool("nsenter"), f"--net={ns_path}"] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
     return done.stdout
+
+
+def _tool(name: str) -> str:
+    """A helper's absolute path, resolved once (observe/helpers.py)."""
+    found = helpers.path(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} ({'util-linux' if name == 'nsenter' else 'iproute2'})"
+                                f" not found")
+    return found
 
 
 def _ns(procfs: str, pid: int | str) -> str:
@@ -310,8 +317,8 @@ def _ns(procfs: str, pid: int | str) -> str:
 
 @register("sockets", look=Look.DETAIL, help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
-    if ctx.socket_info and shutil.which("ss") is None:  # blind without it
-        raise FileNotFoundError("ss (iproute2) not found on PATH")
+    if ctx.socket_info:
+        _tool("ss")  # blind without it
     taken_at = ctx.clock()
     # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
     # daemon reading a host /proc mounted elsewhere compares like with like; a

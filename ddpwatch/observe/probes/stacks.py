@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 from ... import codec
+from .. import helpers
 from . import Look, ProbeContext, register
 from .process import read_state
 
@@ -108,11 +107,8 @@ _NATIVE_OK = {"R", "S"}
 
 def find_py_spy() -> str | None:
     """The py-spy installed next to our interpreter first (a pyenv shim on PATH
-    costs a bash + pyenv exec per dump), else PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.access(here, os.X_OK):
-        return here
-    return shutil.which("py-spy")
+    costs a bash + pyenv exec per dump), else the system's, else PATH; found once."""
+    return helpers.path("py-spy")  # resolved once (observe/helpers.py)
 
 
 def _command(py_spy: str, pid: int, native: bool) -> list[str]:
@@ -195,7 +191,8 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Stacks:
     py_spy = find_py_spy()
     if py_spy is None:  # the whole probe is blind without it
-        raise FileNotFoundError("py-spy not found next to the interpreter or on PATH")
+        raise FileNotFoundError("py-spy not found next to the interpreter or on PATH "
+                                "(pip install py-spy)")
     taken_at = ctx.clock()
     return Stacks(taken_at, py_spy, run_dumps(ctx, py_spy, pids))
 

@@ -80,6 +80,15 @@ class AlertRoute:
         """The job keys this node alerts for: what it tells its peers."""
         return frozenset(self._sending.values())
 
+    def sent_from_here(self) -> dict[str, str]:
+        """incident id -> job key of what this node alerts for (kept across restarts)."""
+        return dict(self._sending)
+
+    def resume(self, sending: dict[str, str]) -> None:
+        """A restarted daemon keeps alerting for what it alerted for (and so sends
+        their resolved messages, and no second firing one)."""
+        self._sending.update(sending)
+
     def forget(self, incident_id: str) -> bool:
         """The incident resolved: True if this node had alerted for it (and so
         sends its resolved message)."""
