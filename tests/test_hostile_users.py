@@ -257,9 +257,9 @@ def test_unprivileged_attacks_do_not_crash_blind_mislead_or_steer_the_daemon(
 
 
 def test_sigkill_and_restart_resolve_the_same_incident_without_a_second_page(
-        start_job, tmp_path, hb_dir, receiver, need_py_spy):
+        start_job, tmp_path, hb_dir, receivers, need_py_spy):
     need(os.geteuid() == 0, "needs root (the daemon as it runs in production)")
-    hook = receiver()
+    hook = receivers()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {
         "webhooks": [{"type": "generic", "url": hook.url}], "resolve_after_s": 2})
     trainer = trainer_job(start_job)
