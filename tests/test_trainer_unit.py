@@ -99,6 +99,19 @@ def test_injector_keeps_only_this_ranks_faults():
     assert not rank0.has("bf16")
 
 
+def test_one_call_per_step_does_what_the_faults_say():
+    """The training loop asks its faults once per step (Injector.before_step)."""
+    import time
+    faults = parse_faults(["exit:rank=1:step=3", "slow:rank=1:factor=3:step=1"])
+    rank1 = Injector(faults, rank=1, log=lambda msg: None)
+    assert rank1.before_step(0, None) == ""
+    started = time.perf_counter()
+    assert rank1.before_step(1, None) == ""  # nothing timed yet: nothing to burn
+    assert rank1.before_step(2, 0.05) == ""  # slow x3: burns 2 x 0.05 s
+    assert time.perf_counter() - started >= 0.1
+    assert rank1.before_step(3, 0.05) == "exit"
+
+
 # --- dtype ----------------------------------------------------------------------------
 def test_cpu_run_with_a_gpu_in_the_machine_stays_float32():
     # Field report: "COMPUTE_DTYPE: bfloat16 (auto-detected: CUDA SM 89)" on a CPU run.

@@ -133,6 +133,27 @@ class Injector:
         self.faults = tuple(f for f in faults if f.applies_to(rank))
         self.rank = rank
         self.log = log
+        self.desync_group = None  # set once the process group is up (desync_collective)
+
+    def before_step(self, step: int, compute_seconds: float | None) -> str:
+        """Everything this rank's faults do at the start of `step`, in one call
+        from the training loop: hang, stop, enter a collective the peers never
+        call, burn CPU as a straggler. Returns "exit" when the loop must leave.
+        `compute_seconds`: the last step's forward and backward (a slow fault
+        burns a multiple of it; nothing before the first step has been timed)."""
+        actions = self.at_step_start(step)  # hang and stop happen in here
+        if "exit" in actions:
+            return "exit"
+        if "desync" in actions:
+            self.log(f"fault desync: at step {step} calling all_gather_into_tensor where the "
+                     f"peers call all_reduce")
+            desync_collective(self.desync_group)
+        slow = self.slow_factor(step)
+        if slow > 1 and compute_seconds is not None:
+            # Before the forward, so peers wait for us in the gradient all-reduce,
+            # where a real straggler keeps them.
+            burn((slow - 1) * compute_seconds)
+        return ""
 
     def _at(self, kind: str, step: int):
         return [f for f in self.faults if f.kind == kind and f.step == step]

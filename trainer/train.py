@@ -93,6 +93,42 @@ def no_buffer_sync() -> dict:
     return dict(broadcast_buffers=False)
 
 
+def decide_dtype(args, device: str, local_rank: int, injector, fault_list,
+                 world_size: int) -> tuple[str, str, bool]:
+    """(compute dtype, why, whether the whole model is cast to bf16). Decided from
+    the training device, never from "is there a GPU" (the field's bf16 on a CPU)."""
+    compute_dtype, why = choose_dtype(
+        args.dtype, device, cpu_flags=cpu_flags() if device == "cpu" else frozenset(),
+        cuda_capability=cuda_capability(device, local_rank))
+    if not injector.has("bf16"):
+        return compute_dtype, why, False
+    without = f"without the fault {compute_dtype}: {why}"
+    # A whole model in bf16 (the field run) only where every rank is: DDP
+    # all-reduces gradients in the parameters' dtype, and a bf16 bucket against
+    # an fp32 one aborts Gloo ("Received data size doesn't match expected
+    # size"). A lone bf16 rank keeps fp32 weights and computes under autocast.
+    cast_to_bf16 = world_size == 1 or any(f.kind == "bf16" and f.rank is None for f in fault_list)
+    how = "whole model cast to bf16" if cast_to_bf16 else "autocast, fp32 weights"
+    return "bfloat16", f"fault bf16, {how}; {without}", cast_to_bf16
+
+
+def make_data(parser, args, rank: int, world_size: int, injector):
+    """(plan, batches): each rank its own batches; data-mismatch gives one rank other data."""
+    mismatch = injector.has("data-mismatch")
+    B, T = args.device_batch_size, args.seq_len
+    if args.data:
+        try:
+            plan = data.plan_shards(args.data, rank, world_size, B, T, drop_last_shard=mismatch)
+        except OSError as err:
+            parser.error(f"--data {args.data}: {err.strerror}")
+        except ValueError as err:
+            parser.error(f"--data {args.data}: {err}")
+        return plan, data.shard_batches(plan.paths, B, T, args.vocab_size)
+    data_seed = args.seed + 1 if mismatch else args.seed
+    return (data.synthetic_plan(data_seed, args.vocab_size, T),
+            data.synthetic_batches(B, T, args.vocab_size, data_seed, rank))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -122,37 +158,10 @@ def main(argv=None) -> int:
 
     injector = faultlib.Injector(fault_list, rank, log)
 
-    # The dtype is decided from the training device, never from "is there a GPU".
-    compute_dtype, why = choose_dtype(
-        args.dtype, device, cpu_flags=cpu_flags() if device == "cpu" else frozenset(),
-        cuda_capability=cuda_capability(device, local_rank))
-    cast_to_bf16 = False
-    if injector.has("bf16"):
-        without = f"without the fault {compute_dtype}: {why}"
-        # A whole model in bf16 (the field run) only where every rank is: DDP
-        # all-reduces gradients in the parameters' dtype, and a bf16 bucket against
-        # an fp32 one aborts Gloo ("Received data size doesn't match expected
-        # size"). A lone bf16 rank keeps fp32 weights and computes under autocast.
-        cast_to_bf16 = world_size == 1 or any(
-            f.kind == "bf16" and f.rank is None for f in fault_list)
-        how = "whole model cast to bf16" if cast_to_bf16 else "autocast, fp32 weights"
-        compute_dtype, why = "bfloat16", f"fault bf16, {how}; {without}"
-
-    # Data: each rank its own batches; data-mismatch gives one rank other data.
-    mismatch = injector.has("data-mismatch")
+    compute_dtype, why, cast_to_bf16 = decide_dtype(args, device, local_rank, injector,
+                                                    fault_list, world_size)
     B, T = args.device_batch_size, args.seq_len
-    if args.data:
-        try:
-            plan = data.plan_shards(args.data, rank, world_size, B, T, drop_last_shard=mismatch)
-        except OSError as err:
-            parser.error(f"--data {args.data}: {err.strerror}")
-        except ValueError as err:
-            parser.error(f"--data {args.data}: {err}")
-        batches = data.shard_batches(plan.paths, B, T, args.vocab_size)
-    else:
-        data_seed = args.seed + 1 if mismatch else args.seed
-        plan = data.synthetic_plan(data_seed, args.vocab_size, T)
-        batches = data.synthetic_batches(B, T, args.vocab_size, data_seed, rank)
+    plan, batches = make_data(parser, args, rank, world_size, injector)
 
     watching = not args.no_ddpwatch
     if watching:
@@ -171,7 +180,8 @@ def main(argv=None) -> int:
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend)
         # Every rank parses the same faults, so every rank creates this group.
-        desync_group = dist.new_group() if any(f.kind == "desync" for f in fault_list) else None
+        if any(f.kind == "desync" for f in fault_list):
+            injector.desync_group = dist.new_group()
 
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP checks shapes)
     config = GPTConfig.from_depth(args.depth, vocab_size=args.vocab_size, seq_len=T)
@@ -217,23 +227,11 @@ def main(argv=None) -> int:
     compute_seconds = None  # this rank's last forward+backward time (for slow faults)
     endless = args.steps <= 0
     while endless or step < args.steps:
-        actions = injector.at_step_start(step)  # hang and stop happen in here
-        if "exit" in actions:
-            left_early = "fault exit"
-            break
-        if "desync" in actions:
-            log(f"fault desync: at step {step} calling all_gather_into_tensor where the "
-                f"peers call all_reduce")
-            faultlib.desync_collective(desync_group)
         t0 = time.perf_counter()
         coll0 = counters() if watching else None
-        slow = injector.slow_factor(step)
-        burned = False
-        if slow > 1 and compute_seconds is not None:
-            # Before the forward, so peers wait for us in the gradient all-reduce,
-            # where a real straggler keeps them.
-            faultlib.burn((slow - 1) * compute_seconds)
-            burned = True
+        if injector.before_step(step, compute_seconds) == "exit":  # --fault, faults.py
+            left_early = "fault exit"
+            break
         t_compute = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for micro_step in range(grad_accum):
@@ -254,8 +252,6 @@ def main(argv=None) -> int:
         if left_early:
             break
         compute_seconds = time.perf_counter() - t_compute
-        if slow > 1 and not burned:  # the first step has nothing to go by until now
-            faultlib.burn((slow - 1) * compute_seconds)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         # The loss for the log, averaged over ranks: a plain collective outside DDP.
