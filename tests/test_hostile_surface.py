@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import resource
 import re
 import shutil
 import signal
@@ -99,23 +100,30 @@ def refusals(daemon) -> list[str]:
 
 
 # --- config at start-up and on SIGHUP -----------------------------------------------
+HEAP_LIMIT = 256 * 1024 * 1024
+
+
 @pytest.mark.parametrize("name, content, line", BAD_FILES, ids=[b[0] for b in BAD_FILES])
 def test_start_with_a_bad_file_exits_78_naming_file_and_line(tmp_path, name, content, line):
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(content)
+    # The alias bomb took 15 s and 809 MB (issue 14); any file must be refused within
+    # an interpreter's worth of memory. A limit on the daemon's heap, not its
+    # ru_maxrss: a forked child's high-water mark starts at its parent's size (this
+    # test process holds whatever earlier tests imported).
+    def small_heap():
+        resource.setrlimit(resource.RLIMIT_DATA, (HEAP_LIMIT, HEAP_LIMIT))
     proc = subprocess.Popen([sys.executable, "-m", "ddpwatch", "run", "--config", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=REPO))
+                            env=dict(os.environ, PYTHONPATH=REPO), preexec_fn=small_heap)
     started = time.monotonic()
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, err = proc.communicate(timeout=60)
     elapsed = time.monotonic() - started
-    err = proc.stderr.read().decode("utf-8", "replace")
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = err.decode("utf-8", "replace")
     assert proc.returncode == 78, err
     assert f"{path}:{line}:" in err and "Traceback" not in err, err
     assert not any(s in err for s in SECRETS), err
-    # the alias bomb took 15 s and 809 MB (issue 14); any file: an interpreter's worth
-    assert usage.ru_maxrss < 150 * 1024 and elapsed < 30, (usage.ru_maxrss, elapsed)
+    assert elapsed < 30, elapsed
 
 
 def test_sighup_with_each_bad_file_keeps_the_running_config(start_job, tmp_path, hb_dir,
