@@ -9,12 +9,14 @@ closely a job must be looked at before it runs (expensive ones only at
 Look.STACKS: on suspicion or on request); `switchable` probes can be turned off
 by config (`probes: {name: false}`).
 
-A new probe is its module here, listed in MODULES, with its `register` line.
+A new probe is its module here with its `register` line (load_all finds it), and
+a field for its data in observe/snapshot.py.
 """
 from __future__ import annotations
 
 import enum
 import importlib
+import pkgutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -114,7 +116,6 @@ def outcome(error: str) -> Outcome:
 
 
 REGISTRY: dict[str, ProbeSpec] = {}
-MODULES = ("heartbeats", "process", "sockets", "stacks", "host", "traffic")
 
 
 def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
@@ -128,8 +129,9 @@ def register(name: str, *, default_enabled: bool = True, expensive: bool = False
 
 
 def load_all() -> dict[str, ProbeSpec]:
-    for module in MODULES:
-        importlib.import_module(f"{__name__}.{module}")
+    """Every probe: each module of this package registers its own at import."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
     return REGISTRY
 
 
