@@ -34,9 +34,13 @@ class Job:
     """Which local processes make up the job under watch (see discovery.py)."""
     target_pid: int
     launcher_pid: int              # torchrun agent or spawn parent; -1 if none
-    launcher_kind: str             # "torchrun" | "spawn" | "none"
+    launcher_kind: str             # see discovery.KINDS
     rank_pids: tuple[int, ...]     # live processes judged as ranks
     run_id: str
+    # the rank of each of rank_pids (same order) by the launcher's convention
+    # (environment, spawn index, NODE_RANK x local world + LOCAL_RANK); -1: unknown
+    ranks: tuple[int, ...] = ()
+    world_size: int = -1           # as the launch says it; -1: unknown
 
 
 @dataclass(frozen=True)
