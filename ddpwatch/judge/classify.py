@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from .dropped import inbound_signals, link_dropped
 from .gloo_iface import interface_signals, link_unreached
+from .membership import launch_signals, orphan_signals
 from ..heartbeat import Record
 from .rules import Rule, render
 from .signals import IDLE_CPU, heartbeat_signals, owns, process_signals, record_of, stack_signals
 from ..observe.snapshot import Snapshot
 from .vocabulary import SEVERITY
+from .window import straggle_signals, window_signals
 
 STALL_FLOOR_S = 2.0      # never call a collective stalled before this
 STALL_FACTOR = 10.0      # ... nor before 10x the slowest of its recent durations
@@ -124,6 +126,9 @@ def _with_peers(local: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
     _cross(ranks)
+    straggle_signals(ranks)
+    for s in ranks:
+        s.update(orphan_signals(s))
     link_unreached(ranks)
     link_dropped(ranks)
     return ranks
@@ -147,6 +152,8 @@ def local_signals(history: tuple[Snapshot, ...]) -> list[dict]:
         s.update(stack_signals(history, pid))
         s.update(interface_signals(history, pid))
         s.update(inbound_signals(history, pid))
+        s.update(window_signals(history, pid))
+        s.update(launch_signals(history, pid, s))
         if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
             s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
         s["launcher_only"] = not last.job.rank_pids

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import yaml
 
 from ..errors import ConfigError
+from .membership import SIGNALS as _MEMBERSHIP
 from .signals import SIGNALS
+from .window import SIGNALS as _WINDOW
 from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
 
 RULE_KEYS = {"id", "verdict", "finding", "role", "priority", "confidence", "severity", "when",
@@ -113,7 +115,7 @@ def parse_condition(text: str, where: str) -> Condition:
         raise ConfigError(f"{where}: cannot read condition {text!r} "
                           f"(want '<signal> <op> <value>', op one of {' '.join(_OPS)})")
     negate, signal, op, raw = m.groups()
-    if signal not in SIGNALS:
+    if signal not in SIGNALS and signal not in _MEMBERSHIP and signal not in _WINDOW:
         raise ConfigError(f"{where}: unknown signal {signal!r} in {text!r}")
     if negate and op:
         raise ConfigError(f"{where}: 'not' only goes with a bare signal: {text!r}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .. import codec
 from ..errors import DdpwatchError
+from .duty import Duty
 from .probes import ProbeResult
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
@@ -56,6 +57,7 @@ class Snapshot:
     heartbeats: HeartbeatObs | None
     probes: tuple[ProbeStatus, ...]
     traffic: Traffic | None = None  # connection attempts on the wire (root only)
+    duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:
