@@ -36,7 +36,7 @@ class ThirdParty:
         path = os.path.join(self.tmp, f"thirdparty_{self.launcher}_{state}.json")
         report = until_verdict(self.pids[0], expected, timeout=timeout,
                                extra=("--save-snapshot", path))
-        if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1" and state != "resumed":
             shutil.copy(path, SNAPSHOTS)
         return report
 
