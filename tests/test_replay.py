@@ -117,6 +117,20 @@ THIRDPARTY = {
     "hung": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
              [1], {}),
 }
+STARTING = ("warming_up", "none", "starting")
+ALONE = {-1: ("warming_up", "none", "starting-alone")}
+EXPECTED.update({
+    # before Lightning's rank 0 re-executed itself, and mp.spawn's parent before its
+    # children exist: one process, no peers known (rank unknown), busy: starting
+    "thirdparty_lightning_starting_alone": (ALONE, [], {}),
+    "thirdparty_spawn_starting_alone": (ALONE, [], {}),
+    # rank 1 busy and not yet connected while rank 0 waits in the store: no alarm
+    "thirdparty_lightning_starting": ({0: ("rendezvous_wait", "none", "rendezvous"),
+                                       1: STARTING}, [], {}),
+    # spawn children without WORLD_SIZE in their environment: the world from the
+    # launch, the store found on the wire, so `starting` applies
+    "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
+})
 for _launcher in ("spawn", "lightning"):
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):

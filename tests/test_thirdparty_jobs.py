@@ -181,3 +181,83 @@ def test_rank_hung_outside_collectives(launcher, tmp_path, need_py_spy):
         _ranks_are_the_scripts_own(report, tp)
     finally:
         tp.job.kill()
+
+
+LAUNCH = {
+    "accelerate": lambda port, script: [
+        os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
+        "--num_processes=2", f"--main_process_port={port}", script],
+    "torchrun": lambda port, script: [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        "--master_addr=127.0.0.1", f"--master_port={port}", script],
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCH))
+def test_launchers_running_the_agent_are_one_job(launcher, tmp_path, need_py_spy):
+    """`accelerate launch` runs torchrun's agent in its own process: its workers are
+    the job, numbered as the script itself says, the agent is the launcher."""
+    if launcher == "accelerate":
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            need(False, "accelerate is not installed (setup.cfg extra 'test')")
+    script = os.path.join(THIRDPARTY, f"{launcher}_ddp.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("DDPWATCH_DIR", None)
+    job = Job(LAUNCH[launcher](free_port(), script), env, str(tmp_path / f"{launcher}.log"))
+    try:
+        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+            240, interval=0.5, what=f"{launcher}'s 2 ranks")
+        report = until_verdict(pids[1], HEALTHY, timeout=150)
+        assert {r["rank"]: r["pid"] for r in report["ranks"]} == pids
+        assert report["job"]["launcher_kind"] == launcher
+        assert report["job"]["launcher_pid"] == job.proc.pid
+    finally:
+        job.kill()
+
+
+ALARM_FREE = {"healthy", "warming_up", "rendezvous_wait"}
+
+
+# Not yet for Lightning: its rank 1 starts seconds after rank 0 (re-executed once
+# rank 0 has imported everything) and, connected, still busy setting up while
+# rank 0 idles in a set-up collective, is judged a straggler (rule straggler-cpu)
+# in one window of that start (seen 2026-11-23); see the closing note of issue 13.
+@pytest.mark.parametrize("launcher", ["spawn"])
+def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
+    """From launch until both ranks train, diagnose of the process a person sees
+    (the script they started) finds no culprit, no victim, nothing but start-up;
+    a rank called healthy is connected to its peers (issue 13)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MASTER_PORT=str(free_port()))
+    env.pop("DDPWATCH_DIR", None)
+    job = Job([sys.executable, os.path.join(THIRDPARTY, SCRIPTS[launcher])], env,
+              str(tmp_path / f"{launcher}.log"))
+    seen = []
+    try:
+        def trains():
+            from diag import diagnose
+            path = str(tmp_path / "snapshot.json")
+            _, report = diagnose(job.proc.pid, "--window=0.5", "--save-snapshot", path)
+            seen.append(report)
+            for r in report["ranks"]:  # the start-up states, for replay
+                name = f"thirdparty_{launcher}_{r['rule'].replace('-', '_')}.json"
+                if (os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1" and r["rule"] in (
+                        "starting", "starting-alone")
+                        and not os.path.exists(os.path.join(SNAPSHOTS, name))):
+                    shutil.copy(path, os.path.join(SNAPSHOTS, name))
+            ranks = report["ranks"]
+            return len(ranks) == 2 and all(r["verdict"] == "healthy" for r in ranks) and len(
+                ANNOUNCE.findall(job.output())) == 2
+        wait_until(trains, 240, interval=0.2, what=f"{launcher} training")
+    finally:
+        job.kill()
+    for report in seen:
+        assert report["job"]["culprits"] == [], report["job"]
+        for r in report["ranks"]:
+            assert r["verdict"] in ALARM_FREE and r["role"] == "none", r
+            if r["verdict"] == "healthy":
+                assert r["signals"].get("gloo_unconnected") == 0, r["signals"]
+    assert len(seen) >= 2
