@@ -70,6 +70,18 @@ def until_verdict(pid: int, expected: dict, timeout: float = 120, hb_dir=None, e
         raise
 
 
+def until_verdict_with(pid: int, expected: dict, signal: str, timeout: float = 120,
+                       hb_dir=None) -> dict:
+    """until_verdict, and until every rank's signals hold `signal` too: a finding
+    read from heartbeats is asserted on a report made after the records were
+    published, not on the first "healthy" one (issue 13)."""
+    def check():
+        report = until_verdict(pid, expected, timeout, hb_dir=hb_dir)
+        return report if all(r["signals"].get(signal) is not None
+                              for r in report["ranks"]) else None
+    return wait_until(check, timeout, interval=0.5, what=f"{expected} with {signal}")
+
+
 def pin(pid: int, cpus: set[int]) -> None:
     """Pin every thread of a process (sched_setaffinity on the pid moves one thread)."""
     for tid in os.listdir(f"/proc/{pid}/task"):

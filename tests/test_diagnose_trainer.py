@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 from conftest import REPO, free_port, need, trainer, wait_until
 from diag import (by_hand, by_rank, diagnose, env_rank, launcher_pid, pin, python_pid, rank_pids,
-                  until_verdict, verdicts)
+                  until_verdict, until_verdict_with, verdicts)
 
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
@@ -113,7 +114,7 @@ def test_bf16_on_cpu_only_without_bf16_support(start_job, hb_dir):
     is native there); test_replay covers the other CPU with a derived snapshot."""
     job = start_job(trainer("--fault=bf16"))
     r0, _ = rank_pids(job, 2)
-    report = until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
+    report = until_verdict_with(r0, HEALTHY, "compute_dtype", TIMEOUT, hb_dir=hb_dir)
     expected = set() if cpu_has_bf16() else {"bf16_on_cpu"}
     assert findings(report) == {0: expected, 1: expected}
     for r in report["ranks"]:
@@ -131,7 +132,7 @@ def test_data_mismatch(start_job, hb_dir, tmp_path):
     job = start_job(trainer(f"--data={shards}", "--fault=data-mismatch:rank=1"))
     r0, _ = rank_pids(job, 2)
     both = {0: {"data_parity"}, 1: {"data_parity"}}
-    running = until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
+    running = until_verdict_with(r0, HEALTHY, "data_fp", TIMEOUT, hb_dir=hb_dir)
     assert findings(running) == both
     hung = until_verdict(r0, {0: ("desync", "victim"), 1: ("desync", "culprit")}, TIMEOUT,
                          hb_dir=hb_dir)
@@ -329,8 +330,8 @@ def test_killed_rank_on_the_same_host(start_job, hb_dir):
         r1 = python_pid(by_hand(start_job, 1, "127.0.0.1", port))
         until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)
         os.kill(r1, signal.SIGKILL)
-        seen = []
-        while psutil.pid_exists(r0):
+        seen, deadline = [], time.monotonic() + TIMEOUT
+        while psutil.pid_exists(r0) and time.monotonic() < deadline:
             try:
                 seen.append(diagnose(r0, "--window=0.3", "--no-stacks", hb_dir=hb_dir)[1])
             except AssertionError:  # exit 69: rank 0 went away while being looked at

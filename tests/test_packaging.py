@@ -43,14 +43,19 @@ def build_wheel_into_venv(tmp_path, env=None) -> tuple[list[str], str]:
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (wheel_path,) = glob.glob(str(tmp_path / "dist" / "ddpwatch-*.whl"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=300)
+    # A venv of its own: the base interpreter's site-packages (--system-site-packages)
+    # hold no psutil on a fresh machine (issue 13). Its dependencies come from where
+    # pip takes them for this checkout (its configured index and wheel directory,
+    # its cache), as dev.sh installed them.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = str(venv / "bin" / "python")
     # Without PYTHONPATH: a source tree on it (its egg-info) makes pip say "already
     # satisfied" and install nothing.
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel_path],
-                   check=True, timeout=300, env=clean)
+    installed = subprocess.run([py, "-m", "pip", "install", "-q", "--only-binary=:all:",
+                                wheel_path], timeout=600, env=clean, capture_output=True,
+                               text=True)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     return zipfile.ZipFile(wheel_path).namelist(), py
 
 

@@ -56,9 +56,15 @@ EXPECTED = {
                           [], {}),
     "trainer_compiled": ({0: OK, 1: OK}, [], {}),
     "trainer_oversubscribed": ({0: OK, 1: OK}, [], {0: {"oversubscribed"}, 1: {"oversubscribed"}}),
-    "trainer_orphan": ({0: OK, 1: OK}, [], {0: {"orphan"}, 1: {"orphan"}}),
-    # the starved rank's Gloo threads wait for a CPU too: rank 0 shows no 2x contrast
-    "trainer_starved": ({0: OK, 1: ("straggler", "culprit", "straggler-starved")}, [1], {}),
+    # healthy ranks whose launcher died are no leftovers (issue 13): no orphan finding
+    "trainer_orphan": ({0: OK, 1: OK}, [], {}),
+    "leftover_rendezvous": ({0: ("rendezvous_wait", "none", "rendezvous"),
+                             1: ("rendezvous_wait", "none", "missing-not-joined")}, [],
+                            {0: {"orphan"}}),
+    # rank 0 waits on the straggler (its starvation is measured, not the 2x contrast
+    # of step-time shares: the starved rank's Gloo threads wait for a CPU too)
+    "trainer_starved": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                         1: ("straggler", "culprit", "straggler-starved")}, [1], {}),
     "dead_rank_loud": ({0: ("blocked_in_collective", "victim", "exiting-after-peer-death"),
                         1: ("dead", "culprit", "dead")}, [1], {}),
     "dead_rank_silent": ({0: ("blocked_in_collective", "victim", "blocked-on-dead-peer"),
@@ -100,6 +106,35 @@ EXPECTED = {
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
 }
+# Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py, issue 13)
+THIRDPARTY = {
+    "healthy": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
+    "stopped": ({0: BLOCKED, 1: ("stopped", "culprit", "stopped")}, [1], {}),
+    "part_stopped": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                      1: ("straggler", "culprit", "straggler-part-stopped")}, [1], {}),
+    "throttled": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                   1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
+    "hung": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
+             [1], {}),
+}
+STARTING = ("warming_up", "none", "starting")
+ALONE = {-1: ("warming_up", "none", "starting-alone")}
+EXPECTED.update({
+    # before Lightning's rank 0 re-executed itself, and mp.spawn's parent before its
+    # children exist: one process, no peers known (rank unknown), busy: starting
+    "thirdparty_lightning_starting_alone": (ALONE, [], {}),
+    "thirdparty_spawn_starting_alone": (ALONE, [], {}),
+    # rank 1 busy and not yet connected while rank 0 waits in the store: no alarm
+    "thirdparty_lightning_starting": ({0: ("rendezvous_wait", "none", "rendezvous"),
+                                       1: STARTING}, [], {}),
+    # spawn children without WORLD_SIZE in their environment: the world from the
+    # launch, the store found on the wire, so `starting` applies
+    "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
+})
+for _launcher in ("spawn", "lightning"):
+    for _state, _expected in THIRDPARTY.items():
+        if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):
+            EXPECTED[f"thirdparty_{_launcher}_{_state}"] = _expected
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 judge it, print the report. `--replay FILE` judges a saved snapshot history."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ from .. import errors
 from ..publish import report
 from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
+from ..observe.duty import DutyWatch
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
@@ -86,15 +88,27 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     with Sampler(ctx, enabled) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
         first = sample(sampler, job)
-        _sleep_until(ctx, first.taken_at + window_s)
-        second = sample(sampler, job)
+        second = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
             _watch_connects(ctx, sampler, job, second, syn_wait_s)
             # judged over a window like any other, not over the wait
             first = sample(sampler, job)
-            _sleep_until(ctx, first.taken_at + window_s)
-            second = sample(sampler, job)
+            second = _watched(ctx, sampler, job, first.taken_at + window_s)
     return first, second
+
+
+DUTY_INTERVAL_S = 0.05
+
+
+def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:
+    """The second sample, the ranks' states read every DUTY_INTERVAL_S until then
+    (observe/duty.py): the window's evidence, not two points."""
+    watch = DutyWatch(job.rank_pids, ctx.clock, ctx.procfs)
+    watch.read()
+    while ctx.clock() < deadline:
+        time.sleep(min(DUTY_INTERVAL_S, max(deadline - ctx.clock(), 0)))
+        watch.read()
+    return dataclasses.replace(sample(sampler, job), duty=watch.freeze())
 
 
 def _sleep_until(ctx: ProbeContext, deadline: float) -> None:

@@ -11,7 +11,8 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .probes.process import CLK_TCK, parse_cmdline, parse_environ, parse_stat, torchrun_args
+from . import launchers as L
+from .probes.process import CLK_TCK, parse_cmdline, parse_environ, parse_stat
 from .snapshot import Job
 
 
@@ -21,8 +22,9 @@ class ProcInfo:
     ppid: int
     cmdline: tuple[str, ...]
     env: dict[str, str]
+    start: int = -1   # clock ticks after boot (/proc/PID/stat field 22): spawn order,
+                      # and with the pid who it is
     uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
-    start: int = -1   # start time after boot, clock ticks (with pid: who it is)
 
 
 def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
@@ -57,7 +59,8 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
             continue
         if key is not None:
             seen.add(key)
-        table[pid] = ProcInfo(pid, ppid, cmdline, env, uid, round(stat_fields.start_time_s * CLK_TCK))
+        table[pid] = ProcInfo(pid, ppid, cmdline, env, start=round(stat_fields.start_time_s
+                                                                    * CLK_TCK), uid=uid)
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]
@@ -103,13 +106,12 @@ def _read_exec(procfs: str, pid: int) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def is_launcher(cmdline: tuple[str, ...]) -> bool:
-    """torchrun itself (not `timeout 30 torchrun ...` or a shell around it)."""
-    return bool(torchrun_args(cmdline)) and (
-        is_python(cmdline) or os.path.basename(cmdline[0]) == "torchrun")
+    """A launcher process whose children are the ranks: torchrun, `accelerate
+    launch`, DeepSpeed's launcher, mpirun's daemons (launchers.launcher_kind)."""
+    return bool(L.launcher_kind(cmdline))
 
 
-def is_python(cmdline: tuple[str, ...]) -> bool:
-    return bool(cmdline) and "python" in os.path.basename(cmdline[0])
+is_python = L.is_python
 
 
 MAX_NAMED_DIRS = 64
@@ -147,14 +149,35 @@ def _uid(procfs: str, pid: int) -> int:
 
 
 def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
-    """A process that says it is a rank: torch's env vars, or a heartbeat record."""
+    """A process that says it is a rank: a launcher's variables (RANK, SLURM_PROCID,
+    OMPI_COMM_WORLD_RANK, PMI_RANK, Lightning's LOCAL_RANK), or a heartbeat record."""
     if info.pid in record_pids:
         return True
-    return is_python(info.cmdline) and not is_launcher(info.cmdline) and "RANK" in info.env
+    return is_python(info.cmdline) and not is_launcher(info.cmdline) and L.says_rank(info.env)
 
 
 def _children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
     return sorted((p for p in table.values() if p.ppid == pid), key=lambda p: p.pid)
+
+
+def _spawned(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
+    """`pid`'s children started by multiprocessing's spawn (its helpers left out)."""
+    return [c for c in _children(table, pid) if L.is_spawn_child(c.cmdline)]
+
+
+def _lightning_children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
+    return [c for c in _children(table, pid) if is_python(c.cmdline)
+            and L.is_lightning_child(c.env)]
+
+
+def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None:
+    parent = table.get(info.ppid)
+    return parent if parent is not None and parent.pid != 1 else None
+
+
+# launcher_kind values: how the ranks were started
+KINDS = ("torchrun", "accelerate", "deepspeed", "mpirun", "spawn", "lightning", "slurm",
+         "env", "none")
 
 
 def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:
@@ -163,27 +186,56 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
     me = table.get(target)
     if me is None:
         return None
-    parent = table.get(me.ppid)
+    parent = _alive_parent(table, me)
+    launcher, kind = None, "none"
     if is_launcher(me.cmdline):
-        launcher, kind = me, "torchrun"
+        launcher, kind = me, L.launcher_kind(me.cmdline)
     elif parent is not None and is_launcher(parent.cmdline):
-        launcher, kind = parent, "torchrun"
-    elif me.pid != 1 and any(looks_like_rank(c, record_pids) for c in _children(table, me.pid)):
-        launcher, kind = me, "spawn"  # e.g. mp.spawn's parent, itself often rank 0
-    elif (parent is not None and parent.pid != 1 and looks_like_rank(me, record_pids)
+        launcher, kind = parent, L.launcher_kind(parent.cmdline)
+    elif L.is_spawn_child(me.cmdline) and parent is not None:
+        launcher, kind = parent, "spawn"
+    elif me.pid != 1 and _spawned(table, me.pid):
+        launcher, kind = me, "spawn"  # mp.spawn's parent: no rank itself
+    elif L.is_lightning_child(me.env) and parent is not None:
+        launcher, kind = parent, "lightning"  # Lightning's rank 0 is the parent
+    elif me.pid != 1 and _lightning_children(table, me.pid):
+        launcher, kind = me, "lightning"
+    # a spawner of its own (Python: not a shell, slurmstepd or a container init)
+    elif is_python(me.cmdline) and any(looks_like_rank(c, record_pids)
+                                       for c in _children(table, me.pid)):
+        launcher, kind = me, "spawn"  # itself often rank 0
+    elif (parent is not None and is_python(parent.cmdline) and looks_like_rank(me, record_pids)
           and sum(looks_like_rank(c, record_pids) for c in _children(table, parent.pid)) > 1):
         launcher, kind = parent, "spawn"
-    else:
-        launcher, kind = None, "none"
 
+    numbered: dict[int, tuple[int, int]] = {}  # pid -> (rank, world size)
     if launcher is None:
         ranks = [me] + _peers_by_env(me, table, record_pids)
-    else:
-        ranks = [c for c in _children(table, launcher.pid) if looks_like_rank(c, record_pids)
-                 or kind == "torchrun"]
-        if kind == "spawn" and looks_like_rank(launcher, record_pids):
+        key = L.group_key(me.env)
+        kind = key[0] if key else "none"
+    elif kind == "lightning":
+        ranks = [launcher] + _lightning_children(table, launcher.pid)
+        numbered = _lightning_ranks(launcher, ranks[1:])
+    elif kind == "spawn":
+        spawned = _spawned(table, launcher.pid)
+        ranks = spawned or [c for c in _children(table, launcher.pid)
+                            if looks_like_rank(c, record_pids)]
+        if spawned:
+            numbered = _spawn_ranks(spawned)
+        if looks_like_rank(launcher, record_pids):
             ranks.append(launcher)
+    elif kind == "mpirun":
+        ranks = [c for c in _children(table, launcher.pid) if looks_like_rank(c, record_pids)]
+    else:  # torchrun-like agents: every child is a worker
+        ranks = [c for c in _children(table, launcher.pid) if not L.is_mp_helper(c.cmdline)]
     rank_pids = tuple(sorted({p.pid for p in ranks}))
+    for p in ranks:
+        rank, world, _ = L.env_rank(p.env)
+        if rank < 0 and kind == "deepspeed" and launcher is not None:
+            rank = _deepspeed_rank(launcher, p)
+        if rank >= 0:  # a launcher's variable outranks a convention
+            numbered[p.pid] = (rank, world if world >= 0 else numbered.get(p.pid, (0, -1))[1])
+    worlds = {w for _, w in numbered.values() if w > 0}
     run_id = next((p.env["TORCHELASTIC_RUN_ID"] for p in ranks
                    if p.env.get("TORCHELASTIC_RUN_ID", "none") != "none"), "")
     if not run_id:
@@ -191,27 +243,87 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         # series (torchrun's default run id is "none").
         run_id = next((f"{p.env['MASTER_ADDR']}:{p.env['MASTER_PORT']}" for p in ranks
                        if p.env.get("MASTER_ADDR") and p.env.get("MASTER_PORT")), "")
-    return Job(target_pid=target, launcher_pid=launcher.pid if launcher else -1,
-               launcher_kind=kind, rank_pids=rank_pids, run_id=run_id)
+    # Lightning's rank 0 is the launcher: it is counted among the ranks, not again
+    # as a launcher process
+    launcher_pid = launcher.pid if launcher is not None and kind != "lightning" else -1
+    return Job(target_pid=target, launcher_pid=launcher_pid, launcher_kind=kind,
+               rank_pids=rank_pids, run_id=run_id,
+               ranks=tuple(numbered.get(pid, (-1, -1))[0] for pid in rank_pids),
+               world_size=worlds.pop() if len(worlds) == 1 else -1)
+
+
+def _spawn_ranks(spawned: list[ProcInfo]) -> dict[int, tuple[int, int]]:
+    """mp.spawn's index of each child: it starts them one after the other
+    (`for i in range(nprocs): Process(target=_wrap, args=(fn, i, ...)).start()`),
+    so the order of their start is the index, and their parent is still joining
+    them, so none is missing (join terminates the rest when one fails). Within
+    one clock tick the pid order decides, unless the pids of that tick lie far
+    apart (the pid counter wrapped between them: which came first is unknowable),
+    then the numbering is left to other evidence (records)."""
+    ordered = sorted(spawned, key=lambda p: (p.start, p.pid))
+    ticks: dict[int, list[int]] = {}
+    for p in ordered:
+        ticks.setdefault(p.start, []).append(p.pid)
+    if any(max(pids) - min(pids) > SPAWN_PID_SPREAD for pids in ticks.values()):
+        return {}
+    world = len(ordered)
+    return {p.pid: (i, world) for i, p in enumerate(ordered)}
+
+
+SPAWN_PID_SPREAD = 4096  # children forked in one tick get nearby pids, barring a wrap
+
+
+def _lightning_ranks(rank0: ProcInfo, children: list[ProcInfo]) -> dict[int, tuple[int, int]]:
+    """Lightning's global rank: NODE_RANK x local world + LOCAL_RANK. On node 0 the
+    local world does not matter; elsewhere it is this node's ranks (rank 0 and its
+    re-executions), if none is missing (a local rank above the count says one is)."""
+    node = {L.number(c.env.get("NODE_RANK")) for c in children}
+    worlds = {L.number(c.env.get("WORLD_SIZE")) for c in children}
+    world = worlds.pop() if len(worlds) == 1 else -1
+    if len(node) != 1:
+        return {}
+    (node_rank,) = node
+    local = {c.pid: L.number(c.env.get("LOCAL_RANK")) for c in children}
+    local[rank0.pid] = 0
+    local_world = len(local)
+    if node_rank > 0 and max(local.values()) >= local_world:
+        return {}
+    return {pid: (node_rank * local_world + lr, world) for pid, lr in local.items() if lr >= 0}
+
+
+def _deepspeed_rank(launcher: ProcInfo, worker: ProcInfo) -> int:
+    """`--local_rank=i` of a worker of DeepSpeed's launcher on node `--node_rank`
+    0 (elsewhere the ranks per node are in its base64 --world_info: unknown)."""
+    local = L.local_rank_arg(worker.cmdline)
+    node = 0
+    for i, arg in enumerate(launcher.cmdline):
+        name, eq, value = arg.partition("=")
+        if name == "--node_rank":
+            node = L.number(value if eq else (launcher.cmdline[i + 1]
+                                              if i + 1 < len(launcher.cmdline) else None))
+    return local if node == 0 else -1
 
 
 def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list[ProcInfo]:
-    """Bare env-rendezvous ranks (started by hand): same MASTER_ADDR:PORT and world size."""
-    key = (me.env.get("MASTER_ADDR"), me.env.get("MASTER_PORT"), me.env.get("WORLD_SIZE"))
-    if None in key:
+    """Ranks started by hand or by a scheduler: the same SLURM step, or the same
+    MASTER_ADDR:PORT and world size."""
+    key = L.group_key(me.env)
+    if key is None:
         return []
     # Another user's processes are never this job's, whatever their environment says.
     return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
-            and p.uid == me.uid and (p.env.get("MASTER_ADDR"), p.env.get("MASTER_PORT"),
-                 p.env.get("WORLD_SIZE")) == key]
+            and p.uid == me.uid and L.group_key(p.env) == key]
 
 
 def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
-    """Every job on this node: each torchrun agent's, then ranks started otherwise."""
+    """Every job on this node: each launcher's, then ranks started otherwise. A
+    family of spawned children counts only with a sign of torch.distributed in its
+    environment or a record: any Python program may use multiprocessing."""
     record_pids = frozenset(record_pids)
     jobs, seen = [], set()
     launchers = [p for p in sorted(table) if is_launcher(table[p].cmdline)]
-    ranks = [p for p in sorted(table) if looks_like_rank(table[p], record_pids)]
+    ranks = [p for p in sorted(table) if looks_like_rank(table[p], record_pids)
+             or _spawned_rank(table[p], table, record_pids)]
     for pid in launchers + ranks:
         if pid in seen:
             continue
@@ -227,6 +339,14 @@ def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
 
 
 MAX_LABEL = 128
+TORCH_ENV = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE")
+
+
+def _spawned_rank(info: ProcInfo, table: dict[int, ProcInfo], record_pids) -> bool:
+    if not L.is_spawn_child(info.cmdline) or _alive_parent(table, info) is None:
+        return False
+    family = [table[info.ppid]] + _spawned(table, info.ppid)
+    return any(p.pid in record_pids or any(k in p.env for k in TORCH_ENV) for p in family)
 
 
 def job_key(job: Job) -> str:

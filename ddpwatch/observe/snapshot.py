@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .. import codec
 from ..errors import DdpwatchError
+from .duty import Duty
 from .probes import ProbeResult
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
@@ -34,9 +35,13 @@ class Job:
     """Which local processes make up the job under watch (see discovery.py)."""
     target_pid: int
     launcher_pid: int              # torchrun agent or spawn parent; -1 if none
-    launcher_kind: str             # "torchrun" | "spawn" | "none"
+    launcher_kind: str             # see discovery.KINDS
     rank_pids: tuple[int, ...]     # live processes judged as ranks
     run_id: str
+    # the rank of each of rank_pids (same order) by the launcher's convention
+    # (environment, spawn index, NODE_RANK x local world + LOCAL_RANK); -1: unknown
+    ranks: tuple[int, ...] = ()
+    world_size: int = -1           # as the launch says it; -1: unknown
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Snapshot:
     heartbeats: HeartbeatObs | None
     probes: tuple[ProbeStatus, ...]
     traffic: Traffic | None = None  # connection attempts on the wire (root only)
+    duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

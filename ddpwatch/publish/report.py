@@ -38,10 +38,13 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     lines.append(f"JOB: {label(job.verdict)}   culprit: {culprits}")
     lines.append(_wrap(job.summary, "  "))
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
-                if last.job.launcher_pid > 0 else "no launcher")
+                if last.job.launcher_pid > 0 else f"launched by {last.job.launcher_kind}"
+                if last.job.launcher_kind not in ("none", "") else "no launcher")
     lines.append(f"  ({len(last.job.rank_pids)} local rank process(es), {launcher})")
     for r in judgement.ranks:
-        who = f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid else "rank ?"
+        # no record, environment or launch convention says its number: say so (issue 13)
+        who = (f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid
+               else "rank unknown")
         lines.append("")
         where = f" on {r.host or 'a peer node'} (peer view)" if r.remote else ""
         lines.append(f"{who:<8} pid {r.pid:<8} {label(r.verdict)}"

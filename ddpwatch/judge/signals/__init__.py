@@ -10,6 +10,8 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     stack       what py-spy dumps say the main thread does
     interfaces  where the rank's Gloo listens against where it reaches the master
     inbound     peers' connects this node drops (the traffic probe)
+    window      shares of a sampled window: stopped, running, asleep, throttled
+    launch      its place in the job when its environment does not say it
     host        the node: cores, bf16, hostname resolution, crowding
     state       what the rank is doing, from the families above
     peers       the rank next to the other ranks of its job
@@ -23,12 +25,13 @@ conclude anything).
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
-from . import heartbeat, host, inbound, interfaces, peers, process, sockets, stack, state
+from . import (heartbeat, host, inbound, interfaces, launch, peers, process, sockets, stack,
+               state, window)
 from .spec import Signal
 
 # measured per rank from the history, in this order (later families read earlier ones)
-PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound)
-FAMILIES = PER_RANK + (host, state, peers)
+PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound, window)
+FAMILIES = PER_RANK + (launch, host, state, peers)
 SIGNALS: dict[str, Signal] = {}
 for _family in FAMILIES:
     for _signal in _family.SIGNALS:
@@ -58,6 +61,7 @@ def local(history: tuple[Snapshot, ...]) -> list[dict]:
         s: dict = {}
         for family in PER_RANK:
             s.update(family.measure(history, pid))
+        s.update(launch.measure(history, pid, s))  # from the families above
         if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
             s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]
         s["launcher_only"] = not last.job.rank_pids
@@ -85,6 +89,9 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
     peers.link(ranks)
+    window.link(ranks)
+    for s in ranks:
+        s.update(launch.orphan(s))
     interfaces.link(ranks)
     inbound.link(ranks)
     return ranks

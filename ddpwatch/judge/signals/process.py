@@ -14,7 +14,8 @@ SIGNALS = declare(
     ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)"),
     ("runqueue_wait_ratio", NUMBER,
      "time the rank's threads waited for a CPU over the window, in cores"),
-    ("orphan", bool, "the process's parent is gone (re-parented to init or a subreaper)"),
+    ("orphan", bool, "a leftover: its parent is gone (re-parented to init or a subreaper) and "
+                     "it makes no progress (launch.orphan decides, after the peers)"),
     ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
     ("window_s", NUMBER, "seconds between the oldest and newest snapshot"),
     ("all_ranks_local", bool, "every rank of the job runs on this node (master on loopback, "

@@ -1,0 +1,91 @@
+"""Signals of a rank's place in its job when its environment does not say it
+(issue 13): mp.spawn, Lightning and other launchers' ranks have no RANK,
+WORLD_SIZE or MASTER_PORT at exec. Discovery numbers them by their launcher's
+convention (Job.ranks, Job.world_size); the store they share is found on the
+wire. Pure; `measure` completes a rank's signals after the other per-rank families,
+`orphan` after the peers'.
+"""
+from __future__ import annotations
+
+from ...observe.snapshot import Snapshot
+from .lookup import proc_of, sockets_of
+from .spec import declare
+
+SIGNALS = declare(
+    ("rank_source", str, "where the rank number comes from: env, launch (the launcher's "
+                         "convention: spawn index, NODE_RANK x local world + LOCAL_RANK), "
+                         "record, or unknown"),
+    ("store_port", int, "the TCPStore's port: MASTER_PORT, else the port one rank of the job "
+                        "listens on that every rank is connected to"),
+    ("parent_gone", bool, "the process was re-parented to init (PPID 1): its launcher or "
+                          "shell left"),
+    ("progressing", bool, "evidence of progress: its heartbeat advances, or it computes (CPU "
+                          ">= 30%) connected to all its peers, outside any collective wait"),
+)
+
+
+def measure(history: tuple[Snapshot, ...], pid: int, s: dict) -> dict:
+    """Completes a rank's signals `s` from the other per-rank families."""
+    last = history[-1]
+    job = last.job
+    out: dict = {}
+    if s.get("rank", -1) >= 0:
+        out["rank_source"] = "env"
+    elif s.get("hb_rank") is not None:  # the rank's own word, best of all
+        out["rank_source"] = "record"
+    elif pid in job.rank_pids and job.ranks and job.ranks[job.rank_pids.index(pid)] >= 0:
+        out["rank"], out["rank_source"] = job.ranks[job.rank_pids.index(pid)], "launch"
+    else:
+        out["rank_source"] = "record" if s.get("hb_rank") is not None else "unknown"
+    world = s.get("world_size", -1)
+    if (world is None or world < 0) and job.world_size > 0:
+        world = out["world_size"] = job.world_size
+    if s.get("gloo_unconnected") is None and world and world > 0 and last.sockets is not None:
+        store = store_port(last)
+        if store > 0:
+            out["store_port"] = store
+            data = sum(1 for k in sockets_of(last, pid) if k.state == "ESTABLISHED"
+                       and store not in (k.peer_port, k.local_port))
+            out["gloo_unconnected"] = max(world - 1 - data, 0)
+    # Lightning's world is its children's WORLD_SIZE; mp.spawn's is its children
+    # (single-node by construction: one parent spawns them all): every rank of the
+    # world is found here. Not for torchrun-like jobs: network namespaces share
+    # the process table, and their nodes' ranks would all look local.
+    if (job.launcher_kind in ("spawn", "lightning") and s.get("alive") and world
+            and world > 0 and not s.get("all_ranks_local") and len(job.rank_pids) == world):
+        out["all_ranks_local"] = True
+    return out
+
+
+def store_port(snap: Snapshot) -> int:
+    """MASTER_PORT as any rank's environment says, else the port that one rank of
+    the job listens on and every rank (the holder too: rank 0 is a client of its
+    own store) has an established connection to; -1 if none."""
+    for pid in snap.job.rank_pids:
+        proc = proc_of(snap, pid)
+        port = proc.env.get("MASTER_PORT", "") if proc else ""
+        if port.isascii() and port.isdigit() and 0 < int(port) < 65536:
+            return int(port)
+    pids = snap.job.rank_pids
+    if len(pids) < 2:
+        return -1
+    listening = {k.local_port for pid in pids for k in sockets_of(snap, pid)
+                 if k.state == "LISTEN"}
+    for port in sorted(listening):
+        if all(any(k.state == "ESTABLISHED" and k.peer_port == port for k in sockets_of(snap, pid))
+               for pid in pids):
+            return port
+    return -1
+
+
+def orphan(s: dict) -> dict:
+    """`orphan` is a leftover only (issue 13): its parent gone, and not a
+    progressing member of a live job; a rank whose launcher or shell went away
+    while it trains (nohup, a closed terminal, a container's init) is none.
+    Computed after the peers' signals (blocked, peers_alive)."""
+    progressing = bool(s.get("hb_advanced") or (
+        (s.get("cpu_ratio") or 0) >= 0.3 and not s.get("blocked")
+        and (s.get("gloo_unconnected") == 0 or s.get("peers_alive", 0) >= 1)))
+    parent_gone = bool(s.get("orphan"))
+    return {"parent_gone": parent_gone, "progressing": progressing,
+            "orphan": parent_gone and not progressing}

@@ -1,0 +1,68 @@
+"""Signals over a sampled window (issue 13): the shares of readings a rank was
+stopped, running or asleep (observe/duty.py), and its cgroup's CPU throttling.
+A rank stopped 70% of the time, or held back by a CPU quota, still advances:
+it is a straggler and its peers wait on it, not `stopped`. Pure.
+"""
+from __future__ import annotations
+
+from ...observe.snapshot import Snapshot
+from .spec import NUMBER, declare
+
+SIGNALS = declare(
+    ("duty_samples", int, "readings of the rank's thread states over the window"),
+    ("stopped_share", NUMBER, "share of those readings with the process stopped (state T)"),
+    ("running_share", NUMBER, "share with a thread running or waiting for a CPU (R)"),
+    ("asleep_share", NUMBER, "share with every thread asleep (S, D)"),
+    ("throttled_share", NUMBER, "share of its cgroup's CPU periods throttled over the window "
+                                "(cpu.stat)"),
+    ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window"),
+    ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)"),
+    ("cgroup", str, "its CPU cgroup"),
+    ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
+                        "throttled by a CPU quota, or starved of CPU next to its peers"),
+    ("peer_straggles", bool, "another rank of the job straggles"),
+)
+
+DUTY_MIN_SAMPLES = 5      # fewer readings are no share
+PART_STOPPED = (0.2, 0.95)
+THROTTLED = 0.2
+
+
+def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
+    duty = history[-1].duty
+    if duty is None:
+        return {}
+    mine = next((d for d in duty.ranks if d.pid == pid), None)
+    if mine is None or mine.samples < DUTY_MIN_SAMPLES:
+        return {"duty_samples": mine.samples if mine else 0}
+    n = mine.samples
+    s = {"duty_samples": n, "stopped_share": round(mine.stopped / n, 3),
+         "running_share": round(mine.running / n, 3), "asleep_share": round(mine.asleep / n, 3)}
+    if mine.cgroup:
+        s["cgroup"] = mine.cgroup
+        s["cpu_quota"] = round(mine.quota_cores, 3) if mine.quota_cores > 0 else None
+    first, last = mine.throttle_first, mine.throttle_last
+    if first is not None and last is not None and first.periods >= 0 and last.periods >= 0:
+        periods = last.periods - first.periods
+        if periods > 0:
+            s["throttled_share"] = round((last.throttled_periods - first.throttled_periods)
+                                         / periods, 3)
+        if first.throttled_s >= 0 and last.throttled_s >= 0:
+            s["throttled_s"] = round(last.throttled_s - first.throttled_s, 3)
+    return s
+
+
+def link(ranks: list[dict]) -> None:
+    """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
+    whether a peer does."""
+    for s in ranks:
+        part = s.get("stopped_share")
+        s["straggles"] = bool(s.get("alive") and (
+            (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1])
+            or (s.get("throttled_share") or 0) >= THROTTLED
+            or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
+                and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
+                and not s.get("blocked"))))
+    count = sum(s["straggles"] for s in ranks)
+    for s in ranks:
+        s["peer_straggles"] = count - s["straggles"] > 0

@@ -1,0 +1,199 @@
+"""How each rank spent a window: its threads' states sampled many times, and
+its cgroup's CPU throttling (issue 13). One or two readings are no evidence: a
+rank stopped 70% of the time, or throttled by a CPU quota, reads sometimes
+stopped, sometimes running, and healthy DDP ranks spend many readings in the
+same wait as a blocked one.
+
+READ is `read_states` / `read_cgroup` (small, impure: files under a procfs and
+a cgroup root); PARSE is `parse_*` (pure); `DutyWatch` accumulates readings
+between the sampler's snapshots and freezes them into `Duty` for the snapshot.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MAX_THREADS = 512  # threads read per rank and reading: bounds a reading's cost
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """cpu.stat of the rank's cgroup: v2 (throttled_usec) or v1's cpu controller
+    (throttled_time, ns); -1 unknown."""
+    periods: int
+    throttled_periods: int
+    throttled_s: float
+
+
+@dataclass(frozen=True)
+class RankDuty:
+    pid: int
+    samples: int        # readings taken
+    stopped: int        # readings with the process stopped (T, t)
+    running: int        # readings with a thread running or runnable (R)
+    asleep: int         # readings with every thread asleep (S, D, I)
+    cgroup: str = ""    # the cgroup whose cpu.stat was read ("" none readable)
+    quota_cores: float = -1.0  # the cgroup's CPU limit in cores; -1 none or unknown
+    throttle_first: Throttle | None = None
+    throttle_last: Throttle | None = None
+
+
+@dataclass(frozen=True)
+class Duty:
+    seconds: float      # from the first reading to the last
+    ranks: tuple[RankDuty, ...]
+
+
+# ---------------------------------------------------------------- PARSE (pure)
+
+def parse_state(stat_text: str) -> str:
+    """The state letter of a /proc/PID(/task/TID)/stat ("" if unreadable)."""
+    tail = stat_text.rpartition(")")[2].split()
+    return tail[0] if tail else ""
+
+
+def parse_cgroup(text: str) -> tuple[str, str]:
+    """/proc/PID/cgroup -> ("v2", path) for the unified hierarchy, ("v1", path)
+    for a v1 hierarchy holding the cpu controller (preferred: it has the quota),
+    ("", "") if neither. Paths are the kernel's, but are checked anyway."""
+    v1 = v2 = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if not _safe(path):
+            continue
+        if controllers == "":
+            v2 = path
+        elif "cpu" in controllers.split(","):
+            v1 = path
+    if v1 is not None:
+        return "v1", v1
+    return ("v2", v2) if v2 is not None else ("", "")
+
+
+def _safe(path: str) -> bool:
+    return path.startswith("/") and ".." not in path.split("/") and "\0" not in path
+
+
+def parse_cpu_stat(text: str) -> Throttle:
+    kv = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            kv[key] = int(value)
+    if "throttled_usec" in kv:
+        throttled = kv["throttled_usec"] / 1e6
+    elif "throttled_time" in kv:
+        throttled = kv["throttled_time"] / 1e9
+    else:
+        throttled = -1.0
+    return Throttle(kv.get("nr_periods", -1), kv.get("nr_throttled", -1), throttled)
+
+
+def parse_quota(version: str, cpu_max: str = "", quota_us: str = "", period_us: str = "") -> float:
+    """Cores allowed: v2 `cpu.max` "max 100000" / "20000 100000"; v1
+    cfs_quota_us (-1: none) over cfs_period_us. -1.0 when unlimited or unknown."""
+    try:
+        if version == "v2":
+            quota, _, period = cpu_max.split()[0], None, cpu_max.split()[1]
+            return -1.0 if quota == "max" else int(quota) / int(period)
+        quota, period = int(quota_us), int(period_us)
+        return quota / period if quota > 0 and period > 0 else -1.0
+    except (ValueError, IndexError, ZeroDivisionError):
+        return -1.0
+
+
+# ---------------------------------------------------------------- READ (impure)
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read(65536)
+
+
+def read_states(procfs: str, pid: int) -> tuple[str, tuple[str, ...]] | None:
+    """(process state, its threads' states), None if gone."""
+    try:
+        state = parse_state(_read(f"{procfs}/{pid}/stat"))
+        tids = os.listdir(f"{procfs}/{pid}/task")[:MAX_THREADS]
+    except OSError:
+        return None
+    states = []
+    for tid in tids:
+        try:
+            states.append(parse_state(_read(f"{procfs}/{pid}/task/{tid}/stat")))
+        except OSError:
+            continue  # exited between listdir and read
+    return state, tuple(states)
+
+
+def read_cgroup(procfs: str, cgroot: str, pid: int) -> tuple[str, float, Throttle | None]:
+    """(cgroup directory, quota in cores, cpu.stat) of `pid`'s CPU cgroup."""
+    try:
+        version, path = parse_cgroup(_read(f"{procfs}/{pid}/cgroup"))
+    except OSError:
+        return "", -1.0, None
+    if not version:
+        return "", -1.0, None
+    # the v1 cpu controller may be mounted as cpu or cpu,cpuacct; v2 at the root
+    # or beside v1 under unified/
+    bases = ([f"{cgroot}/cpu", f"{cgroot}/cpu,cpuacct"] if version == "v1"
+             else [cgroot, f"{cgroot}/unified"])
+    for base in bases:
+        directory = os.path.normpath(base + path)
+        try:
+            throttle = parse_cpu_stat(_read(f"{directory}/cpu.stat"))
+        except OSError:
+            continue
+        try:
+            if version == "v2":
+                quota = parse_quota("v2", cpu_max=_read(f"{directory}/cpu.max"))
+            else:
+                quota = parse_quota("v1", quota_us=_read(f"{directory}/cpu.cfs_quota_us"),
+                                    period_us=_read(f"{directory}/cpu.cfs_period_us"))
+        except OSError:
+            quota = -1.0  # the root cgroup has no limit files
+        return directory, quota, throttle
+    return "", -1.0, None
+
+
+class DutyWatch:
+    """Readings of a job's ranks between two snapshots: `read()` as often as the
+    caller can afford (diagnose: every 50 ms over its window), `freeze()` for
+    the snapshot."""
+
+    def __init__(self, pids: tuple[int, ...], clock, procfs: str = "/proc",
+                 cgroot: str = "/sys/fs/cgroup"):
+        self.pids, self.clock, self.procfs, self.cgroot = pids, clock, procfs, cgroot
+        self.counts = {pid: [0, 0, 0, 0] for pid in pids}  # samples stopped running asleep
+        self.first_at = self.last_at = None
+        self.cgroups = {pid: read_cgroup(procfs, cgroot, pid) for pid in pids}
+
+    def read(self) -> None:
+        now = self.clock()
+        self.first_at = now if self.first_at is None else self.first_at
+        self.last_at = now
+        for pid in self.pids:
+            seen = read_states(self.procfs, pid)
+            if seen is None:
+                continue
+            state, threads = seen
+            c = self.counts[pid]
+            c[0] += 1
+            if state in ("T", "t"):
+                c[1] += 1
+            elif "R" in threads or state == "R":
+                c[2] += 1
+            elif threads and all(t in ("S", "D", "I") for t in threads):
+                c[3] += 1
+
+    def freeze(self) -> Duty:
+        ranks = []
+        for pid in self.pids:
+            directory, quota, first = self.cgroups[pid]
+            last = read_cgroup(self.procfs, self.cgroot, pid)[2] if directory else None
+            ranks.append(RankDuty(pid, *self.counts[pid], cgroup=directory, quota_cores=quota,
+                                  throttle_first=first, throttle_last=last))
+        seconds = (self.last_at - self.first_at) if self.first_at is not None else 0.0
+        return Duty(round(seconds, 4), tuple(ranks))
