@@ -202,7 +202,7 @@ def test_killed_rank_whose_node_goes_silent(start_job, hb_dir, netns):
     report = until_verdict(r0, {0: ("blocked_in_collective", "victim"), 1: ("dead", "culprit")},
                            TIMEOUT, hb_dir=hb_dir)
     assert report["job"]["verdict"] == "dead" and report["job"]["culprits"] == [1]
-    assert report["job"]["launcher_kind"] == "none"  # found through MASTER_ADDR:PORT alone
+    assert report["job"]["launcher_kind"] == "env"  # started by hand: MASTER_ADDR:PORT alone
     ranks = by_rank(report)
     assert ranks[1]["pid"] == r1 and ranks[0]["rule"] == "blocked-on-dead-peer"
 
