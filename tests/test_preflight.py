@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from conftest import REPO, free_port, need, wait_until
 
@@ -87,8 +88,12 @@ def test_healthy_pair_passes_and_a_job_then_trains(start_job, tmp_path, netns):
                          name=f"node{rank}")
     n0 = node(0, netns["host_if"])
     n1 = node(1, netns["peer_if"], netns["exec"])
-    assert n0.wait(240) == 0, n0.output()
-    assert n1.wait(60) == 0, n1.output()
+    for job, timeout in ((n0, 240), (n1, 60)):
+        try:
+            assert job.wait(timeout) == 0, job.output()
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launch after preflight did not finish in {timeout} s\n"
+                        f"--- node 0:\n{n0.output()[-3000:]}\n--- node 1:\n{n1.output()[-3000:]}")
     assert "rank 0 step 40 loss" in n0.output() and "rank 1 step 40 loss" in n1.output()
 
 
