@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 from conftest import REPO, free_port, need, trainer, wait_until
-from diag import (by_hand, by_rank, diagnose, env_rank, launcher_pid, pin, python_pid, rank_pids,
-                  until_verdict, until_verdict_with, verdicts)
+from diag import (by_hand, by_rank, cpu_has_bf16, diagnose, env_rank, launcher_pid, pin,
+                  python_pid, rank_pids, until_verdict, until_verdict_with, verdicts)
 
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
@@ -98,15 +98,6 @@ def test_desync(start_job, hb_dir):
                            hb_dir=hb_dir)
     assert report["job"]["verdict"] == "desync" and report["job"]["culprits"] == [1]
     assert by_rank(report)[1]["signals"]["hb_op"] == "all_gather_into_tensor"
-
-
-def cpu_has_bf16() -> bool:
-    with open("/proc/cpuinfo") as f:
-        flags = set()
-        for line in f:
-            if line.startswith(("flags", "Features")):
-                flags |= set(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def test_bf16_on_cpu_only_without_bf16_support(start_job, hb_dir):
