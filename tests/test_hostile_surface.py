@@ -417,13 +417,20 @@ def test_escape_sequences_from_a_user_are_shown_escaped_by_status(start_job, tmp
                                                                   shared_dir):
     need_root()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
-    _, pid = start_fake_rank(start_job, shared_dir, run_id=ESCAPES)
+    _, pid = start_fake_rank(start_job, shared_dir, run_id=ESCAPES, honest=True)
     wait_until(lambda: job_with(daemon.status(), pid), 60, what="the user's rank in /status")
     out = run_cli("status", "--url", daemon.url)
     assert out.returncode == 0, out.stderr
     assert str(pid) in out.stdout
     shown = out.stdout
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", shown), repr(shown)
+    # the other commands that print what ranks wrote: `ranks` (the run id in its
+    # table) and `diagnose` (a report a person reads)
+    for args in (("ranks",), ("diagnose", "--no-stacks", str(pid))):
+        out = run_cli(*args)
+        assert str(pid) in out.stdout, (args, out.stdout, out.stderr)
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]",
+                             out.stdout + out.stderr), (args, repr(out.stdout + out.stderr))
     keeps_ticking(daemon)
     no_traceback(daemon)
 
