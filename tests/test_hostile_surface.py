@@ -244,6 +244,8 @@ def test_1030_idle_connections_neither_exhaust_descriptors_nor_stall_metrics(
     keeps_ticking(daemon)
     metrics = get(daemon.url + "/metrics")[1].decode()
     assert 'ddpwatch_probe_success{probe="heartbeats"} 1.0' in metrics  # discovery not EMFILE
+    refused = refused_counts(metrics)
+    assert refused.get("evicted", 0) + refused.get("expired", 0) > 0, refused
     no_traceback(daemon)
 
 
@@ -285,8 +287,16 @@ def test_slow_dripping_clients_hold_no_worker(start_job, tmp_path, hb_dir):
         assert code == 200 and time.monotonic() - started < 5, code
         time.sleep(0.5)
     wait_until(lambda: "sent" in attacker.output(), 60, what="the end of the drip attack")
+    # what the server refused is in /metrics: the drippers were cut or expired
+    refused = refused_counts(get(daemon.url + "/metrics")[1].decode())
+    assert refused.get("cut", 0) + refused.get("expired", 0) > 0, refused
     keeps_ticking(daemon)
     no_traceback(daemon)
+
+
+def refused_counts(metrics: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^ddpwatch_http_refused_total\{reason="(\w+)"\} (\S+)$', metrics, re.M)}
 
 
 RESET_ATTACK = r"""
