@@ -75,38 +75,10 @@ def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
     return ThirdParty(launcher, job, pids, tmp)
 
 
-@pytest.fixture(scope="module", params=sorted(SCRIPTS))
-def third(request, tmp_path_factory):
-    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
-    yield tp
-    tp.job.kill()
-
-
 def _ranks_are_the_scripts_own(report: dict, tp: ThirdParty) -> None:
     """Each rank number as discovery found it is the one the script itself knows."""
     got = {r["rank"]: r["pid"] for r in report["ranks"]}
     assert got == tp.pids, (got, tp.pids)
-
-
-def test_healthy_without_heartbeats(third, need_py_spy):
-    report = third.until("healthy", HEALTHY)
-    _ranks_are_the_scripts_own(report, third)
-    if third.launcher == "accelerate":  # torchrun's agent inside accelerate's process
-        assert report["job"]["launcher_kind"] == "accelerate"
-        assert report["job"]["launcher_pid"] == third.job.proc.pid
-    assert report["job"]["culprits"] == []
-    assert all(not r["findings"] for r in report["ranks"]), report["ranks"]
-
-
-def test_stopped_rank_is_the_culprit_and_its_peer_a_victim(third, need_py_spy):
-    os.kill(third.pids[1], signal.SIGSTOP)
-    try:
-        report = third.until("stopped", {1: ("stopped", "culprit"),
-                                         0: ("blocked_in_collective", "victim")})
-        assert report["job"]["culprits"] == [1]
-    finally:
-        os.kill(third.pids[1], signal.SIGCONT)
-    third.until("resumed", HEALTHY)
 
 
 def _duty_cycle(pid: int, stopped_s: float, running_s: float, done: threading.Event):
@@ -115,23 +87,6 @@ def _duty_cycle(pid: int, stopped_s: float, running_s: float, done: threading.Ev
         time.sleep(stopped_s)
         os.kill(pid, signal.SIGCONT)
         time.sleep(running_s)
-
-
-def test_rank_stopped_most_of_the_time_is_a_straggler_not_stopped(third, need_py_spy):
-    done = threading.Event()
-    cycler = threading.Thread(target=_duty_cycle, args=(third.pids[1], 0.07, 0.03, done),
-                              daemon=True)
-    cycler.start()
-    try:
-        report = third.until("part_stopped", {1: ("straggler", "culprit"),
-                                              0: ("waiting_on_peer", "victim")})
-        assert by_rank(report)[1]["signals"]["stopped_share"] < 0.95
-        assert report["job"]["culprits"] == [1]
-    finally:
-        done.set()
-        cycler.join(timeout=5)
-        os.kill(third.pids[1], signal.SIGCONT)
-    third.until("resumed", HEALTHY)
 
 
 def _cgroup_dir() -> tuple[str, str]:
@@ -143,36 +98,6 @@ def _cgroup_dir() -> tuple[str, str]:
     if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
         return "v1", "/sys/fs/cgroup/cpu"
     return "", ""
-
-
-def test_straggler_by_cgroup_cpu_quota(third, need_py_spy):
-    version, root = _cgroup_dir()
-    need(os.geteuid() == 0 and bool(version), "needs root and a CPU cgroup hierarchy")
-    group = os.path.join(root, f"ddpwatch-test-{os.getpid()}-{third.launcher}")
-    os.mkdir(group)
-    pid = third.pids[1]
-    try:
-        if version == "v2":
-            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
-                f.write("+cpu")
-            with open(os.path.join(group, "cpu.max"), "w") as f:
-                f.write("10000 100000")
-        else:
-            with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
-                f.write("100000")
-            with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
-                f.write("10000")
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-        report = third.until("throttled", {1: ("straggler", "culprit"),
-                                           0: ("waiting_on_peer", "victim")})
-        assert by_rank(report)[1]["rule"] == "straggler-throttled"
-        assert report["job"]["culprits"] == [1]
-    finally:
-        with open(os.path.join(root, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-        wait_until(lambda: _rmdir(group), 30, what=f"{group} removed")
-    third.until("resumed", HEALTHY)
 
 
 def _rmdir(path: str) -> bool:
@@ -279,3 +204,80 @@ def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
             if r["verdict"] == "healthy":
                 assert r["signals"].get("gloo_unconnected") == 0, r["signals"]
     assert len(seen) >= 2
+
+
+# --- one shared job per launcher, last in the module: the last one lives until the
+# module ends and must not load the machine under the tests above --------------
+@pytest.fixture(scope="module", params=sorted(SCRIPTS))
+def third(request, tmp_path_factory):
+    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
+    yield tp
+    tp.job.kill()
+
+
+def test_healthy_without_heartbeats(third, need_py_spy):
+    report = third.until("healthy", HEALTHY)
+    _ranks_are_the_scripts_own(report, third)
+    if third.launcher == "accelerate":  # torchrun's agent inside accelerate's process
+        assert report["job"]["launcher_kind"] == "accelerate"
+        assert report["job"]["launcher_pid"] == third.job.proc.pid
+    assert report["job"]["culprits"] == []
+    assert all(not r["findings"] for r in report["ranks"]), report["ranks"]
+
+
+def test_stopped_rank_is_the_culprit_and_its_peer_a_victim(third, need_py_spy):
+    os.kill(third.pids[1], signal.SIGSTOP)
+    try:
+        report = third.until("stopped", {1: ("stopped", "culprit"),
+                                         0: ("blocked_in_collective", "victim")})
+        assert report["job"]["culprits"] == [1]
+    finally:
+        os.kill(third.pids[1], signal.SIGCONT)
+    third.until("resumed", HEALTHY)
+
+
+def test_rank_stopped_most_of_the_time_is_a_straggler_not_stopped(third, need_py_spy):
+    done = threading.Event()
+    cycler = threading.Thread(target=_duty_cycle, args=(third.pids[1], 0.07, 0.03, done),
+                              daemon=True)
+    cycler.start()
+    try:
+        report = third.until("part_stopped", {1: ("straggler", "culprit"),
+                                              0: ("waiting_on_peer", "victim")})
+        assert by_rank(report)[1]["signals"]["stopped_share"] < 0.95
+        assert report["job"]["culprits"] == [1]
+    finally:
+        done.set()
+        cycler.join(timeout=5)
+        os.kill(third.pids[1], signal.SIGCONT)
+    third.until("resumed", HEALTHY)
+
+
+def test_straggler_by_cgroup_cpu_quota(third, need_py_spy):
+    version, root = _cgroup_dir()
+    need(os.geteuid() == 0 and bool(version), "needs root and a CPU cgroup hierarchy")
+    group = os.path.join(root, f"ddpwatch-test-{os.getpid()}-{third.launcher}")
+    os.mkdir(group)
+    pid = third.pids[1]
+    try:
+        if version == "v2":
+            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+            with open(os.path.join(group, "cpu.max"), "w") as f:
+                f.write("10000 100000")
+        else:
+            with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
+                f.write("100000")
+            with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
+                f.write("10000")
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        report = third.until("throttled", {1: ("straggler", "culprit"),
+                                           0: ("waiting_on_peer", "victim")})
+        assert by_rank(report)[1]["rule"] == "straggler-throttled"
+        assert report["job"]["culprits"] == [1]
+    finally:
+        with open(os.path.join(root, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        wait_until(lambda: _rmdir(group), 30, what=f"{group} removed")
+    third.until("resumed", HEALTHY)
