@@ -18,6 +18,7 @@ from typing import Callable
 from ..heartbeat.scan import ScanState
 from . import discovery
 from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
+from .probes.exits import for_pids, open_watch
 from .probes.traffic import for_ports, local_ports, open_capture
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
@@ -38,6 +39,7 @@ class Survey:
     host: object                   # probes.host.Host, or None
     record_dirs: tuple[str, ...]   # directories the ranks named (DDPWATCH_DIR)
     probes: tuple[ProbeStatus, ...]
+    exits: object = None           # probes.exits.Exits (the watched pids' ends), or None
 
     @property
     def live_record_pids(self) -> frozenset[int]:
@@ -67,6 +69,12 @@ class Sampler:
         self._exec_cache: dict | None = {} if keep_caches else None
         self._dead_records: dict | None = {} if keep_caches else None
         self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        # the kernel's process events: how watched ranks end (probes/exits.py)
+        self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
+        # pids of the ranks and launchers sampled in this pass and the last: whose
+        # exits the next survey keeps (others' are dropped: any user can fork)
+        self._watched: set[int] = set()
+        self._watched_before: set[int] = set()
         self._host, self._host_at = None, -1e18
         self._scan_state = ScanState()  # record directories' listings, refused files
         self._dumps_left = MAX_DUMPS_PER_PASS
@@ -80,6 +88,10 @@ class Sampler:
         if enabled("traffic") != (self._capture is not None):
             self.close()
             self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        if enabled("exits") != (self._exit_watch is not None):
+            if self._exit_watch is not None:
+                self._exit_watch.close()
+            self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
         self.ctx, self.enabled = ctx, enabled
         self.stacks_min_interval_s = stacks_min_interval_s
 
@@ -87,6 +99,9 @@ class Sampler:
         if self._capture is not None:
             self._capture.close()
             self._capture = None
+        if self._exit_watch is not None:
+            self._exit_watch.close()
+            self._exit_watch = None
 
     def __enter__(self):
         return self
@@ -114,13 +129,21 @@ class Sampler:
             result = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
             statuses.append(status_of(result))
             traffic = result.data if result.ok else None
+        exits = None
+        if self._exit_watch is not None:  # drained every pass: exits carry their own times
+            watched = tuple(sorted(self._watched | self._watched_before))
+            self._watched_before, self._watched = self._watched, set()
+            result = run_probe("exits", dataclasses.replace(ctx, exit_watch=self._exit_watch),
+                               watched)
+            statuses.append(status_of(result))
+            exits = result.data if result.ok else None
         if self.enabled("host") and ctx.clock() - self._host_at >= HOST_MAX_AGE_S:
             result = run_probe("host", ctx, ())
             statuses.append(status_of(result))
             if result.ok:
                 self._host, self._host_at = result.data, ctx.clock()
         return Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
-                      tuple(statuses))
+                      tuple(statuses), exits)
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
@@ -128,6 +151,8 @@ class Sampler:
         """A snapshot of `job` looked at as closely as `look` asks (Look.STACKS:
         through `look_closer`, see there for `key` and `force_stacks`). Which job
         probes run is their registration's policy (probes/__init__.py ProbeSpec)."""
+        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+        self._watched.update(pids)
         ctx = self._ctx(survey, look)
         # An orphan rank's finding needs its listening sockets, and a job without
         # heartbeats has nothing but what the probes see: such jobs are "silent"
@@ -148,7 +173,9 @@ class Sampler:
             host=survey.host, heartbeats=survey.heartbeats,
             probes=tuple(status_of(r) for r in results),
             # the node's connection attempts that concern this job only
-            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))), **data)
+            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))),
+            # how this job's ranks (those gone included) and launcher ended
+            exits=for_pids(survey.exits, pids + job.departed_pids), **data)
         return self.look_closer(snap, survey, key, force_stacks) if look >= Look.STACKS else snap
 
     def look_closer(self, snap: Snapshot, survey: Survey, key: str = "",

@@ -12,6 +12,7 @@ from .. import codec
 from ..errors import DdpwatchError
 from .duty import Duty
 from .probes import ProbeResult
+from .probes.exits import Exits
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
 from .probes.process import Processes
@@ -42,6 +43,10 @@ class Job:
     # (environment, spawn index, NODE_RANK x local world + LOCAL_RANK); -1: unknown
     ranks: tuple[int, ...] = ()
     world_size: int = -1           # as the launch says it; -1: unknown
+    # ranks of this job whose processes ended while it was watched (the exits
+    # probe saw them go), with their ranks (same order): judged as dead ranks
+    departed_pids: tuple[int, ...] = ()
+    departed_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Snapshot:
     probes: tuple[ProbeStatus, ...]
     traffic: Traffic | None = None  # connection attempts on the wire (root only)
     duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
+    exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

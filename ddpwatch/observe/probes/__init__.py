@@ -53,6 +53,9 @@ class ProbeContext:
     # traffic probe: the packet capture its caller opened and keeps across samples
     # (traffic.SynCapture; None when it could not be opened)
     syn_capture: Any = None
+    # exits probe: the process-events watch its caller opened and keeps across
+    # samples (exits.ExitWatch; NoWatch when it could not be opened)
+    exit_watch: Any = None
     # heartbeats probe: heartbeat/scan.py's ScanState (listings, refused files)
     # kept by a caller that reads every second
     scan_state: Any = None
