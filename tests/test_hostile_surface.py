@@ -523,7 +523,7 @@ def test_unit_exposure_is_at_most_3():
         assert directive in text, directive
     caps = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.M).group(1).split()
     assert set(caps) == {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_NET_RAW",
-                         "CAP_SYS_ADMIN"}
+                         "CAP_SYS_ADMIN", "CAP_NET_ADMIN"}
 
 
 SERVICE_UID = 61873  # in systemd's DynamicUser range (61184-65519)
@@ -645,7 +645,7 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
     assert stack, f"no py-spy stacks of another user's rank (CAP_SYS_PTRACE): {rank}"
     assert sockets, f"sockets not read in the rank's namespace (nsenter: CAP_SYS_ADMIN): {rank}"
     text = get(url + "/metrics")[1].decode()
-    for probe in ("heartbeats", "process", "traffic", "host"):
+    for probe in ("heartbeats", "process", "traffic", "host", "exits"):
         if probe == "host" and metric(text, "ddpwatch_probe_success", probe=probe) is None:
             continue  # host runs on the first tick and every 60th
         assert metric(text, "ddpwatch_probe_success", probe=probe) == 1.0, (probe, text)

@@ -131,6 +131,14 @@ EXPECTED.update({
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
 })
+# A rank killed under the daemon (tests/test_thirdparty_killed.py): the job was gone
+# within a second; held, it is judged from how each process ended (probes/exits.py)
+KILLED = ("dead", "culprit", "died-first")
+AFTER = ("dead", "victim", "ended-after-peer")
+EXPECTED.update({"thirdparty_spawn_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_lightning_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_spawn_oom_killed": (
+                     {0: AFTER, 1: ("dead", "culprit", "oom-killed-first")}, [1], {})})
 LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
 for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():

@@ -39,10 +39,69 @@ def _trains(daemon, pids: set[int]):
     return None
 
 
-@pytest.mark.parametrize("launcher", ["spawn", "lightning"])
-def test_killed_rank_is_the_culprit_after_the_job_is_gone(launcher, start_job, tmp_path,
+def _memory_cgroup() -> tuple[str, str]:
+    """A memory cgroup hierarchy we may make a child in: v2, else v1's controller."""
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        with open("/sys/fs/cgroup/cgroup.controllers") as f:
+            if "memory" in f.read().split():
+                return "v2", "/sys/fs/cgroup"
+    if os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        return "v1", "/sys/fs/cgroup/memory"
+    return "", ""
+
+
+def _rmdir(path: str) -> bool:
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _sigkill(pid: int, tmp_path) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _out_of_memory(pid: int, tmp_path) -> None:
+    """Moves `pid` into a child memory cgroup limited to 1 MiB: its next pages
+    are over the limit and the kernel's OOM killer kills it (within 0.2 s here)."""
+    version, root = _memory_cgroup()
+    group = os.path.join(root, f"ddpwatch-test-oom-{os.getpid()}")
+    os.mkdir(group)
+    if version == "v2":
+        with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+            f.write("+memory")
+        limit, swap = "memory.max", "memory.swap.max"
+    else:
+        limit, swap = "memory.limit_in_bytes", ""
+    with open(os.path.join(group, limit), "w") as f:
+        f.write(str(1 << 20))
+    if swap and os.path.exists(os.path.join(group, swap)):
+        with open(os.path.join(group, swap), "w") as f:
+            f.write("0")
+    with open(os.path.join(group, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+    tmp_path.joinpath("oom-cgroup").write_text(group)
+
+
+# launcher, how rank 1 ends, the culprit's rule, what its evidence says
+CASES = {
+    "spawn": ("spawn", _sigkill, "died-first", "was killed by SIGKILL"),
+    "lightning": ("lightning", _sigkill, "died-first", "was killed by SIGKILL"),
+    "spawn-oom": ("spawn", _out_of_memory, "oom-killed-first",
+                  "was killed by SIGKILL (the kernel's OOM killer)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_path,
                                                           hb_dir, receivers):
+    launcher, kill, rule, how = CASES[case]
     need(os.geteuid() == 0, "the kernel's process events need root (CAP_NET_ADMIN)")
+    if kill is _out_of_memory:
+        need(bool(_memory_cgroup()[0]), "needs a memory cgroup hierarchy")
     hook = receivers()
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url}],
@@ -53,16 +112,19 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(launcher, start_job, t
         healthy = wait_until(lambda: _trains(daemon, pids), 150, interval=0.5,
                              what=f"{launcher} job judged healthy by the daemon")
         key = healthy["key"]
-        os.kill(tp.pids[1], signal.SIGKILL)
+        kill(tp.pids[1], tmp_path)
         firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
                                      and b["job"] == key], 60, what="firing webhook")
         # the job is gone by now (the launcher ended it); the daemon judged it anyway
         tp.job.wait(timeout=60)
     finally:
         tp.job.kill()
+        group = tmp_path / "oom-cgroup"
+        if group.exists():
+            wait_until(lambda: _rmdir(group.read_text()), 30, what="the test's cgroup removed")
     alert = firing[-1]
     assert alert["verdict"] == "dead" and alert["culprits"] == [1], alert
-    assert "rank 1" in alert["summary"] and "killed by SIGKILL" in alert["summary"], alert
+    assert "rank 1" in alert["summary"] and how in alert["summary"], alert
     incident = wait_until(lambda: next((i for i in daemon.status()["incidents"]
                                         if i["job"] == key and i["bundle"]), None),
                           30, what="the incident's bundle")
@@ -71,12 +133,17 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(launcher, start_job, t
     assert report["job"]["culprits"] == [1]
     culprit, victim = ranks[1], ranks[0]
     assert (culprit["verdict"], culprit["role"], culprit["rule"]) == ("dead", "culprit",
-                                                                      "died-first"), culprit
-    assert culprit["pid"] == tp.pids[1] and "was killed by SIGKILL" in culprit["evidence"]
+                                                                      rule), culprit
+    assert culprit["pid"] == tp.pids[1] and how in culprit["evidence"]
     assert f"launched by {launcher}" in culprit["evidence"]
+    # rank 0 ended after it (its collective failed, or its launcher ended it); a
+    # tick between the two deaths sees it still alive, a survivor of a dead peer
     assert victim["role"] == "victim" and victim["pid"] == tp.pids[0], victim
-    assert "after rank 1 was killed by SIGKILL" in victim["evidence"] or \
-        "rank 1 (pid" in victim["evidence"], victim
+    assert victim["rule"] in ("ended-after-peer", "survivor-of-dead-peer",
+                              "blocked-on-dead-peer"), victim
+    assert f"rank 1 {how}" in victim["evidence"] or (
+        f"rank 1, pid {tp.pids[1]}, {how}" in victim["evidence"]), victim
     if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        name = case.replace("-", "_")
         shutil.copy(os.path.join(incident["bundle"], "snapshots.json"),
-                    os.path.join(SNAPSHOTS, f"thirdparty_{launcher}_killed.json"))
+                    os.path.join(SNAPSHOTS, f"thirdparty_{name}_killed.json"))
