@@ -155,6 +155,12 @@ def test_jobs_that_ended_cleanly_or_were_stopped_are_not_held():
     assert book.update([], None, 1.0) == []
 
 
+def test_an_exit_from_before_the_job_is_another_process_with_that_pid():
+    book = Departures()
+    book.update([("k", "job", SPAWN)], _exits(), 10.0)
+    assert book.update([], _exits(_exit(12, 5.0, 9)), 11.0) == []
+
+
 def test_a_live_jobs_dead_rank_stays_in_it():
     book = Departures()
     book.update([("k", "job", SPAWN)], _exits(), 0.0)
@@ -204,3 +210,36 @@ def test_the_connector_reports_a_killed_child_here():
         assert abs(got[0].at - time.monotonic()) < 5
     finally:
         watch.close()
+
+
+def test_a_rank_dying_in_a_window_is_named_beside_its_lingering_peer(tmp_path):
+    """`diagnose`'s shape: the job found with both ranks, rank 1 gone by the
+    window's end with its exit seen, rank 0 still waiting in its collective. Made
+    from the real mp.spawn fixture with rank 1 stopped (rank 0 blocked): rank 1's
+    process marked gone and its SIGKILL added, as the exits probe reports it."""
+    import json
+
+    from conftest import REPO
+
+    from ddpwatch.judge import classify
+    from ddpwatch.judge import rules as rules_mod
+    from ddpwatch.observe.snapshot import load
+    src = os.path.join(REPO, "tests", "fixtures", "snapshots", "thirdparty_spawn_stopped.json")
+    with open(src) as f:
+        data = json.load(f)
+    last = data["history"][-1]
+    rank1 = last["job"]["rank_pids"][1]
+    for proc in last["processes"]["procs"]:
+        if proc["pid"] == rank1:
+            proc["error"] = "gone"
+    last["exits"] = {"taken_at": last["taken_at"], "since": data["history"][0]["taken_at"],
+                     "exits": [{"pid": rank1, "at": last["taken_at"] - 0.5, "status": 9,
+                                "code": -1, "signal": 9, "core": False, "ppid": 1,
+                                "oom_kills": 0}], "lost": 0, "last_loss_s": -1.0}
+    path = tmp_path / "died_in_window.json"
+    path.write_text(json.dumps(data))
+    j = classify.judge(load(str(path)), rules_mod.load_default(None))
+    by_rank = {v.rank: v for v in j.ranks}
+    assert j.job.culprits == (1,) and by_rank[1].rule == "died-first"
+    assert (by_rank[0].verdict, by_rank[0].role) == ("blocked_in_collective", "victim")
+    assert f"rank 1 (pid {rank1}) was killed by SIGKILL" in by_rank[0].evidence

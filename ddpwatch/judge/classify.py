@@ -128,8 +128,10 @@ def _job_verdict(verdicts: list[RankVerdict]) -> JobVerdict:
         parts = [f"{_name(c)} is the culprit ({c.verdict.replace('_', ' ')}): {c.evidence}."
                  for c in culprits]
         if victims:
-            parts.append(f"{', '.join(_name(v) for v in victims)} "
-                         f"{'waits' if len(victims) == 1 else 'wait'} on it "
+            # casualties that ended after it (probes/exits.py) wait on nothing
+            after = ("ended after it" if all(v.verdict == "dead" for v in victims) else
+                     f"{'waits' if len(victims) == 1 else 'wait'} on it")
+            parts.append(f"{', '.join(_name(v) for v in victims)} {after} "
                          f"({', '.join(sorted({v.verdict.replace('_', ' ') for v in victims}))}).")
         parts.append(f"Remedy: {lead.remedy}")
         return JobVerdict(verdict, tuple(c.rank for c in culprits), " ".join(parts))

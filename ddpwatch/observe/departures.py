@@ -30,6 +30,8 @@ class Departures:
         self.hold_s = hold_s
         self._last: dict[str, tuple[Job, str]] = {}        # key -> (job, label) last tick
         self._held: dict[str, tuple[Job, str, float]] = {}  # key -> (job, label, until)
+        self._since: dict[str, float] = {}  # key -> when first seen: older exits are of
+                                            # other processes that had the same pids
 
     def update(self, live: list[tuple[str, str, Job]], exits, now: float,
                ranks_of: dict[str, dict[int, int]] | None = None) -> list[tuple[str, str, Job]]:
@@ -37,19 +39,22 @@ class Departures:
         their departed ranks, then the held ones. `exits`: the survey's
         probes.exits.Exits (None: not watched, nothing departs). `ranks_of`: key
         -> {pid: rank} as last judged (a rank number from any evidence)."""
-        ended = {e.pid: e for e in exits.exits} if exits is not None else {}
+        every = exits.exits if exits is not None else ()
         ranks_of = ranks_of or {}
         out, keys = [], set()
         for key, label, job in live:
             keys.add(key)
             self._held.pop(key, None)  # back (a pid's job found again): live wins
+            since = self._since.setdefault(key, now)
             prev = self._last.get(key)
+            ended = {e.pid: e for e in every if e.at >= since}
             if prev is not None and ended:
                 job = self._with_departed(job, prev[0], ended, ranks_of.get(key, {}))
             out.append((key, label, job))
         for key, (job, label) in self._last.items():
             if key in keys or key in self._held:
                 continue
+            ended = {e.pid: e for e in every if e.at >= self._since.get(key, now)}
             everyone = job.rank_pids + job.departed_pids + (
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
             died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
@@ -64,6 +69,8 @@ class Departures:
             elif key not in keys:
                 out.append((key, label, job))
         self._last = {key: (job, label) for key, label, job in out if key not in self._held}
+        self._since = {key: at for key, at in self._since.items()
+                       if key in self._last or key in self._held}
         return out
 
     def held(self) -> set[str]:
