@@ -243,3 +243,24 @@ def test_a_rank_dying_in_a_window_is_named_beside_its_lingering_peer(tmp_path):
     assert j.job.culprits == (1,) and by_rank[1].rule == "died-first"
     assert (by_rank[0].verdict, by_rank[0].role) == ("blocked_in_collective", "victim")
     assert f"rank 1 (pid {rank1}) was killed by SIGKILL" in by_rank[0].evidence
+
+
+def test_where_the_kernel_gives_no_events_the_probe_says_what_cannot_be_seen():
+    """In a network namespace of its own (a container's) there is no connector:
+    the watch is not opened, the probe fails saying why, and the survey goes on."""
+    import shutil
+    need(os.geteuid() == 0 and shutil.which("unshare") is not None,
+         "needs root and unshare (util-linux) for a network namespace")
+    code = ("from ddpwatch.observe.probes import ProbeContext\n"
+            "from ddpwatch.observe.sampler import Sampler\n"
+            "s = Sampler(ProbeContext(), lambda name: name != 'traffic')\n"
+            "v = s.survey()\n"
+            "st = next(p for p in v.probes if p.name == 'exits')\n"
+            "print(v.exits is None, st.ok, st.error)\n")
+    out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True False RuntimeError: cannot listen to the kernel's "
+                                 "process events"), out.stdout
+    assert "host's network namespace only" in out.stdout and "only that it is gone" in out.stdout
