@@ -137,6 +137,7 @@ KILLED = ("dead", "culprit", "died-first")
 AFTER = ("dead", "victim", "ended-after-peer")
 EXPECTED.update({"thirdparty_spawn_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_lightning_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_torchrun_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_spawn_oom_killed": (
                      {0: AFTER, 1: ("dead", "culprit", "oom-killed-first")}, [1], {})})
 LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")

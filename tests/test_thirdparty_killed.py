@@ -13,13 +13,35 @@ import json
 import os
 import shutil
 import signal
+import sys
 
 import pytest
-from conftest import REPO, need, wait_until
+
+from conftest import REPO, Job, free_port, need, wait_until
 from test_daemon import DaemonRun
-from test_thirdparty_jobs import start
+from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, start
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
+
+
+def _start(launcher: str, tmp: str) -> ThirdParty:
+    """The script under its own launcher: mp.spawn and Lightning start themselves,
+    torchrun runs torchrun_ddp.py (its agent the launcher)."""
+    if launcher not in LAUNCH:
+        return start(launcher, tmp)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("DDPWATCH_DIR", None)
+    job = Job(LAUNCH[launcher](free_port(), os.path.join(THIRDPARTY, f"{launcher}_ddp.py")),
+              env, os.path.join(tmp, f"{launcher}.log"))
+    try:
+        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+            240, interval=0.5, what=f"{launcher}'s 2 ranks")
+    except BaseException:
+        job.kill()
+        print(job.output()[-3000:])
+        raise
+    return ThirdParty(launcher, job, pids, tmp)
 
 
 def _job_of(status: dict, pids: set[int]) -> dict | None:
@@ -90,6 +112,7 @@ def _out_of_memory(pid: int, tmp_path) -> None:
 CASES = {
     "spawn": ("spawn", _sigkill, "died-first", "was killed by SIGKILL"),
     "lightning": ("lightning", _sigkill, "died-first", "was killed by SIGKILL"),
+    "torchrun": ("torchrun", _sigkill, "died-first", "was killed by SIGKILL"),
     "spawn-oom": ("spawn", _out_of_memory, "oom-killed-first",
                   "was killed by SIGKILL (the kernel's OOM killer)"),
 }
@@ -106,7 +129,7 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url}],
                         "resolve_after_s": 600})
-    tp = start(launcher, str(tmp_path))
+    tp = _start(launcher, str(tmp_path))
     try:
         pids = set(tp.pids.values())
         healthy = wait_until(lambda: _trains(daemon, pids), 150, interval=0.5,

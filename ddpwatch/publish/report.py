@@ -40,7 +40,10 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
                 if last.job.launcher_pid > 0 else f"launched by {last.job.launcher_kind}"
                 if last.job.launcher_kind not in ("none", "") else "no launcher")
-    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es), {launcher})")
+    # ranks seen ending while watched (probes/exits.py): a held job has no process left
+    ended = (f", {len(last.job.departed_pids)} ended while watched"
+             if last.job.departed_pids else "")
+    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es){ended}, {launcher})")
     for r in judgement.ranks:
         # no record, environment or launch convention says its number: say so (issue 13)
         who = (f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid
