@@ -138,8 +138,10 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
         kill(tp.pids[1], tmp_path)
         firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
                                      and b["job"] == key], 60, what="firing webhook")
-        # the job is gone by now (the launcher ended it); the daemon judged it anyway
+        # the job is gone by now (the launcher ended it); the daemon holds it, judged
         tp.job.wait(timeout=60)
+        held = _job_of(daemon.status(), pids)
+        assert held is not None and held["job"]["culprits"] == [1], held
     finally:
         tp.job.kill()
         group = tmp_path / "oom-cgroup"

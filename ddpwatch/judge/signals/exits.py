@@ -55,7 +55,9 @@ def measure(s: dict, last: Snapshot) -> None:
     s["exit_signal"], s["exit_code"] = exit_.signal, exit_.code
     s["exit_abnormal"] = bool(exit_.signal or exit_.code)
     s["exit_oom"] = exit_.signal == 9 and exit_.oom_kills > 0
-    s["_exit_at"] = exit_.at  # for link(); not a signal (clock-bound)
+    # for link() only: clock-bound, so kept out of what is served to peers and shown
+    # (those take scalars only)
+    s["_exit_at"] = (exit_.at,)
 
 
 def link(ranks: list[dict]) -> None:
@@ -63,12 +65,12 @@ def link(ranks: list[dict]) -> None:
     others ended after it. Ranks that exited 0 before it had just finished."""
     # remote ranks' stamps are another node's clock: ordered on their own node only
     ended = sorted((s for s in ranks if s.get("exit_seen") and "_exit_at" in s
-                    and not s.get("remote")), key=lambda s: s["_exit_at"])
+                    and not s.get("remote")), key=lambda s: s["_exit_at"][0])
     first = next((s for s in ended if s.get("exit_abnormal")), None)
     for order, s in enumerate(ended, 1):
         s["exit_order"] = order
-        if first is not None and s["_exit_at"] >= first["_exit_at"]:
-            s["exit_after_s"] = round(s["_exit_at"] - first["_exit_at"], 3)
+        if first is not None and s["_exit_at"][0] >= first["_exit_at"][0]:
+            s["exit_after_s"] = round(s["_exit_at"][0] - first["_exit_at"][0], 3)
     for s in ranks:
         at = s.pop("_exit_at", None)
         if first is None:
