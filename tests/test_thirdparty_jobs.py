@@ -43,7 +43,7 @@ class ThirdParty:
         return report
 
 
-def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
+def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> ThirdParty:
     if launcher == "lightning":
         try:
             import lightning  # noqa: F401
@@ -51,7 +51,7 @@ def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
             need(False, "lightning is not installed (setup.cfg extra 'test')")
     need(os.cpu_count() >= 2, "needs 2 CPUs")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               MASTER_PORT=str(free_port()), DDPWATCH_TEST_FAULT=fault)
+               MASTER_PORT=str(free_port()), DDPWATCH_TEST_FAULT=fault, **(env or {}))
     env.pop("DDPWATCH_DIR", None)
     job = Job([sys.executable, os.path.join(THIRDPARTY, SCRIPTS[launcher])], env,
               os.path.join(tmp, f"{launcher}.log"))
