@@ -145,7 +145,8 @@ EXPECTED.update({
     "thirdparty_spawn_autocast_cuda": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")},
                                        [], {}),
 })
-for _launcher in ("spawn", "lightning"):
+LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
+for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):
             EXPECTED[f"thirdparty_{_launcher}_{_state}"] = _expected
@@ -297,6 +298,13 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
         for s in signals.measure(history):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
+
+
+def test_every_launcher_has_healthy_and_stopped_fixtures():
+    """Replay covers every third-party launcher the tests run (issue 13)."""
+    for launcher in LAUNCHERS:
+        for state in ("healthy", "stopped"):
+            assert f"thirdparty_{launcher}_{state}" in EXPECTED, (launcher, state)
 
 
 def test_replay_cli_matches_in_process_judgement():

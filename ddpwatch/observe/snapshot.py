@@ -76,13 +76,7 @@ def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str) -> None:
 
 def load(path: str) -> tuple[Snapshot, ...]:
     """Read a saved history; errors name the file and the JSON path."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as err:
-        raise SnapshotFileError(f"{path}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise SnapshotFileError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    data = codec.read_json_file(path, SnapshotFileError)
     if not isinstance(data, dict) or data.get("ddpwatch_snapshots") != SNAPSHOT_VERSION:
         raise SnapshotFileError(f"{path}: not a ddpwatch snapshot file of version "
                                 f"{SNAPSHOT_VERSION}")
