@@ -1,6 +1,6 @@
 """Judgements from stacks alone for third-party jobs without heartbeats (issue 13):
 desync from the collectives and call sites the ranks wait at, bf16 compute from
-mixed-precision frames. Real mp.spawn and Lightning jobs on 2 CPU ranks over Gloo
+mixed-precision frames. Real mp.spawn, Lightning and accelerate jobs on 2 CPU ranks over Gloo
 (tests/jobs/thirdparty, faults `desync:RANK:STEP` and DDPWATCH_TEST_AUTOCAST), no
 ddpwatch inside them; then the pure parts on made-up stacks. bf16 expectations
 follow this machine's CPU flags, and the same real snapshot is replayed with the
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
-from conftest import need, wait_until
-from diag import by_rank, diagnose
-from test_thirdparty_jobs import SNAPSHOTS, start
+from conftest import Job, free_port, need, wait_until
+from diag import by_rank, cpu_has_bf16, diagnose, until_verdict
+from test_thirdparty_jobs import ANNOUNCE, LAUNCH, SNAPSHOTS, THIRDPARTY, start
 
 from ddpwatch.judge.signals import stack as stack_family
 from ddpwatch.judge.stackmatch import bf16_evidence, call_site
@@ -25,16 +26,6 @@ DESYNC_STEP = 20
 DESYNC = {0: ("desync", "victim"), 1: ("desync", "culprit")}
 HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 AUTOCAST_FILE = "torch/amp/autocast_mode.py"
-
-
-def cpu_has_bf16() -> bool:
-    """As the host probe decides (avx512_bf16 or amx_bf16 on x86, bf16 on arm)."""
-    flags = set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith(("flags", "Features")):
-                flags |= set(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def findings(report: dict) -> dict[int, set[str]]:
@@ -130,6 +121,47 @@ def test_bf16_mixed_precision_from_lightning_stacks(desynced, tmp_path, need_py_
             SNAPSHOTS, "thirdparty_lightning_bf16_desync_no_cpu_bf16.json"), native)
 
 
+# --- accelerate's bf16 autocast on a healthy job -----------------------------------------
+def test_bf16_from_accelerate_stacks_on_a_healthy_job(tmp_path, need_py_spy):
+    """`accelerate launch --mixed_precision=bf16`: the model's forward runs under
+    accelerate's autocast wrapper; a healthy job with bf16_on_cpu by this CPU's
+    flags, the opposite with them swapped."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        need(False, "accelerate is not installed (setup.cfg extra 'test')")
+    argv = LAUNCH["accelerate"](free_port(), os.path.join(THIRDPARTY, "accelerate_ddp.py"))
+    argv.insert(argv.index("launch") + 1, "--mixed_precision=bf16")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("DDPWATCH_DIR", None)
+    job = Job(argv, env, str(tmp_path / "accelerate.log"))
+    saved = str(tmp_path / "thirdparty_accelerate_bf16.json")
+    try:
+        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+            240, interval=0.5, what="accelerate's 2 ranks")
+
+        def seen():  # healthy, and both ranks' samples caught a forward
+            report = until_verdict(pids[0], HEALTHY, timeout=150, extra=("--save-snapshot", saved))
+            return report if all(r["signals"].get("stack_bf16") for r in report["ranks"]) else None
+        report = wait_until(seen, 120, interval=0.2, what="both ranks sampled in a bf16 forward")
+    finally:
+        job.kill()
+    native = cpu_has_bf16()
+    for r in report["ranks"]:
+        assert r["signals"]["stack_bf16"].startswith("accelerate's bf16 autocast"), r["signals"]
+    assert report["job"]["culprits"] == []
+    assert findings(report) == {0: set() if native else {"bf16_on_cpu"},
+                                1: set() if native else {"bf16_on_cpu"}}
+    if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        shutil.copy(saved, SNAPSHOTS)
+    swapped = str(tmp_path / "swapped.json")
+    swap_cpu_bf16(saved, swapped, native)
+    _, replayed = diagnose(0, "--replay", swapped)
+    assert findings(replayed) == {0: {"bf16_on_cpu"} if native else set(),
+                                  1: {"bf16_on_cpu"} if native else set()}
+
+
 # --- a bf16 flag with no effect -----------------------------------------------------------
 def test_autocast_for_another_device_is_no_bf16_finding(tmp_path, need_py_spy):
     """The spawn script's forward under torch.autocast("cuda", dtype=bfloat16) on a
@@ -157,8 +189,9 @@ def test_autocast_for_another_device_is_no_bf16_finding(tmp_path, need_py_spy):
 def _dump(pid: int, frames: list[tuple[str, str, int]], active=False, module="") -> PidStacks:
     text = json.dumps([{"thread_id": 1, "os_thread_id": pid, "thread_name": "MainThread",
                         "active": active, "owns_gil": False, "frames": [
-                            {"name": n, "filename": f, "short_filename": f.split("site-packages/")[-1],
-                             "line": line, "module": module if not line else ""}
+                            {"name": n, "filename": f, "line": line,
+                             "short_filename": f.split("site-packages/")[-1],
+                             "module": module if not line else ""}
                             for n, f, line in frames]}])
     return PidStacks(pid, "ok", "S", False, parse_dump(text))
 
