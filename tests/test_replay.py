@@ -141,6 +141,9 @@ EXPECTED.update({
     "thirdparty_lightning_bf16_desync": (DESYNC_STACK, [1], {}),
     "thirdparty_lightning_bf16_desync_no_cpu_bf16": (DESYNC_STACK, [1], {0: {"bf16_on_cpu"},
                                                                          1: {"bf16_on_cpu"}}),
+    # accelerate --mixed_precision=bf16, healthy: rank 0's samples caught its forward
+    # inside accelerate's autocast wrapper (rank 1's did not); this CPU has avx512_bf16
+    "thirdparty_accelerate_bf16": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
     # torch.autocast("cuda") around a CPU model's forward: a bf16 flag with no effect
     "thirdparty_spawn_autocast_cuda": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")},
                                        [], {}),
@@ -220,6 +223,8 @@ def test_bf16_from_stacks_follows_the_cpu_flags(default_rules):
         for v in judged(name, default_rules).ranks:
             assert "hb_phase" not in v.signals and "mixed-precision" in v.signals["stack_bf16"]
             assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+    accelerate = judged("thirdparty_accelerate_bf16", default_rules).ranks
+    assert "accelerate's bf16 autocast" in accelerate[0].signals["stack_bf16"]
     # the autocast("cuda") job's samples caught autocast's frame: still no evidence
     history = load(fixture_path("thirdparty_spawn_autocast_cuda"))
     assert any(f.filename.endswith("torch/amp/autocast_mode.py") for snap in history

@@ -141,25 +141,29 @@ def test_bf16_from_accelerate_stacks_on_a_healthy_job(tmp_path, need_py_spy):
             {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
             240, interval=0.5, what="accelerate's 2 ranks")
 
-        def seen():  # healthy, and both ranks' samples caught a forward
+        # The wrapper's frames are on the stack during forward only, a small share of
+        # this small model's step (backward, AdamW and DDP's hooks take the rest): a
+        # healthy judgement whose samples caught some rank in its forward.
+        def seen():
             report = until_verdict(pids[0], HEALTHY, timeout=150, extra=("--save-snapshot", saved))
-            return report if all(r["signals"].get("stack_bf16") for r in report["ranks"]) else None
-        report = wait_until(seen, 120, interval=0.2, what="both ranks sampled in a bf16 forward")
+            return report if any(r["signals"].get("stack_bf16") for r in report["ranks"]) else None
+        report = wait_until(seen, 150, interval=0.2, what="a rank sampled in its bf16 forward")
     finally:
         job.kill()
     native = cpu_has_bf16()
+    caught = {r["rank"] for r in report["ranks"] if r["signals"].get("stack_bf16")}
     for r in report["ranks"]:
-        assert r["signals"]["stack_bf16"].startswith("accelerate's bf16 autocast"), r["signals"]
+        assert r["rank"] not in caught or r["signals"]["stack_bf16"].startswith(
+            "accelerate's bf16 autocast"), r["signals"]
     assert report["job"]["culprits"] == []
-    assert findings(report) == {0: set() if native else {"bf16_on_cpu"},
-                                1: set() if native else {"bf16_on_cpu"}}
+    bf16 = {r: {"bf16_on_cpu"} if r in caught else set() for r in (0, 1)}
+    assert findings(report) == ({0: set(), 1: set()} if native else bf16)
     if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
         shutil.copy(saved, SNAPSHOTS)
     swapped = str(tmp_path / "swapped.json")
     swap_cpu_bf16(saved, swapped, native)
     _, replayed = diagnose(0, "--replay", swapped)
-    assert findings(replayed) == {0: {"bf16_on_cpu"} if native else set(),
-                                  1: {"bf16_on_cpu"} if native else set()}
+    assert findings(replayed) == (bf16 if native else {0: set(), 1: set()})
 
 
 # --- a bf16 flag with no effect -----------------------------------------------------------
@@ -242,6 +246,8 @@ def test_bf16_evidence_only_from_frames_that_mean_it():
     assert bf16_evidence(_dump(1, autocast + BACKWARD)) is None  # any device, dtype, enabled
     assert bf16_evidence(_dump(1, BACKWARD + lightning))[1] is False  # device not said
     assert bf16_evidence(_dump(1, autocast + accelerate + BACKWARD)) is not None
-    kernel = [("at::native::cpublas::gemm<c10::BFloat16>", "", 0)]
-    what, on_cpu = bf16_evidence(_dump(1, kernel + BACKWARD, module="libtorch_cpu.so"))
+    # as `py-spy dump --native` names it (seen 2026-11-24, a bf16 matmul on this CPU)
+    lib = SITE + "torch/lib/libtorch_cpu.so"
+    kernel = [("at::native::mkldnn_gemm<c10::BFloat16>", lib, 0)]
+    what, on_cpu = bf16_evidence(_dump(1, kernel + BACKWARD, module=lib))
     assert on_cpu and "BFloat16" in what
