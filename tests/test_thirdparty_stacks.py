@@ -94,13 +94,12 @@ def test_desync_names_the_rank_that_left_and_both_call_sites(desynced, need_py_s
     assert deviant in report["job"]["summary"] and common in report["job"]["summary"]
 
 
+@pytest.mark.parametrize("desynced", ["lightning"], indirect=True)  # the spawn job is fp32
 def test_bf16_mixed_precision_from_lightning_stacks(desynced, tmp_path, need_py_spy):
     """Lightning's bf16-mixed plugin runs every step under its optimizer_step: a
     bf16_on_cpu finding on a CPU without bf16 support, none on one with it (this
     machine's flags decide); the same real snapshot with the flags swapped gives
     the other answer."""
-    if desynced.launcher != "lightning":
-        pytest.skip("the spawn job computes in float32 (its bf16 case is the no-effect test)")
     native = cpu_has_bf16()
     for r in desynced.report["ranks"]:
         assert "Lightning's mixed-precision plugin" in r["signals"]["stack_bf16"], r["signals"]
