@@ -26,6 +26,8 @@ DESYNC_STEP = 20
 DESYNC = {0: ("desync", "victim"), 1: ("desync", "culprit")}
 HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 AUTOCAST_FILE = "torch/amp/autocast_mode.py"
+# Waiting for samples that catch a short forward: shorter windows, more tries a second
+SHORT = ("--window=0.5", "--save-snapshot")
 
 
 def findings(report: dict) -> dict[int, set[str]]:
@@ -144,7 +146,7 @@ def test_bf16_from_accelerate_stacks_on_a_healthy_job(tmp_path, need_py_spy):
         # this small model's step (backward, AdamW and DDP's hooks take the rest): a
         # healthy judgement whose samples caught some rank in its forward.
         def seen():
-            report = until_verdict(pids[0], HEALTHY, timeout=150, extra=("--save-snapshot", saved))
+            report = until_verdict(pids[0], HEALTHY, timeout=150, extra=SHORT + (saved,))
             return report if any(r["signals"].get("stack_bf16") for r in report["ranks"]) else None
         report = wait_until(seen, 150, interval=0.2, what="a rank sampled in its bf16 forward")
     finally:
@@ -174,11 +176,13 @@ def test_autocast_for_another_device_is_no_bf16_finding(tmp_path, need_py_spy):
     saved = os.path.join(tp.tmp, "thirdparty_spawn_autocast_cuda.json")
     try:
         def seen():  # a healthy judgement made on samples that caught the forward
-            report = tp.until("autocast_cuda", HEALTHY)
+            report = until_verdict(tp.pids[0], HEALTHY, timeout=150, extra=SHORT + (saved,))
             return report if frames_seen(saved, AUTOCAST_FILE) else None
-        report = wait_until(seen, 120, interval=0.2, what="a sample inside the forward")
+        report = wait_until(seen, 150, interval=0.2, what="a sample inside the forward")
     finally:
         tp.job.kill()
+    if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        shutil.copy(saved, SNAPSHOTS)
     assert report["job"]["culprits"] == []
     assert findings(report) == {0: set(), 1: set()}
     assert not any(r["signals"].get("stack_bf16") for r in report["ranks"])
