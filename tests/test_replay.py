@@ -140,6 +140,23 @@ EXPECTED.update({"thirdparty_spawn_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_torchrun_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_spawn_oom_killed": (
                      {0: AFTER, 1: ("dead", "culprit", "oom-killed-first")}, [1], {})})
+# Desync and bf16 from stacks, no heartbeats (tests/test_thirdparty_stacks.py): rank 1
+# waits in a broadcast its peer never calls, rank 0 in DDP's gradient all-reduce
+DESYNC_STACK = {0: ("desync", "victim", "desync-stack"),
+                1: ("desync", "culprit", "desync-stack-deviant")}
+EXPECTED.update({
+    "thirdparty_spawn_desync": (DESYNC_STACK, [1], {}),
+    # Lightning bf16-mixed: its plugin's frames on both stacks; this CPU has avx512_bf16
+    "thirdparty_lightning_bf16_desync": (DESYNC_STACK, [1], {}),
+    "thirdparty_lightning_bf16_desync_no_cpu_bf16": (DESYNC_STACK, [1], {0: {"bf16_on_cpu"},
+                                                                         1: {"bf16_on_cpu"}}),
+    # accelerate --mixed_precision=bf16, healthy: rank 0's samples caught its forward
+    # inside accelerate's autocast wrapper (rank 1's did not); this CPU has avx512_bf16
+    "thirdparty_accelerate_bf16": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
+    # torch.autocast("cuda") around a CPU model's forward: a bf16 flag with no effect
+    "thirdparty_spawn_autocast_cuda": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")},
+                                       [], {}),
+})
 LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
 for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
@@ -195,6 +212,34 @@ def test_bf16_follows_the_cpu_flags(default_rules):
         for v in judged(name, default_rules).ranks:
             assert v.signals["compute_dtype"] == "bfloat16" and v.signals["device_type"] == "cpu"
             assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+
+
+def test_bf16_from_stacks_follows_the_cpu_flags(default_rules):
+    """No heartbeats: bf16 from Lightning's mixed-precision frames, a finding only
+    on the CPU without bf16 support; the derived fixture differs only in its flags."""
+    with open(fixture_path("thirdparty_lightning_bf16_desync")) as f:
+        real = json.load(f)
+    with open(fixture_path("thirdparty_lightning_bf16_desync_no_cpu_bf16")) as f:
+        derived = json.load(f)
+    for snap in real["history"]:
+        cpu = snap["host"]["cpu"]
+        assert {"avx512_bf16"} <= set(cpu["flags"]) and snap["host"]["gpus"] == 0
+        cpu["flags"] = [x for x in cpu["flags"] if x not in ("avx512_bf16", "amx_bf16", "bf16")]
+        cpu["bf16_native"] = False
+    assert real == derived
+    for name, finding in (("thirdparty_lightning_bf16_desync", False),
+                          ("thirdparty_lightning_bf16_desync_no_cpu_bf16", True)):
+        for v in judged(name, default_rules).ranks:
+            assert "hb_phase" not in v.signals and "mixed-precision" in v.signals["stack_bf16"]
+            assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+    accelerate = judged("thirdparty_accelerate_bf16", default_rules).ranks
+    assert "accelerate's bf16 autocast" in accelerate[0].signals["stack_bf16"]
+    # the autocast("cuda") job's samples caught autocast's frame: still no evidence
+    history = load(fixture_path("thirdparty_spawn_autocast_cuda"))
+    assert any(f.filename.endswith("torch/amp/autocast_mode.py") for snap in history
+               for p in snap.stacks.pids for t in p.threads for f in t.frames)
+    assert not any(v.signals.get("stack_bf16") for v in judged(
+        "thirdparty_spawn_autocast_cuda", default_rules).ranks)
 
 
 def test_compiled_code_on_the_stack_is_not_warm_up(default_rules):

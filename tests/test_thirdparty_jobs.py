@@ -52,12 +52,12 @@ def need_package(launcher: str) -> None:
             need(False, f"{launcher} is not installed (setup.cfg extra 'test')")
 
 
-def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
+def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> ThirdParty:
     need_package(launcher)
     need(os.cpu_count() >= 2, "needs 2 CPUs")
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               MASTER_PORT=str(port), DDPWATCH_TEST_FAULT=fault)
+               MASTER_PORT=str(port), DDPWATCH_TEST_FAULT=fault, **(env or {}))
     env.pop("DDPWATCH_DIR", None)
     script = os.path.join(THIRDPARTY, SCRIPTS[launcher])
     command = LAUNCH[launcher](port, script) if launcher in LAUNCH else [sys.executable, script]

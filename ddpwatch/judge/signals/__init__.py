@@ -7,7 +7,8 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     process     /proc over the window: state, CPU, run-queue wait, environment
     sockets     the rank's TCP connections: connects stuck, idle times
     heartbeat   the rank's own record: collective, step, phase, dtype, data
-    stack       what py-spy dumps say the main thread does
+    stack       what py-spy dumps say the main thread does (and, across ranks, who
+                left the common path when they wait in different collectives)
     interfaces  where the rank's Gloo listens against where it reaches the master
     inbound     peers' connects this node drops (the traffic probe)
     window      shares of a sampled window: stopped, running, asleep, throttled
@@ -97,6 +98,7 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             ranks.append(dict(s, remote=True))
     exits.link(ranks)
     peers.link(ranks)
+    stack.link(ranks)
     window.link(ranks)
     for s in ranks:
         s.update(launch.orphan(s))
