@@ -17,7 +17,7 @@ from conftest import REPO, need
 from ddpwatch.judge import classify, signals
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.errors import ConfigError
-from ddpwatch.observe.snapshot import load
+from ddpwatch.observe.snapshot import load, load_remote
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 DEFAULT_RULES = os.path.join(REPO, "rules", "default.yaml")
@@ -74,7 +74,7 @@ EXPECTED = {
     # the master's node lets the second in on MASTER_PORT only: judged on the second
     # node, its rank's data connect sits in SYN-SENT ...
     "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
-                          1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
+                          1: ("unreachable_peer", "victim", "unreachable-peer-data")}, [], {}),
     # ... judged on the master's node, whose wire shows rank 1's SYNs arrive, unanswered
     "dropped_inbound": ({0: ("unreachable_peer", "culprit", "dropped-inbound"),
                          1: ("unreachable_peer", "victim", "unreachable-peer-dropped-there")},
@@ -147,7 +147,9 @@ def fixture_path(name: str) -> str:
 
 
 def judged(name: str, rules) -> classify.Judgement:
-    return classify.judge(load(fixture_path(name)), rules)
+    """With the peers' signals it was judged with (diagnose --peer), if any."""
+    path = fixture_path(name)
+    return classify.judge(load(path), rules, load_remote(path))
 
 
 def test_every_fixture_has_an_expectation():
@@ -253,8 +255,8 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
     finding_rules = [r for r in default_rules if r.finding]
     for name in EXPECTED:
         history = load(fixture_path(name))
-        covered |= {v.rule for v in classify.judge(history, default_rules).ranks}
-        for s in signals.measure(history):
+        covered |= {v.rule for v in judged(name, default_rules).ranks}
+        for s in signals.measure(history, load_remote(fixture_path(name))):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
 

@@ -18,7 +18,7 @@ from ..observe.duty import DutyWatch
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
-from ..observe.snapshot import Job, Snapshot, load, save
+from ..observe.snapshot import Job, Snapshot, load, load_remote, save
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -175,14 +175,16 @@ def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
     if args.replay:
         history = load(args.replay)
+        remote = load_remote(args.replay)
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
         ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
         history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait)
+        remote = peer_signals(args, history[-1])
     if args.save_snapshot:
-        save(history, args.save_snapshot)
-    judgement = classify.judge(history, rules, peer_signals(args, history[-1]))
+        save(history, args.save_snapshot, remote)
+    judgement = classify.judge(history, rules, remote)
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
