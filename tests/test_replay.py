@@ -105,6 +105,18 @@ EXPECTED = {
                    [1], {}),
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
+    # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
+    # (tests/test_two_nodes.py, issue 18): judged in node 0 with the peer view (rank
+    # 1's signals saved beside the history), in node 1 with it, and in node 0 alone
+    "two_nodes_throttled_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-across-nodes")},
+                                  [1], {}),
+    "two_nodes_throttled_node1": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
+    "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
+    # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
+    "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
+                                           "unreachable-peer-data")}, [], {}),
 }
 # Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py, issue 13)
 THIRDPARTY = {
@@ -259,6 +271,15 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
         for s in signals.measure(history, load_remote(fixture_path(name))):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
+
+
+def test_a_lone_view_names_where_the_culprit_is(default_rules):
+    """Issue 18: victims whose culprit no view here holds name it by address."""
+    lone = judged("two_nodes_lone_node0", default_rules).job
+    assert lone.culprits == () and lone.elsewhere.startswith("a rank on 10.233.")
+    firewall = judged("two_nodes_firewall_lone_node0", default_rules).job
+    assert firewall.culprits == () and firewall.elsewhere.startswith("the node at 10.233.")
+    assert firewall.summary.startswith(f"The culprit is {firewall.elsewhere}: rank 0 waits")
 
 
 def test_replay_cli_matches_in_process_judgement():

@@ -175,7 +175,8 @@ def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
     if args.replay:
         history = load(args.replay)
-        remote = load_remote(args.replay)
+        # the peers asked now, else those the saved judgement was made with
+        remote = peer_signals(args, history[-1]) if args.peer else load_remote(args.replay)
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")

@@ -41,7 +41,6 @@ SIGNALS = declare(
     ("outworks_peers", bool, "works per step at least 2.5x as long as its peers "
                              "(compute_ratio) while they wait half of each step or more: it "
                              "arrives last at each collective"),
-    ("peer_outworks", bool, "another rank of the job outworks its peers"),
     ("blamed_elsewhere", str, "where this rank's culprit is when no view here holds it: 'the "
                               "node at ADDR' whose firewall drops its data connect, 'a rank "
                               "on ADDR' for ranks on nodes no daemon here watches"),
@@ -172,9 +171,6 @@ def link(ranks: list[dict]) -> None:
             s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
         s["outworks_peers"] = bool((s.get("compute_ratio") or 0) >= OUTWORKS
                                    and (s.get("peer_comm_share") or 0) >= PEERS_WAIT)
-    outworking = sum(s["outworks_peers"] for s in ranks)
-    for s in ranks:
-        s["peer_outworks"] = outworking - s["outworks_peers"] > 0
     for s in ranks:
         if s.get("data_fp"):
             # With two ranks there is no majority to blame: every rank carries it.
