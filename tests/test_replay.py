@@ -113,6 +113,10 @@ EXPECTED = {
                                   [1], {}),
     "two_nodes_throttled_node1": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                                    1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
+    # the same with a plain torchrun script (no heartbeats), node 0 with the peer view
+    "two_nodes_thirdparty_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                    1: ("straggler", "culprit",
+                                        "straggler-starved-across-nodes")}, [1], {}),
     "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
     # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",

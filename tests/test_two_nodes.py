@@ -53,14 +53,16 @@ class Starter:
             job.kill()
 
 
-def seen(node: Node, key: str) -> dict:
-    """{rank: (verdict, role)} of job `key` on the node's /status."""
-    job = next((j for j in (node.status() or {}).get("jobs", []) if j["key"] == key), None)
+def seen(node: Node, key: str | None) -> dict:
+    """{rank: (verdict, role)} of job `key` on the node's /status (None: the job
+    holding rank 1, whatever its key: torchrun's depends on its rendezvous)."""
+    job = job_on(node, key)
     return {r["rank"]: (r["verdict"], r["role"]) for r in job["ranks"]} if job else {}
 
 
-def job_on(node: Node, key: str) -> dict:
-    return next(j for j in node.status()["jobs"] if j["key"] == key)
+def job_on(node: Node, key: str | None):
+    return next((j for j in (node.status() or {}).get("jobs", []) if j["key"] == key or (
+        key is None and 1 in {r["rank"] for r in j["ranks"]})), None)
 
 
 def diagnose_in(node: Node, pid: int, *extra: str, save: str = "") -> dict:
@@ -181,6 +183,42 @@ def test_lone_views_of_node0_blame_a_rank_on_node1(throttled):
         for r in j["ranks"]} == expected, 60, what="the lone daemon judging rank 0 a victim")
     job = next(j for j in get_json(lone + "/status")["jobs"] if j["key"] == key)
     assert job["job"]["culprits"] == [] and f"a rank on {net.addr[1]}" in job["job"]["summary"]
+
+
+def test_third_party_trainer_without_heartbeats(tmp_path):
+    """The same quota on a plain torchrun script (tests/jobs/thirdparty), no
+    heartbeats: both pages compare the ranks by their run-queue wait, each node's
+    own clock's ratio."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "thirdparty", "torchrun_ddp.py")
+    net = Net()
+    start = Starter(tmp_path)
+    quota = None
+    try:
+        nodes, _ = start_pair(start, tmp_path, net, [], torchrun=script,
+                              extra_env={"DDPWATCH_AUTO": "0"})
+        for node in nodes:
+            wait_until(lambda: seen(node, None) == HEALTHY, 180,
+                       what=f"both ranks healthy on {node.name}\n{node.logs()}")
+        quota = CpuQuota(0.15)
+        quota.add(nodes[1].rank_pids()[0])
+        for node in nodes:
+            wait_until(lambda: seen(node, None) == STRAGGLER, 60,
+                       what=f"rank 1 the straggler on {node.name}\n{node.logs()}")
+            job = job_on(node, None)
+            ranks = {r["rank"]: r for r in job["ranks"]}
+            assert not ranks[1]["signals"].get("hb") and job["job"]["culprits"] == [1]
+            assert ranks[1]["rule"] == "straggler-starved-across-nodes"
+            assert "x its peers on other nodes" in ranks[1]["evidence"]
+        # node 0's diagnose with the peer view judges the same
+        pid0 = nodes[0].rank_pids()[0]
+        report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token",
+                                 TOKEN, save="two_nodes_thirdparty_node0")
+        assert by_rank(report)[1]["rule"] == "straggler-starved-across-nodes"
+    finally:
+        start.kill()
+        if quota:
+            quota.close()
+        net.close()
 
 
 @pytest.fixture

@@ -103,19 +103,18 @@ class Node:
     """One node: `sh` as pid 1 of its PID namespace, running its daemon and its rank."""
 
     def __init__(self, start_job, root, net: Net, i: int, rank_argv: list[str],
-                 rank_env: dict, port: int):
+                 rank_env: dict, port: int, peer_port: int):
         self.i, self.net, self.root = i, net, root
         self.name = f"node{i}"
         self.port = port
         self.url = f"http://{net.addr[i]}:{port}"
         os.makedirs(root / "hb", exist_ok=True)
-        peer = f"http://{net.addr[1 - i]}:{rank_env['DDPWATCH_PEER_PORT']}"
+        peer = f"http://{net.addr[1 - i]}:{peer_port}"
         config = root / "config.yaml"
         config.write_text(f"listen: {net.addr[i]}:{port}\ntoken: {TOKEN}\ntick_s: 0.5\n"
                           f"state_dir: {root / 'state'}\nheartbeat_dir: {root / 'hb'}\n"
                           f"peers: [{peer}]\n")
-        env = {k: v for k, v in rank_env.items() if k != "DDPWATCH_PEER_PORT"}
-        rank = ["env", *(f"{k}={v}" for k, v in env.items()), *rank_argv]
+        rank = ["env", *(f"{k}={v}" for k, v in rank_env.items()), *rank_argv]
         daemon = [sys.executable, "-m", "ddpwatch", "run", "--config", str(config)]
         # `ip netns exec` mounts a sysfs of its own, without the cgroup mounts under
         # it: the node mounts its CPU hierarchy, as a host has it
@@ -137,7 +136,9 @@ class Node:
         found = []
         for proc in self.job.processes():
             try:
-                if "RANK" in proc.environ() and "ddpwatch" not in " ".join(proc.cmdline()):
+                cmd = " ".join(proc.cmdline())
+                if "RANK" in proc.environ() and "ddpwatch" not in cmd and \
+                        "torch.distributed.run" not in cmd:
                     found.append(proc.pid)
             except psutil.Error:
                 continue
@@ -166,17 +167,26 @@ def _parents(pid: int):
 
 
 def start_pair(start_job, tmp_path, net: Net, rank_argv: list[str], extra_env=None,
-               ports=None):
-    """Both nodes, one rank each of a 2-rank job whose master is node 0; `ports`:
-    the daemons' (picked here by default)."""
+               ports=None, torchrun: str = ""):
+    """Both nodes, one rank each of a 2-rank job whose master is node 0, started
+    by hand (the rank's variables in its environment), or with `torchrun` the
+    script that torchrun starts on each node (--nnodes=2). `ports`: the
+    daemons' (picked here by default)."""
     master_port, ports = free_port(), ports or (free_port(), free_port())
     nodes = []
     for i in (0, 1):
-        env = {"MASTER_ADDR": net.addr[0], "MASTER_PORT": str(master_port), "WORLD_SIZE": "2",
-               "RANK": str(i), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "GLOO_SOCKET_IFNAME": net.ifname, "DDPWATCH_PEER_PORT": str(ports[1 - i]),
-               **(extra_env or {})}
-        nodes.append(Node(start_job, tmp_path / f"node{i}", net, i, rank_argv, env, ports[i]))
+        env = {"GLOO_SOCKET_IFNAME": net.ifname, **(extra_env or {})}
+        argv = rank_argv
+        if torchrun:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                    f"--node_rank={i}", "--nproc_per_node=1", f"--master_addr={net.addr[0]}",
+                    f"--master_port={master_port}", torchrun]
+        else:
+            env.update({"MASTER_ADDR": net.addr[0], "MASTER_PORT": str(master_port),
+                        "WORLD_SIZE": "2", "RANK": str(i), "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "1"})
+        nodes.append(Node(start_job, tmp_path / f"node{i}", net, i, argv, env, ports[i],
+                          ports[1 - i]))
     return nodes, f"{net.addr[0]}:{master_port}"
 
 
