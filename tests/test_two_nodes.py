@@ -24,7 +24,7 @@ import time
 
 import pytest
 from conftest import Job, free_port, need, wait_until
-from diag import by_rank, diagnose, verdicts
+from diag import by_rank, diagnose, until_verdict, verdicts
 from twonodes import TOKEN, CpuQuota, Net, Node, get_json, start_pair
 
 from ddpwatch.observe.snapshot import load_remote
@@ -255,6 +255,13 @@ def test_a_firewall_on_node1_makes_node1_the_culprit_on_both_pages(firewalled):
         assert ranks[1]["rule"] == "dropped-inbound" and ranks[1]["host"] == "node1"
         assert ranks[1]["signals"]["syn_in_from"] == net.addr[0]
         assert ranks[0]["rule"] == "unreachable-peer-dropped-there"
+    # a watcher in the host namespace judging node 1's rank captures node 1's wire
+    # (observe/netns.py), not the host's, and says what node 1's daemon says
+    pid1 = nodes[1].rank_pids()[0]
+    report = until_verdict(pid1, {1: ("unreachable_peer", "culprit")}, timeout=60,
+                           hb_dir=str(nodes[1].root / "hb"), extra=("--syn-wait", "10"))
+    assert by_rank(report)[1]["rule"] == "dropped-inbound"
+    assert by_rank(report)[1]["signals"]["syn_in_from"] == net.addr[0]
     # node 0 alone (no peer view): its rank is a victim of the node it dials
     pid0 = nodes[0].rank_pids()[0]
     report = until_diagnosed(nodes[0], pid0, {0: ("unreachable_peer", "victim")},

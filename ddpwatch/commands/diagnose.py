@@ -87,6 +87,7 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     # the capture watches the whole window (opened with the sampler)
     with Sampler(ctx, enabled) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
+        sampler.capture_net_of(pid)  # a rank in another network namespace: its wire
         first = sample(sampler, job)
         second = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
