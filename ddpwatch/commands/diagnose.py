@@ -15,6 +15,7 @@ from ..publish import report
 from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
 from ..observe.duty import DutyWatch
+from ..observe.netns import net_ns
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
@@ -87,7 +88,8 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     # the capture watches the whole window (opened with the sampler)
     with Sampler(ctx, enabled) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
-        sampler.capture_net_of(pid)  # a rank in another network namespace: its wire
+        if _all_elsewhere(ctx.procfs, job):  # ranks on a namespace node: its wire
+            sampler.capture_net_of(pid)
         first = sample(sampler, job)
         second = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
@@ -99,6 +101,15 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
 
 
 DUTY_INTERVAL_S = 0.05
+
+
+def _all_elsewhere(procfs: str, job: Job) -> bool:
+    """No rank of the job shares our network namespace: watched from the host,
+    they live on a namespace node, and our own wire shows nothing of theirs. A
+    job with a rank here keeps our capture (this node's firewall drops a peer's
+    connects on our wire)."""
+    here = net_ns(procfs, "self")
+    return bool(here) and all(net_ns(procfs, p) not in ("", here) for p in job.rank_pids)
 
 
 def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:

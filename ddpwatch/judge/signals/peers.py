@@ -35,9 +35,10 @@ SIGNALS = declare(
                           "run on nodes whose daemons are not peers)"),
     ("compute_s", NUMBER, "seconds of the rank's step outside collectives: its step time less "
                           "its waiting share (clock-free: each rank's own durations)"),
-    ("compute_ratio", NUMBER, "compute_s over the peers' median: how many times longer this "
-                              "rank works per step than its peers (a straggler arrives last "
-                              "because it works longer)"),
+    ("compute_ratio", NUMBER, "its share of step time outside collectives over the peers' "
+                              "median share (floored at 5%): how many times longer it works "
+                              "per step than they do (a straggler arrives last because it "
+                              "works longer)"),
     ("outworks_peers", bool, "works per step at least 2.5x as long as its peers "
                              "(compute_ratio) while they wait half of each step or more: it "
                              "arrives last at each collective"),
@@ -53,6 +54,7 @@ SIGNALS = declare(
 # 2-core host); a CPU quota of 0.15 cores on one made it 6-7x, its peer waiting 91%.
 OUTWORKS = 2.5
 PEERS_WAIT = 0.5
+MIN_WORK_SHARE = 0.05  # peers that wait (nearly) all the time: the ratio is "at least" this
 
 
 def missing(ranks: list[dict]) -> list[dict]:
@@ -133,8 +135,8 @@ def link(ranks: list[dict]) -> None:
     ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
     for s in ranks:
         s["compute_s"] = _compute_s(s)
-    step, share, cpu, wait, compute = (_PeerMedian(ranks, k) for k in (
-        "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio", "compute_s"))
+    step, share, cpu, wait = (_PeerMedian(ranks, k) for k in (
+        "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
     remote = sum(1 for s in ranks if s.get("remote"))
     worlds = [s["world_size"] for s in ranks if (s.get("world_size") or 0) > 0]
     seen = len({s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0})
@@ -142,9 +144,6 @@ def link(ranks: list[dict]) -> None:
         # the ranks on the other side of the peer view from this one
         s["peers_remote"] = len(ranks) - remote if s.get("remote") else remote
         s["ranks_unseen"] = max(worlds) - seen if worlds else None
-        peer_compute = compute.of_peers(s)
-        if s.get("compute_s") and peer_compute:
-            s["compute_ratio"] = round(s["compute_s"] / peer_compute, 2)
         me_alive, me_blocked = bool(s.get("alive")), bool(s.get("blocked"))
         me_dead = is_dead(s)
         s["peers_alive"] = alive - me_alive
@@ -169,6 +168,12 @@ def link(ranks: list[dict]) -> None:
         peer_wait = wait.of_peers(s)
         if s.get("runqueue_wait_ratio") is not None and peer_wait is not None:
             s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
+        if s.get("compute_s") is not None and peer_share is not None:
+            # Over a window every rank of a synchronous job completes the same steps,
+            # so the shares of step time outside collectives compare as the times do
+            # (one last step each would not: a throttled rank's steps vary 10x).
+            s["compute_ratio"] = round((1.0 - s["hb_comm_share"])
+                                       / max(1.0 - peer_share, MIN_WORK_SHARE), 2)
         s["outworks_peers"] = bool((s.get("compute_ratio") or 0) >= OUTWORKS
                                    and (s.get("peer_comm_share") or 0) >= PEERS_WAIT)
     for s in ranks:
