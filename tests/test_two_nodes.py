@@ -166,6 +166,9 @@ def test_diagnose_in_node1_names_the_quota_and_in_node0_the_straggler(throttled)
     assert report["job"]["culprits"] == [1]
     saved = os.path.join(nodes[0].root, "two_nodes_throttled_node0.json")
     assert [s["rank"] for s in load_remote(saved)] == [1]  # a replay judges what was judged
+    # a watcher in the host namespace, judging node 1's rank, says the same
+    report = until_verdict(pids[1], STRAGGLER, timeout=60, hb_dir=str(nodes[1].root / "hb"))
+    assert by_rank(report)[1]["rule"] == "straggler-throttled"
 
 
 def test_lone_views_of_node0_blame_a_rank_on_node1(throttled):
