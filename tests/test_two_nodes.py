@@ -186,6 +186,7 @@ def test_lone_views_of_node0_blame_a_rank_on_node1(throttled):
         for r in j["ranks"]} == expected, 60, what="the lone daemon judging rank 0 a victim")
     job = next(j for j in get_json(lone + "/status")["jobs"] if j["key"] == key)
     assert job["job"]["culprits"] == [] and f"a rank on {net.addr[1]}" in job["job"]["summary"]
+    assert job["job"]["culprit_elsewhere"] == f"a rank on {net.addr[1]}"
 
 
 def test_third_party_trainer_without_heartbeats(tmp_path):

@@ -78,3 +78,20 @@ def test_an_unanswered_data_connect_blames_the_node_it_dials():
 def test_net_ns_of_a_process():
     assert net_ns("/proc", os.getpid()).startswith("net:[")
     assert net_ns("/proc", 0) == ""
+
+
+def test_the_incident_page_names_a_culprit_elsewhere():
+    """A replayed lone view (node 0 alone, issue 18): its page says where the
+    culprit is instead of "no culprit named on this node"."""
+    from ddpwatch.judge import classify, rules
+    from ddpwatch.observe.snapshot import load
+    from ddpwatch.publish import page, report
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+                        "two_nodes_lone_node0.json")
+    history = load(path)
+    judged = classify.judge(history, rules.load(os.path.join(
+        os.path.dirname(os.path.dirname(__file__)), "rules", "default.yaml")))
+    doc = report.as_json(judged, history[-1])
+    html = page.render(doc, history)
+    assert "culprit: a rank on 10.233." in html and "(not watched from this node)" in html
+    assert "no culprit named on this node" not in html
