@@ -147,7 +147,8 @@ EXPECTED.update({
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
 })
-for _launcher in ("spawn", "lightning"):
+LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
+for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):
             EXPECTED[f"thirdparty_{_launcher}_{_state}"] = _expected
@@ -284,6 +285,13 @@ def test_a_lone_view_names_where_the_culprit_is(default_rules):
     firewall = judged("two_nodes_firewall_lone_node0", default_rules).job
     assert firewall.culprits == () and firewall.elsewhere.startswith("the node at 10.233.")
     assert firewall.summary.startswith(f"The culprit is {firewall.elsewhere}: rank 0 waits")
+
+
+def test_every_launcher_has_healthy_and_stopped_fixtures():
+    """Replay covers every third-party launcher the tests run (issue 13)."""
+    for launcher in LAUNCHERS:
+        for state in ("healthy", "stopped"):
+            assert f"thirdparty_{launcher}_{state}" in EXPECTED, (launcher, state)
 
 
 def test_replay_cli_matches_in_process_judgement():

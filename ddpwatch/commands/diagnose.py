@@ -12,6 +12,7 @@ from ..judge import classify, rules as rules_mod
 from ..observe import discovery
 from .. import errors
 from ..publish import report
+from ..publish.terminal import printable_lines
 from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
 from ..observe.duty import DutyWatch
@@ -201,6 +202,6 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
-        print(report.as_text(judgement, history[-1]))
+        print(printable_lines(report.as_text(judgement, history[-1])))
     return errors.OK if judgement.job.verdict in FINE and not any(
         f.severity != "info" for r in judgement.ranks for f in r.findings) else errors.PROBLEM_FOUND

@@ -81,11 +81,8 @@ def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str,
 
 def load_remote(path: str) -> tuple[dict, ...]:
     """The peers' rank signals saved beside a history (save's `remote`), () if none."""
-    try:
-        with open(path) as f:
-            remote = json.load(f).get("remote", [])
-    except (OSError, ValueError, AttributeError) as err:
-        raise SnapshotFileError(f"{path}: {err}") from err
+    data = codec.read_json_file(path, SnapshotFileError)
+    remote = data.get("remote", []) if isinstance(data, dict) else []
     if not isinstance(remote, list) or not all(
             isinstance(r, dict) and all(v is None or isinstance(v, (int, float, str, bool))
                                         for v in r.values()) for r in remote):
@@ -95,13 +92,7 @@ def load_remote(path: str) -> tuple[dict, ...]:
 
 def load(path: str) -> tuple[Snapshot, ...]:
     """Read a saved history; errors name the file and the JSON path."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as err:
-        raise SnapshotFileError(f"{path}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise SnapshotFileError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    data = codec.read_json_file(path, SnapshotFileError)
     if not isinstance(data, dict) or data.get("ddpwatch_snapshots") != SNAPSHOT_VERSION:
         raise SnapshotFileError(f"{path}: not a ddpwatch snapshot file of version "
                                 f"{SNAPSHOT_VERSION}")
