@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -223,10 +224,18 @@ class CpuQuota:
                     f.write(str(pid))
             except OSError:
                 pass  # gone
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass
+        # a rank killed a moment ago may still be leaving the group (EBUSY)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 def _cgroup_dir() -> tuple[str, str]:
