@@ -17,7 +17,7 @@ from conftest import REPO, need
 from ddpwatch.judge import classify, signals
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.errors import ConfigError
-from ddpwatch.observe.snapshot import load
+from ddpwatch.observe.snapshot import load, load_remote
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 DEFAULT_RULES = os.path.join(REPO, "rules", "default.yaml")
@@ -74,7 +74,7 @@ EXPECTED = {
     # the master's node lets the second in on MASTER_PORT only: judged on the second
     # node, its rank's data connect sits in SYN-SENT ...
     "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
-                          1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
+                          1: ("unreachable_peer", "victim", "unreachable-peer-data")}, [], {}),
     # ... judged on the master's node, whose wire shows rank 1's SYNs arrive, unanswered
     "dropped_inbound": ({0: ("unreachable_peer", "culprit", "dropped-inbound"),
                          1: ("unreachable_peer", "victim", "unreachable-peer-dropped-there")},
@@ -105,6 +105,22 @@ EXPECTED = {
                    [1], {}),
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
+    # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
+    # (tests/test_two_nodes.py, issue 18): judged in node 0 with the peer view (rank
+    # 1's signals saved beside the history), in node 1 with it, and in node 0 alone
+    "two_nodes_throttled_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-across-nodes")},
+                                  [1], {}),
+    "two_nodes_throttled_node1": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
+    # the same with a plain torchrun script (no heartbeats), node 0 with the peer view
+    "two_nodes_thirdparty_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                    1: ("straggler", "culprit",
+                                        "straggler-starved-across-nodes")}, [1], {}),
+    "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
+    # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
+    "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
+                                           "unreachable-peer-data")}, [], {}),
 }
 # Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py, issue 13)
 THIRDPARTY = {
@@ -174,7 +190,9 @@ def fixture_path(name: str) -> str:
 
 
 def judged(name: str, rules) -> classify.Judgement:
-    return classify.judge(load(fixture_path(name)), rules)
+    """With the peers' signals it was judged with (diagnose --peer), if any."""
+    path = fixture_path(name)
+    return classify.judge(load(path), rules, load_remote(path))
 
 
 def test_every_fixture_has_an_expectation():
@@ -308,10 +326,19 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
     finding_rules = [r for r in default_rules if r.finding]
     for name in EXPECTED:
         history = load(fixture_path(name))
-        covered |= {v.rule for v in classify.judge(history, default_rules).ranks}
-        for s in signals.measure(history):
+        covered |= {v.rule for v in judged(name, default_rules).ranks}
+        for s in signals.measure(history, load_remote(fixture_path(name))):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
+
+
+def test_a_lone_view_names_where_the_culprit_is(default_rules):
+    """Issue 18: victims whose culprit no view here holds name it by address."""
+    lone = judged("two_nodes_lone_node0", default_rules).job
+    assert lone.culprits == () and lone.elsewhere.startswith("a rank on 10.233.")
+    firewall = judged("two_nodes_firewall_lone_node0", default_rules).job
+    assert firewall.culprits == () and firewall.elsewhere.startswith("the node at 10.233.")
+    assert firewall.summary.startswith(f"The culprit is {firewall.elsewhere}: rank 0 waits")
 
 
 def test_every_launcher_has_healthy_and_stopped_fixtures():

@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..heartbeat.scan import ScanState
 from . import discovery
+from .netns import net_ns
 from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
 from .probes.exits import for_pids, open_watch
 from .probes.traffic import for_ports, local_ports, open_capture
@@ -112,6 +113,16 @@ class Sampler:
     @property
     def capture(self):
         return self._capture
+
+    def capture_net_of(self, pid: int) -> None:
+        """Watch the wire of `pid`'s network namespace instead of ours: a rank on a
+        namespace node, judged from the host, with the connects that arrive there
+        (issue 18). Nothing changes when the capture is off or already there."""
+        if self._capture is None or net_ns(self.ctx.procfs, pid) in (
+                "", getattr(self._capture, "net_ns", "")):
+            return
+        self._capture.close()
+        self._capture = open_capture(self.ctx.clock, self.ctx.procfs, pid)
 
     # --- the node --------------------------------------------------------------------
     def survey(self) -> Survey:

@@ -74,10 +74,26 @@ class SnapshotFileError(DdpwatchError):
     exit_code = 2
 
 
-def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str) -> None:
+def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str,
+         remote: tuple[dict, ...] = ()) -> None:
+    """`remote`: the signals of the job's ranks on other nodes that the judgement
+    used (diagnose --peer), kept so that a replay judges what was judged."""
+    doc = {"ddpwatch_snapshots": SNAPSHOT_VERSION, "history": [codec.to_json(s) for s in history]}
+    if remote:
+        doc["remote"] = [dict(r) for r in remote]
     with open(path, "w") as f:
-        json.dump({"ddpwatch_snapshots": SNAPSHOT_VERSION,
-                   "history": [codec.to_json(s) for s in history]}, f, indent=1)
+        json.dump(doc, f, indent=1)
+
+
+def load_remote(path: str) -> tuple[dict, ...]:
+    """The peers' rank signals saved beside a history (save's `remote`), () if none."""
+    data = codec.read_json_file(path, SnapshotFileError)
+    remote = data.get("remote", []) if isinstance(data, dict) else []
+    if not isinstance(remote, list) or not all(
+            isinstance(r, dict) and all(v is None or isinstance(v, (int, float, str, bool))
+                                        for v in r.values()) for r in remote):
+        raise SnapshotFileError(f"{path}: 'remote' is not a list of rank signals")
+    return tuple(remote)
 
 
 def load(path: str) -> tuple[Snapshot, ...]:

@@ -14,6 +14,7 @@ def as_json(judgement: Judgement, last: Snapshot) -> dict:
     job = judgement.job
     return {
         "job": {"verdict": job.verdict, "culprits": list(job.culprits), "summary": job.summary,
+                "culprit_elsewhere": job.elsewhere,
                 "launcher_pid": last.job.launcher_pid, "launcher_kind": last.job.launcher_kind,
                 "run_id": last.job.run_id},
         "ranks": [{
@@ -34,7 +35,8 @@ def _wrap(text: str, indent: str) -> str:
 def as_text(judgement: Judgement, last: Snapshot) -> str:
     job = judgement.job
     lines = []
-    culprits = ", ".join(f"rank {c}" for c in job.culprits) or "none found locally"
+    culprits = ", ".join(f"rank {c}" for c in job.culprits) or job.elsewhere or \
+        "none found locally"
     lines.append(f"JOB: {label(job.verdict)}   culprit: {culprits}")
     lines.append(_wrap(job.summary, "  "))
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"

@@ -104,6 +104,7 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
         s.update(launch.orphan(s))
     interfaces.link(ranks)
     inbound.link(ranks)
+    peers.blame_elsewhere(ranks)
     return ranks
 
 

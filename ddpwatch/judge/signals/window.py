@@ -19,7 +19,8 @@ SIGNALS = declare(
     ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)"),
     ("cgroup", str, "its CPU cgroup"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
-                        "throttled by a CPU quota, or starved of CPU next to its peers"),
+                        "throttled by a CPU quota, starved of CPU next to its peers, or "
+                        "working far longer per step than its peers on other nodes"),
     ("peer_straggles", bool, "another rank of the job straggles"),
 )
 
@@ -60,6 +61,8 @@ def link(ranks: list[dict]) -> None:
         s["straggles"] = bool(s.get("alive") and (
             (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1])
             or (s.get("throttled_share") or 0) >= THROTTLED
+            # across nodes, by each rank's own durations (peers.py, issue 18)
+            or (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1)
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
                 and not s.get("blocked"))))
