@@ -14,6 +14,10 @@ SIGNALS = declare(
     ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)"),
     ("runqueue_wait_ratio", NUMBER,
      "time the rank's threads waited for a CPU over the window, in cores"),
+    ("cpu_wait_share", NUMBER,
+     "share of the time its threads wanted a CPU that they spent waiting for one (run-queue "
+     "wait over run time plus wait, schedstat): near 0 on a free CPU, n/(n+1) beside n busy "
+     "processes"),
     ("orphan", bool, "a leftover: its parent is gone (re-parented to init or a subreaper) and "
                      "it makes no progress (launch.orphan decides, after the peers)"),
     ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
@@ -50,4 +54,22 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         wait_before = sum(t.sched.runqueue_wait_s for t in before.threads
                           if t.sched.runqueue_wait_s >= 0)
         s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
+        share = wait_share(before.threads, now.threads)
+        if share is not None:
+            s["cpu_wait_share"] = share
     return s
+
+
+def wait_share(before, now) -> float | None:
+    """Run-queue wait over (run + wait) of the threads seen at both ends of the
+    window (a thread that started or ended inside it has no difference), None
+    when nothing ran or waited or schedstat is unreadable."""
+    then = {t.tid: t.sched for t in before if t.sched.run_s >= 0}
+    run = wait = 0.0
+    for t in now:
+        old = then.get(t.tid)
+        if old is None or t.sched.run_s < 0:
+            continue
+        run += max(t.sched.run_s - old.run_s, 0.0)
+        wait += max(t.sched.runqueue_wait_s - old.runqueue_wait_s, 0.0)
+    return round(wait / (run + wait), 3) if run + wait > 0 else None
