@@ -31,7 +31,10 @@ from test_thirdparty_jobs import HEALTHY, SCRIPTS, SNAPSHOTS, start
 
 from ddpwatch.judge.vocabulary import VERDICTS
 
-BUSY = 4  # busy processes beside the rank on its CPU: it gets about 1/(BUSY+1) of it
+# busy processes beside the rank on its CPU: it gets at most 1/(BUSY+1) of it, well
+# below what other users' load takes from its peer on a shared 2-core machine
+BUSY = 8
+SHARED = 4  # busy processes on each CPU when the machine is shared equally
 CALM = {v.name for v in VERDICTS if v.calm}
 
 
@@ -115,14 +118,16 @@ def test_rank_sharing_its_cpu_is_the_straggler(third, need_py_spy):
     finally:
         _stop(busy)
         _pin(third.pids[1], f"0-{os.cpu_count() - 1}")
-    third.until("resumed", HEALTHY)
 
 
+# Once, on one launcher: what is asserted does not depend on it (the wall time
+# of real jobs on 2 cores is the suite's budget)
+@pytest.mark.parametrize("third", ["spawn"], indirect=True)
 def test_a_job_slowed_equally_by_a_shared_machine_is_no_alarm(third, need_py_spy):
     third.until("healthy", HEALTHY)
     _pin(third.pids[0], "0")
     _pin(third.pids[1], "1")
-    busy = _busy(0, BUSY) + _busy(1, BUSY)
+    busy = _busy(0, SHARED) + _busy(1, SHARED)
     path = os.path.join(third.tmp, "shared.json")
     try:
         shares = wait_until(lambda: (lambda s: s if min(s.values()) >= 0.4 else None)(
