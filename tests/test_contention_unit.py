@@ -50,3 +50,20 @@ def test_competing_names_the_busy_ones_of_the_window():
     assert competing(first, last, {1}) == "2 processes: python pid 10 40%, yes pid 11 20%"
     assert competing(first, last, {0}) is None  # none on the rank's CPUs
     assert competing(None, last, {1}) is None
+
+
+def test_replayed_contention_names_the_rank_its_cpu_and_competitors():
+    """Saved from tests/test_thirdparty_contention.py: rank 1 pinned to CPU 1 beside
+    8 busy processes, each in a session of its own."""
+    import os
+
+    from conftest import REPO
+
+    from ddpwatch.judge import classify, rules
+    from ddpwatch.observe.snapshot import load
+    path = os.path.join(REPO, "tests", "fixtures", "snapshots",
+                        "thirdparty_spawn_contended.json")
+    j = classify.judge(load(path), rules.load(os.path.join(REPO, "rules", "default.yaml")))
+    one = next(v for v in j.ranks if v.rank == 1)
+    assert one.rule == "straggler-starved"
+    assert "on CPU 1" in one.evidence and "beside 8 processes: python pid" in one.evidence

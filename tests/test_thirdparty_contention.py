@@ -113,6 +113,8 @@ def test_rank_sharing_its_cpu_is_the_straggler(third, need_py_spy):
         assert report["job"]["culprits"] == [1]
         assert one["signals"]["cpu_wait_share"] >= 0.4, (one["signals"], shares)
         assert "waiting for a CPU" in one["evidence"], one["evidence"]
+        # the busy processes, named (probes/competitors.py)
+        assert "python pid" in one["signals"].get("competitors", ""), one["signals"]
         _keep(third, "contended", os.path.join(third.tmp, f"thirdparty_{third.launcher}"
                                                           f"_contended.json"))
     finally:

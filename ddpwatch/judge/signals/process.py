@@ -84,7 +84,8 @@ def wait_share(before, now) -> float | None:
     return round(wait / (run + wait), 3) if run + wait > 0 else None
 
 
-COMPETING_CPU = 0.1  # cores over the window: below, a process only passed by
+COMPETING_CPU = 0.03  # cores over the window: below, a process only passed by (8 busy
+# processes beside a rank on one core get about 0.1 each)
 SHOWN = 3
 
 
