@@ -26,7 +26,7 @@ import time
 
 import pytest
 from conftest import need, wait_until
-from diag import by_rank, diagnose, until_verdict
+from diag import by_rank, diagnose
 from test_thirdparty_jobs import HEALTHY, SCRIPTS, SNAPSHOTS, start
 
 from ddpwatch.judge.vocabulary import VERDICTS
@@ -36,6 +36,9 @@ from ddpwatch.judge.vocabulary import VERDICTS
 BUSY = 8
 SHARED = 4  # busy processes on each CPU when the machine is shared equally
 CALM = {v.name for v in VERDICTS if v.calm}
+# the CPUs we may use (a container's cpuset may not start at 0)
+MINE = sorted(os.sched_getaffinity(0))
+ALL = ",".join(map(str, MINE))
 
 
 def _busy(cpu: int, n: int) -> list[subprocess.Popen]:
@@ -91,7 +94,7 @@ def _keep(tp, state: str, report_path: str) -> None:
 
 @pytest.fixture(scope="module", params=sorted(SCRIPTS))
 def third(request, tmp_path_factory):
-    need(os.cpu_count() >= 2 and shutil.which("taskset") is not None,
+    need(len(MINE) >= 2 and shutil.which("taskset") is not None,
          "needs 2 CPUs and taskset (util-linux)")
     tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
     yield tp
@@ -100,8 +103,8 @@ def third(request, tmp_path_factory):
 
 def test_rank_sharing_its_cpu_is_the_straggler(third, need_py_spy):
     third.until("healthy", HEALTHY)
-    _pin(third.pids[1], "1")
-    busy = _busy(1, BUSY)
+    _pin(third.pids[1], str(MINE[1]))
+    busy = _busy(MINE[1], BUSY)
     try:
         # the contention is real before any verdict is asserted on it
         shares = wait_until(lambda: (lambda s: s if s[1] >= 0.5 else None)(
@@ -119,7 +122,7 @@ def test_rank_sharing_its_cpu_is_the_straggler(third, need_py_spy):
                                                           f"_contended.json"))
     finally:
         _stop(busy)
-        _pin(third.pids[1], f"0-{os.cpu_count() - 1}")
+        _pin(third.pids[1], ALL)
 
 
 # Once, on one launcher: what is asserted does not depend on it (the wall time
@@ -127,9 +130,9 @@ def test_rank_sharing_its_cpu_is_the_straggler(third, need_py_spy):
 @pytest.mark.parametrize("third", ["spawn"], indirect=True)
 def test_a_job_slowed_equally_by_a_shared_machine_is_no_alarm(third, need_py_spy):
     third.until("healthy", HEALTHY)
-    _pin(third.pids[0], "0")
-    _pin(third.pids[1], "1")
-    busy = _busy(0, SHARED) + _busy(1, SHARED)
+    _pin(third.pids[0], str(MINE[0]))
+    _pin(third.pids[1], str(MINE[1]))
+    busy = _busy(MINE[0], SHARED) + _busy(MINE[1], SHARED)
     path = os.path.join(third.tmp, "shared.json")
     try:
         shares = wait_until(lambda: (lambda s: s if min(s.values()) >= 0.4 else None)(
@@ -143,4 +146,4 @@ def test_a_job_slowed_equally_by_a_shared_machine_is_no_alarm(third, need_py_spy
     finally:
         _stop(busy)
         for pid in third.pids.values():
-            _pin(pid, f"0-{os.cpu_count() - 1}")
+            _pin(pid, ALL)
