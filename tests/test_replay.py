@@ -132,6 +132,11 @@ THIRDPARTY = {
                    1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
     "hung": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
              [1], {}),
+    # rank 1 beside busy processes on its CPU (tests/test_thirdparty_contention.py)
+    "contended": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                   1: ("straggler", "culprit", "straggler-starved")}, [1], {}),
+    # both ranks beside as many busy processes: slowed alike, no alarm
+    "shared": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
 }
 STARTING = ("warming_up", "none", "starting")
 ALONE = {-1: ("warming_up", "none", "starting-alone")}
@@ -173,7 +178,8 @@ EXPECTED.update({
     "thirdparty_spawn_autocast_cuda": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")},
                                        [], {}),
 })
-LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
+# byhand: ranks started by hand, grouped by their connections (test_thirdparty_wire.py)
+LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun", "byhand")
 for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):

@@ -53,12 +53,13 @@ def test_a_job_without_heartbeats_has_its_sockets_read_at_a_glance(calls):
 
 def test_detail_adds_sockets_and_stacks_look_again_closer(calls):
     sample(Look.DETAIL)
-    assert [c[0] for c in calls] == ["process", "sockets"]
+    # competitors: who else runs on the ranks' CPUs (probes/competitors.py)
+    assert [c[0] for c in calls] == ["competitors", "process", "sockets"]
     calls.clear()
     snap = sample(Look.STACKS)
     # sockets once, with `ss -ti`; the budgeted stacks probe on the ranks only
-    assert calls == [("process", (11, 12, 10), True), ("sockets", (11, 12), True),
-                     ("stacks", (11, 12), True)]
+    assert calls == [("competitors", (11, 12), True), ("process", (11, 12, 10), True),
+                     ("sockets", (11, 12), True), ("stacks", (11, 12), True)]
     assert snap.sockets.probe == "sockets" and snap.stacks.probe == "stacks"
 
 

@@ -177,7 +177,7 @@ def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None
 
 # launcher_kind values: how the ranks were started
 KINDS = ("torchrun", "accelerate", "deepspeed", "mpirun", "spawn", "lightning", "slurm",
-         "env", "none")
+         "env", "wire", "none")  # wire: grouped by their connections (wire.py)
 
 
 def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:

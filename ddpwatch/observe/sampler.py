@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..heartbeat.scan import ScanState
-from . import discovery
+from . import discovery, wire
 from .netns import net_ns
 from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
 from .probes.exits import for_pids, open_watch
@@ -41,6 +41,7 @@ class Survey:
     record_dirs: tuple[str, ...]   # directories the ranks named (DDPWATCH_DIR)
     probes: tuple[ProbeStatus, ...]
     exits: object = None           # probes.exits.Exits (the watched pids' ends), or None
+    procfs: str = "/proc"
 
     @property
     def live_record_pids(self) -> frozenset[int]:
@@ -53,7 +54,11 @@ class Survey:
         return discovery.all_jobs(self.table, self.live_record_pids)
 
     def job_of(self, pid: int) -> Job | None:
-        return discovery.find_job(pid, self.table, self.live_record_pids)
+        """The job of `pid`; a lone rank started by hand with its peers found on
+        the wire (observe/wire.py): only for a person's request, it reads the
+        sockets of every Python process of the rank's user."""
+        job = discovery.find_job(pid, self.table, self.live_record_pids)
+        return wire.extend(job, self.table, self.procfs) if job is not None else None
 
 
 class Sampler:
@@ -154,7 +159,7 @@ class Sampler:
             if result.ok:
                 self._host, self._host_at = result.data, ctx.clock()
         return Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
-                      tuple(statuses), exits)
+                      tuple(statuses), exits, ctx.procfs)
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",

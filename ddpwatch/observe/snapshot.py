@@ -12,6 +12,7 @@ from .. import codec
 from ..errors import DdpwatchError
 from .duty import Duty
 from .probes import ProbeResult
+from .probes.competitors import Competitors
 from .probes.exits import Exits
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
@@ -64,6 +65,7 @@ class Snapshot:
     traffic: Traffic | None = None  # connection attempts on the wire (root only)
     duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
     exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
+    competitors: Competitors | None = None  # others running on the ranks' CPUs (DETAIL)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

@@ -41,7 +41,9 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     lines.append(_wrap(job.summary, "  "))
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
                 if last.job.launcher_pid > 0 else f"launched by {last.job.launcher_kind}"
-                if last.job.launcher_kind not in ("none", "") else "no launcher")
+                if last.job.launcher_kind not in ("none", "", "wire")
+                else "no launcher, grouped by their TCP connections"
+                if last.job.launcher_kind == "wire" else "no launcher")
     # ranks seen ending while watched (probes/exits.py): a held job has no process left
     ended = (f", {len(last.job.departed_pids)} ended while watched"
              if last.job.departed_pids else "")

@@ -14,7 +14,8 @@ from .spec import declare
 SIGNALS = declare(
     ("rank_source", str, "where the rank number comes from: env, launch (the launcher's "
                          "convention: spawn index, NODE_RANK x local world + LOCAL_RANK), "
-                         "record, or unknown"),
+                         "wire (the TCPStore's host is rank 0; in a closed group of two the "
+                         "other is 1), record, or unknown"),
     ("store_port", int, "the TCPStore's port: MASTER_PORT, else the port one rank of the job "
                         "listens on that every rank is connected to"),
     ("parent_gone", bool, "the process was re-parented to init (PPID 1): its launcher or "
@@ -34,7 +35,8 @@ def measure(history: tuple[Snapshot, ...], pid: int, s: dict) -> dict:
     elif s.get("hb_rank") is not None:  # the rank's own word, best of all
         out["rank_source"] = "record"
     elif pid in job.rank_pids and job.ranks and job.ranks[job.rank_pids.index(pid)] >= 0:
-        out["rank"], out["rank_source"] = job.ranks[job.rank_pids.index(pid)], "launch"
+        out["rank"] = job.ranks[job.rank_pids.index(pid)]
+        out["rank_source"] = "wire" if job.launcher_kind == "wire" else "launch"
     else:
         out["rank_source"] = "record" if s.get("hb_rank") is not None else "unknown"
     world = s.get("world_size", -1)
@@ -51,7 +53,8 @@ def measure(history: tuple[Snapshot, ...], pid: int, s: dict) -> dict:
     # (single-node by construction: one parent spawns them all): every rank of the
     # world is found here. Not for torchrun-like jobs: network namespaces share
     # the process table, and their nodes' ranks would all look local.
-    if (job.launcher_kind in ("spawn", "lightning") and s.get("alive") and world
+    # A group found on the wire has a world size only when closed: all here.
+    if (job.launcher_kind in ("spawn", "lightning", "wire") and s.get("alive") and world
             and world > 0 and not s.get("all_ranks_local") and len(job.rank_pids) == world):
         out["all_ranks_local"] = True
     return out

@@ -14,6 +14,14 @@ SIGNALS = declare(
     ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)"),
     ("runqueue_wait_ratio", NUMBER,
      "time the rank's threads waited for a CPU over the window, in cores"),
+    ("cpu_wait_share", NUMBER,
+     "share of the time its threads wanted a CPU that they spent waiting for one (run-queue "
+     "wait over run time plus wait, schedstat): near 0 on a free CPU, n/(n+1) beside n busy "
+     "processes"),
+    ("cpus", str, "the CPUs the rank may run on (its affinity), e.g. 1 or 0-1"),
+    ("competitors", str, "other processes that ran on those CPUs through the window (state R "
+                         "at both ends, CPU time grown): the busiest, with their share of a "
+                         "core"),
     ("orphan", bool, "a leftover: its parent is gone (re-parented to init or a subreaper) and "
                      "it makes no progress (launch.orphan decides, after the peers)"),
     ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
@@ -50,4 +58,67 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         wait_before = sum(t.sched.runqueue_wait_s for t in before.threads
                           if t.sched.runqueue_wait_s >= 0)
         s["runqueue_wait_ratio"] = round(max(wait_now - wait_before, 0.0) / w.seconds, 3)
+        share = wait_share(before.threads, now.threads)
+        if share is not None:
+            s["cpu_wait_share"] = share
+    if now.cpus_allowed:
+        s["cpus"] = cpu_list(now.cpus_allowed)
+        named = competing(w.first.competitors, w.last.competitors, set(now.cpus_allowed))
+        if named is not None:
+            s["competitors"] = named
     return s
+
+
+def wait_share(before, now) -> float | None:
+    """Run-queue wait over (run + wait) of the threads seen at both ends of the
+    window (a thread that started or ended inside it has no difference), None
+    when nothing ran or waited or schedstat is unreadable."""
+    then = {t.tid: t.sched for t in before if t.sched.run_s >= 0}
+    run = wait = 0.0
+    for t in now:
+        old = then.get(t.tid)
+        if old is None or t.sched.run_s < 0:
+            continue
+        run += max(t.sched.run_s - old.run_s, 0.0)
+        wait += max(t.sched.runqueue_wait_s - old.runqueue_wait_s, 0.0)
+    return round(wait / (run + wait), 3) if run + wait > 0 else None
+
+
+COMPETING_CPU = 0.03  # cores over the window: below, a process only passed by (8 busy
+# processes beside a rank on one core get about 0.1 each)
+SHOWN = 3
+
+
+def cpu_list(cpus) -> str:
+    """(0, 1, 2, 5) -> '0-2,5'."""
+    runs, out = [], []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}-{b}")
+    return ",".join(out)
+
+
+def competing(first, last, cpus: set[int]) -> str | None:
+    """The processes running on `cpus` at both ends of the window, busiest first
+    ("4 processes: python pid 812 25%, ..."); None when not looked at."""
+    if first is None or last is None or last.taken_at <= first.taken_at:
+        return None
+    seconds = last.taken_at - first.taken_at
+    then = {c.pid: c for c in first.procs}
+    busy = []
+    for c in last.procs:
+        old = then.get(c.pid)
+        if old is not None and c.processor in cpus and old.comm == c.comm:
+            share = (c.cpu_seconds - old.cpu_seconds) / seconds
+            if share >= COMPETING_CPU:
+                busy.append((share, c))
+    if not busy:
+        return None
+    busy.sort(key=lambda sc: -sc[0])
+    shown = ", ".join(f"{c.comm} pid {c.pid} {share:.0%}" for share, c in busy[:SHOWN])
+    more = f" and {len(busy) - SHOWN} more" if len(busy) > SHOWN else ""
+    return f"{len(busy)} process{'es' if len(busy) > 1 else ''}: {shown}{more}"

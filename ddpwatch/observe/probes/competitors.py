@@ -1,0 +1,80 @@
+"""Competitors probe: the other processes running on the CPUs a job's ranks may
+use, so a rank starved of CPU (its run-queue wait, straggler-starved) is shown
+with what it shares its core with (issue 13: "the competing processes, if cheap
+to name"). One pass over /proc/*/stat: a process is a competitor when it is
+running or runnable (state R) now, on a CPU one of the ranks may run on; the
+judge keeps those seen at both ends of a window whose CPU time grew.
+
+Only on a closer look (Look.DETAIL: a job not healthy, or a person's request).
+Command names come from another user's processes: labels, bounded, never paths.
+READ: `run`. PARSE (pure): `pick`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ... import codec
+from . import Look, ProbeContext, register
+from .process import StatFields, parse_cpu_list, parse_stat, parse_status
+
+MAX_COMPETITORS = 32   # kept per snapshot, the busiest first
+MAX_COMM = 32
+
+
+@dataclass(frozen=True)
+class Competitor:
+    pid: int
+    comm: str
+    cpu_seconds: float   # cumulative user + system
+    processor: int       # the CPU it last ran on
+
+
+@dataclass(frozen=True)
+class Competitors:
+    taken_at: float
+    cpus: tuple[int, ...]          # the CPUs the job's ranks may run on (union)
+    procs: tuple[Competitor, ...]  # running elsewhere than the job, on those CPUs
+
+
+def pick(stats: list[StatFields], cpus: set[int], job: set[int]) -> tuple[Competitor, ...]:
+    """Processes in state R on one of `cpus`, not of the job, not kernel threads."""
+    found = [Competitor(st.pid, "".join(c if c.isprintable() else "?"
+                                        for c in st.comm[:MAX_COMM]),
+                        st.cpu_seconds, st.processor)
+             for st in stats if st.state == "R" and st.pid not in job
+             and st.ppid != 2 and st.pid != 2 and st.processor in cpus]
+    found.sort(key=lambda c: -c.cpu_seconds)
+    return tuple(found[:MAX_COMPETITORS])
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read(65536)
+
+
+@register("competitors", look=Look.DETAIL,
+          help="other processes running on the ranks' CPUs (state R, one /proc pass)")
+def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Competitors:
+    taken_at = ctx.clock()
+    cpus: set[int] = set()
+    for pid in pids:
+        try:
+            cpus |= set(parse_cpu_list(parse_status(_read(f"{ctx.procfs}/{pid}/status"))
+                                       .get("Cpus_allowed_list", "")))
+        except OSError:
+            continue
+    stats = []
+    me = os.getpid()
+    for name in os.listdir(ctx.procfs):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            stats.append(parse_stat(_read(f"{ctx.procfs}/{name}/stat")))
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not a process entry
+    return Competitors(taken_at, tuple(sorted(cpus)), pick(stats, cpus, set(pids)))
+
+
+def from_json(obj) -> Competitors:
+    return codec.from_json(Competitors, obj)

@@ -1,0 +1,186 @@
+"""Ranks no launcher, environment or record ties together, grouped by what they
+share on the wire (issue 13): the TCPStore they connect to (or host) and the
+Gloo connections between them.
+
+A script started by hand that sets MASTER_ADDR/RANK in `os.environ` itself, or
+passes `init_method="tcp://..."` or `file://...` from its argv, leaves nothing in
+`/proc/PID/environ`; each rank is a lone Python process in a process tree of its
+own. What still joins them: Gloo connects every pair of ranks, and with a TCP
+store every rank (the host too) is connected to the port rank 0 listens on. Two
+processes are linked when an established TCP socket of one is the other end of
+an established socket of the other (the same 4-tuple reversed, the owners found
+by socket inode in /proc/PID/fd).
+
+Rank numbers only from evidence: the store's host is rank 0 (init_process_group
+hosts the TCPStore on rank 0); when the group is closed (every connection of every
+member ends at a member) the world is the group, and in a world of two the other
+member is rank 1. Anything else stays "rank unknown" (-1), never guessed.
+
+READ is `read_wire` / `uses_torch` (impure, under a procfs root); `links`,
+`component`, `store_host`, `closed` are pure; `extend` puts them together.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import replace
+
+from .launchers import env_rank, is_python, launcher_kind
+from .probes.sockets import TableEntry, read_table, socket_inodes
+from .snapshot import Job
+
+MAX_CANDIDATES = 256   # Python processes of the target's user whose sockets are read
+MAPS_LIMIT = 8 << 20   # bytes of /proc/PID/maps read looking for libtorch
+LOOPBACK = ("127.", "::1", "::ffff:127.")
+
+Key = tuple[str, str, int, str, int]
+
+
+# ---------------------------------------------------------------- PARSE (pure)
+
+def _key(ns: str, e: TableEntry, reverse: bool = False) -> Key:
+    local, peer = (e.peer_addr, e.peer_port), (e.local_addr, e.local_port)
+    if not reverse:
+        local, peer = peer, local
+    # a loopback 4-tuple is unique within its network namespace only
+    scope = ns if local[0].startswith(LOOPBACK) else ""
+    return (scope, local[0], local[1], peer[0], peer[1])
+
+
+def links(sockets: dict[int, tuple[str, tuple[TableEntry, ...]]]) -> dict[int, set[int]]:
+    """pid -> the pids at the other end of its established TCP connections.
+    `sockets`: pid -> (its network namespace, its own table entries)."""
+    owner: dict[Key, int] = {}
+    for pid, (ns, entries) in sockets.items():
+        for e in entries:
+            if e.state == "ESTABLISHED":
+                owner[_key(ns, e)] = pid
+    out: dict[int, set[int]] = {pid: set() for pid in sockets}
+    for pid, (ns, entries) in sockets.items():
+        for e in entries:
+            other = owner.get(_key(ns, e, reverse=True)) if e.state == "ESTABLISHED" else None
+            if other is not None and other != pid:
+                out[pid].add(other)
+                out[other].add(pid)
+    return out
+
+
+def component(target: int, linked: dict[int, set[int]], member=lambda pid: True) -> set[int]:
+    """`target` and every process reachable from it through members only."""
+    seen, todo = {target}, deque([target])
+    while todo:
+        for other in sorted(linked.get(todo.popleft(), ())):
+            if other not in seen and member(other):
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def store_host(members: set[int], sockets) -> int:
+    """The member listening on a port every member (the host too: rank 0 is a
+    client of its own store) has an established connection to; -1 if none."""
+    for pid in sorted(members):
+        ns, entries = sockets[pid]
+        for port in sorted({e.local_port for e in entries if e.state == "LISTEN"}):
+            if all(any(e.state == "ESTABLISHED" and e.peer_port == port
+                       for e in sockets[m][1]) for m in members):
+                return pid
+    return -1
+
+
+def closed(members: set[int], sockets) -> bool:
+    """Every established connection of every member ends at a member: no rank of
+    the job is elsewhere (another node), so the world is the group."""
+    ends: dict[Key, int] = {}
+    for pid in members:
+        ns, entries = sockets[pid]
+        for e in entries:
+            if e.state == "ESTABLISHED":
+                ends[_key(ns, e)] = pid
+    return all(_key(ns, e, reverse=True) in ends for pid in members
+               for ns, entries in [sockets[pid]] for e in entries if e.state == "ESTABLISHED")
+
+
+def number(members: set[int], host: int, is_closed: bool, env_ranks: dict[int, int]
+           ) -> tuple[dict[int, int], int]:
+    """(pid -> rank, world size) from the evidence only."""
+    ranks = {pid: r for pid, r in env_ranks.items() if r >= 0}
+    if host > 0 and 0 not in ranks.values():
+        ranks.setdefault(host, 0)
+    world = len(members) if is_closed else -1
+    unknown = [pid for pid in members if pid not in ranks]
+    if world > 0 and len(unknown) == 1 and len(set(ranks.values())) == world - 1:
+        (last,) = set(range(world)) - set(ranks.values()) or {-1}
+        ranks[unknown[0]] = last
+    return ranks, world
+
+
+# ---------------------------------------------------------------- READ (impure)
+
+def _ns(procfs: str, pid: int) -> str:
+    try:
+        return os.readlink(f"{procfs}/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def read_wire(procfs: str, pids) -> dict[int, tuple[str, tuple[TableEntry, ...]]]:
+    """pid -> (network namespace, its TCP sockets); processes that are gone or
+    unreadable are left out. Each namespace's table is read once."""
+    tables: dict[str, tuple[TableEntry, ...]] = {}
+    out = {}
+    for pid in pids:
+        try:
+            inodes = socket_inodes(procfs, pid)
+            if not inodes:
+                continue
+            ns = _ns(procfs, pid)
+            if ns not in tables or not ns:
+                tables[ns] = read_table(procfs, pid)
+        except OSError:
+            continue
+        out[pid] = (ns, tuple(e for e in tables[ns] if e.inode in inodes))
+    return out
+
+
+def uses_torch(procfs: str, pid: int) -> bool:
+    """libtorch is mapped: a process that imported torch, not any Python program
+    with a TCP connection."""
+    try:
+        with open(f"{procfs}/{pid}/maps", errors="replace") as f:
+            return "libtorch" in f.read(MAPS_LIMIT)
+    except OSError:
+        return False
+
+
+def extend(job: Job, table: dict, procfs: str = "/proc") -> Job:
+    """`job` as discovery found it, or, for a lone Python process with no launcher
+    and no environment naming its peers, the group of torch processes of its
+    user it is connected to (launcher kind "wire")."""
+    me = table.get(job.target_pid)
+    if (job.launcher_kind != "none" or job.launcher_pid > 0 or len(job.rank_pids) > 1
+            or me is None or not is_python(me.cmdline)):
+        return job
+    candidates = sorted(p.pid for p in table.values() if p.uid == me.uid and p.pid != 1
+                        and is_python(p.cmdline) and not launcher_kind(p.cmdline))
+    if me.pid not in candidates[:MAX_CANDIDATES]:
+        candidates = [me.pid] + candidates
+    sockets = read_wire(procfs, candidates[:MAX_CANDIDATES])
+    if me.pid not in sockets or not uses_torch(procfs, me.pid):
+        return job
+    linked = links(sockets)
+    torch_cache: dict[int, bool] = {}
+
+    def member(pid: int) -> bool:
+        if pid not in torch_cache:
+            torch_cache[pid] = uses_torch(procfs, pid)
+        return torch_cache[pid]
+    members = component(me.pid, linked, member)
+    if len(members) < 2:
+        return job
+    env_ranks = {pid: env_rank(table[pid].env)[0] for pid in members if pid in table}
+    ranks, world = number(members, store_host(members, sockets), closed(members, sockets),
+                          env_ranks)
+    pids = tuple(sorted(members))
+    return replace(job, launcher_kind="wire", rank_pids=pids,
+                   ranks=tuple(ranks.get(pid, -1) for pid in pids), world_size=world)
