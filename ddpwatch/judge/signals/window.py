@@ -13,6 +13,10 @@ SIGNALS = declare(
     ("stopped_share", NUMBER, "share of those readings with the process stopped (state T)"),
     ("running_share", NUMBER, "share with a thread running or waiting for a CPU (R)"),
     ("asleep_share", NUMBER, "share with every thread asleep (S, D)"),
+    ("stop_switches", int, "changes between stopped and running from one reading to the next"),
+    ("duty_cycled", bool, "stopped and resumed over and over in the window (2+ switches; "
+                          "true when not counted, in snapshots of older versions): not a "
+                          "rank stopped, or resumed, once during it"),
     ("throttled_share", NUMBER, "share of its cgroup's CPU periods throttled over the window "
                                 "(cpu.stat)"),
     ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window"),
@@ -25,6 +29,7 @@ SIGNALS = declare(
 
 DUTY_MIN_SAMPLES = 5      # fewer readings are no share
 PART_STOPPED = (0.2, 0.95)
+CYCLE_SWITCHES = 2
 THROTTLED = 0.2
 
 
@@ -37,7 +42,12 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         return {"duty_samples": mine.samples if mine else 0}
     n = mine.samples
     s = {"duty_samples": n, "stopped_share": round(mine.stopped / n, 3),
-         "running_share": round(mine.running / n, 3), "asleep_share": round(mine.asleep / n, 3)}
+         "running_share": round(mine.running / n, 3), "asleep_share": round(mine.asleep / n, 3),
+         # a SIGSTOP (or SIGCONT) during the window leaves it partly stopped too: that
+         # rank is stopped (or running), not duty-cycled (the daemon reads across ticks)
+         "duty_cycled": mine.switches < 0 or mine.switches >= CYCLE_SWITCHES}
+    if mine.switches >= 0:
+        s["stop_switches"] = mine.switches
     if mine.cgroup:
         s["cgroup"] = mine.cgroup
         s["cpu_quota"] = round(mine.quota_cores, 3) if mine.quota_cores > 0 else None
@@ -58,7 +68,8 @@ def link(ranks: list[dict]) -> None:
     for s in ranks:
         part = s.get("stopped_share")
         s["straggles"] = bool(s.get("alive") and (
-            (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1])
+            (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
+             and s.get("duty_cycled") is not False)
             or (s.get("throttled_share") or 0) >= THROTTLED
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5

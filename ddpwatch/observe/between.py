@@ -1,0 +1,85 @@
+"""The daemon's window evidence: its jobs' ranks read between ticks (issue 13).
+
+`diagnose` reads every thread of every rank each 50 ms over its window
+(observe/duty.py); the daemon watches for days within 1% of a core, so it reads
+as closely as a job deserves: the ranks' main threads a few times a second while
+the job is healthy (enough to see a rank stopped most of the time, or a cgroup
+throttling it), every thread ten times a second while it is under suspicion.
+Each tick `take`s what was read since the last one and starts a new window; the
+cgroup's cpu.stat is read once per tick, not per reading.
+
+The readings are spaced at random within +-50% of the interval: a rank stopped
+and resumed with the period of the readings would otherwise be read in the same
+phase every time (all stopped, or never).
+"""
+from __future__ import annotations
+
+import random
+import threading
+
+from .duty import Duty, DutyWatch
+
+GLANCE_INTERVAL_S = 0.25  # healthy jobs: main threads, ~8 readings per 2 s window
+CLOSE_INTERVAL_S = 0.1    # jobs under suspicion: every thread
+JITTER = 0.5
+
+
+class BetweenTicks:
+    """Per job (the daemon's owner key): a DutyWatch over the current window and
+    how closely to read it. Used by the daemon's thread only."""
+
+    def __init__(self, clock, procfs: str = "/proc", cgroot: str = "/sys/fs/cgroup",
+                 rand=random.random):
+        self.clock, self.procfs, self.cgroot, self.rand = clock, procfs, cgroot, rand
+        self._watches: dict[str, DutyWatch] = {}
+        self._closely: dict[str, bool] = {}
+        self._due: dict[str, float] = {}
+        self.readings = 0  # passes over a job's ranks since start (for the benchmark)
+
+    def take(self, key: str, pids: tuple[int, ...]) -> Duty | None:
+        """What was read of the job since the last take (None: nothing, or its
+        ranks changed), and a new window from now."""
+        watch = self._watches.pop(key, None)
+        duty, cgroups = None, None
+        if watch is not None and watch.pids == pids and watch.readings:
+            duty = watch.freeze()
+            cgroups = watch.last_cgroups  # the end of this window begins the next
+        self._watches[key] = DutyWatch(pids, self.clock, self.procfs, self.cgroot, cgroups)
+        self._due.setdefault(key, self.clock())
+        return duty
+
+    def watch(self, key: str, closely: bool) -> None:
+        """Read the job's every thread at the close rate from now on, or its main
+        threads at the glance rate."""
+        if key not in self._watches:
+            return
+        if closely and not self._closely.get(key):
+            self._due[key] = self.clock()  # suspicion: read now, not a glance later
+        self._closely[key] = closely
+
+    def forget(self, keys) -> None:
+        for key in keys:
+            self._watches.pop(key, None)
+            self._closely.pop(key, None)
+            self._due.pop(key, None)
+
+    def read_due(self) -> float:
+        """Read the jobs whose reading is due; the time the next one is."""
+        now = self.clock()
+        for key, watch in self._watches.items():
+            if self._due.get(key, now) <= now:
+                closely = self._closely.get(key, False)
+                watch.read(threads=closely)
+                self.readings += 1
+                interval = CLOSE_INTERVAL_S if closely else GLANCE_INTERVAL_S
+                self._due[key] = now + interval * (1 - JITTER + 2 * JITTER * self.rand())
+        return min(self._due.values(), default=now + GLANCE_INTERVAL_S)
+
+    def wait(self, deadline: float, stop: threading.Event) -> None:
+        """Until `deadline` (the next tick) or `stop`, read what is due."""
+        while not stop.is_set():
+            next_at = self.read_due()
+            now = self.clock()
+            if now >= deadline:
+                return
+            stop.wait(max(0.0, min(deadline, next_at) - now))
