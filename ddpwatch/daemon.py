@@ -57,7 +57,7 @@ class Daemon:
         self._history: dict[str, collections.deque] = {}
         # the ranks' states read between ticks (observe/between.py): per job, what
         # each tick took, (taken_at, Duty), merged over the window for judging
-        self.between = BetweenTicks(clock)
+        self.between = BetweenTicks(clock, glance_s=config.reading_s)
         self._duties: dict[str, collections.deque] = {}
         self._requested_now = False
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
@@ -107,6 +107,7 @@ class Daemon:
         self.incidents.resolve_after_s = config.resolve_after_s
         self.incidents.open_after_s = config.open_after_s
         self.alert_route.grace_s = config.peer_max_age_s
+        self.between.glance_s = config.reading_s
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
                                  config.stacks_min_interval_s)
 

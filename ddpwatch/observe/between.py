@@ -29,8 +29,10 @@ class BetweenTicks:
     how closely to read it. Used by the daemon's thread only."""
 
     def __init__(self, clock, procfs: str = "/proc", cgroot: str = "/sys/fs/cgroup",
-                 rand=random.random):
+                 rand=random.random, glance_s: float = GLANCE_INTERVAL_S):
+        """`glance_s`: the glance interval (config reading_s); 0 reads nothing."""
         self.clock, self.procfs, self.cgroot, self.rand = clock, procfs, cgroot, rand
+        self.glance_s = glance_s
         self._watches: dict[str, DutyWatch] = {}
         self._closely: dict[str, bool] = {}
         self._due: dict[str, float] = {}
@@ -71,13 +73,16 @@ class BetweenTicks:
                 closely = self._closely.get(key, False)
                 watch.read(threads=closely)
                 self.readings += 1
-                interval = CLOSE_INTERVAL_S if closely else GLANCE_INTERVAL_S
+                interval = min(CLOSE_INTERVAL_S, self.glance_s) if closely else self.glance_s
                 self._due[key] = now + interval * (1 - JITTER + 2 * JITTER * self.rand())
-        return min(self._due.values(), default=now + GLANCE_INTERVAL_S)
+        return min(self._due.values(), default=now + self.glance_s)
 
     def wait(self, deadline: float, stop: threading.Event) -> None:
         """Until `deadline` (the next tick) or `stop`, read what is due."""
         while not stop.is_set():
+            if self.glance_s <= 0:  # switched off: no window evidence, as before
+                stop.wait(max(0.0, deadline - self.clock()))
+                return
             next_at = self.read_due()
             now = self.clock()
             if now >= deadline:
