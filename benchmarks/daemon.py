@@ -157,8 +157,10 @@ def cost_8_ranks(env, hb_dir, state, seconds) -> str:
                             ("readings between ticks (default)", {})):
             daemon, url = start_daemon(env, hb_dir, state, extra)
             try:
-                wait(lambda: (b := get(url + "/status")) and len(json.loads(b)["ranks"]) == 8,
-                     300)
+                # measured once the job trains (a starting job is looked at in detail)
+                wait(lambda: (b := get(url + "/status")) and len(json.loads(b)["ranks"]) == 8
+                     and json.loads(b)["job"]["verdict"] == "healthy", 300,
+                     "a healthy 8-rank job in /status")
                 proc = psutil.Process(daemon.pid)
                 t0, c0 = time.monotonic(), sum(proc.cpu_times()[:2])
                 time.sleep(seconds)  # measuring over a fixed window is the point here

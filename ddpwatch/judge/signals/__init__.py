@@ -89,6 +89,7 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
     peers.link(ranks)
+    stack.link(ranks)
     window.link(ranks)
     for s in ranks:
         s.update(launch.orphan(s))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
-from ..stackmatch import classify_stack, describe_top
+from ..stackmatch import classify_stack, describe_top, main_thread
 from .lookup import stacks_of
 from .spec import declare
 
@@ -11,7 +11,14 @@ SIGNALS = declare(
                    "idle_user, active, mixed, stopped or unknown (py-spy)"),
     ("stack_top", str, "the innermost frames of the main thread"),
     ("stack_samples", int, "stack dumps taken in the window"),
+    ("ddp_setup", bool, "main thread in DistributedDataParallel's constructor at the last "
+                        "dump: it meets its peers there (shapes, then parameters) before "
+                        "its first step"),
+    ("peer_ddp_setup", bool, "another rank of the job is in DDP's constructor"),
 )
+
+# DDP's constructor: py-spy names frames by qualified name
+DDP_INIT = ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__")
 
 
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
@@ -21,6 +28,23 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         return {"stack": "stopped" if stopped else None, "stack_samples": 0}
     kinds = [classify_stack(d) for d in dumps]
     # One dump is not evidence (healthy ranks spend much time in the same wait):
-    # the stack signal is the kind seen in every sample, else "mixed".
-    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
-    return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps)}
+    # the stack signal is the kind seen in every sample, else "mixed". Compiler
+    # frames are the exception: they are on no stack but a compiling rank's, so one
+    # sample of them says the rank compiled in the window (a 60-layer compile
+    # caught once in its first second and once compiling: issue 13).
+    kind = kinds[0] if len(set(kinds)) == 1 else "compile" if "compile" in kinds else "mixed"
+    return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),
+            "ddp_setup": _in_ddp_init(dumps[-1])}
+
+
+def _in_ddp_init(dump) -> bool:
+    thread = main_thread(dump)
+    return thread is not None and any(
+        f.name == DDP_INIT[1] and f.filename.replace("\\", "/").endswith(DDP_INIT[0])
+        for f in thread.frames)
+
+
+def link(ranks: list[dict]) -> None:
+    """After every rank's own signals: is another rank in DDP's set-up."""
+    for s in ranks:
+        s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in ranks if o is not s)
