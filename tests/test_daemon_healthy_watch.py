@@ -7,12 +7,14 @@ torchrun; 2 CPU ranks each) run at once on purpose: 8 ranks sharing 2 cores are
 slowed alike, and a user sharing a machine expects that to be no straggler. The
 daemon's /status is read every second and every reading is kept; the daemon
 reads its window evidence between ticks (observe/between.py) as it does in
-production.
+production. Then, beside the same jobs, one rank stopped 70% of the time is
+named the straggler by the same daemon: the window evidence at work.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -61,6 +63,34 @@ def _ours(jobs: dict[str, Job]) -> dict[int, str]:
     return pids
 
 
+def _part_stopped(poller: Poller, pids: dict[int, int]) -> dict:
+    """Stop rank 1 70% of each 100 ms until /status names it; its job's status."""
+    done = threading.Event()
+
+    def cycle():
+        while not done.is_set():
+            os.kill(pids[1], signal.SIGSTOP)
+            time.sleep(0.07)
+            os.kill(pids[1], signal.SIGCONT)
+            time.sleep(0.03)
+    cycler = threading.Thread(target=cycle, daemon=True)
+    cycler.start()
+
+    def named():
+        for _, status in poller.readings[-3:]:
+            for job in status["jobs"]:
+                if {r["pid"] for r in job["ranks"]} == set(pids.values()) and \
+                        job["job"]["culprits"] == [1]:
+                    return job
+        return None
+    try:
+        return wait_until(named, 60, interval=0.5, what="the part-stopped rank named")
+    finally:
+        done.set()
+        cycler.join(timeout=5)
+        os.kill(pids[1], signal.SIGCONT)
+
+
 def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, need_py_spy):
     need(os.cpu_count() >= 2, "needs 2 CPUs")
     for module in ("lightning", "accelerate"):
@@ -103,6 +133,10 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
         wait_until(trained_long_enough, 240 + TRAIN_S, interval=1.0,
                    what="every job announced and trained for 2 minutes")
         ours_at_end = _ours(jobs)
+        # Then the same daemon, beside the same jobs: spawn's rank 1 stopped 70% of
+        # the time is the straggler, from the states it reads between ticks.
+        fault_at = time.monotonic()
+        straggled = _part_stopped(poller, pids["spawn"])
     finally:
         poller.done.set()
         poller.join(timeout=15)
@@ -111,7 +145,12 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
         daemon.kill()
     print(daemon.output()[-2000:])
 
-    readings = poller.readings
+    readings = [(at, status) for at, status in poller.readings if at < fault_at]
+    by_rank = {r["rank"]: r for r in straggled["ranks"]}
+    assert straggled["job"]["culprits"] == [1], straggled["job"]
+    assert (by_rank[1]["verdict"], by_rank[1]["rule"]) == ("straggler", "straggler-part-stopped")
+    assert by_rank[0]["verdict"] == "waiting_on_peer" and by_rank[0]["role"] == "victim"
+    assert 0.2 <= by_rank[1]["signals"]["stopped_share"] < 0.95
     assert len(readings) >= TRAIN_S, len(readings)  # about one a second
     seen: dict[str, list] = {name: [] for name in jobs}  # launcher -> (t, job status)
     keys: dict[str, str] = {}
@@ -138,7 +177,8 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
     assert not problems, problems
     incidents = [i for _, s in readings for i in s["incidents"] if i["job"] in keys]
     assert not incidents, incidents
-    hooks = [b for b in hook.bodies() if b.get("job") in keys]
+    hooks = [b for b in (json.loads(r.body) for r in hook.requests if r.at < fault_at)
+             if b.get("job") in keys]
     assert not hooks, hooks
     for name, series in seen.items():
         assert series, f"{name}: never in /status"

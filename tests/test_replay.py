@@ -130,6 +130,11 @@ EXPECTED.update({
     # spawn children without WORLD_SIZE in their environment: the world from the
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
+    # both ranks in DDP's constructor (importing torch._dynamo), busy: not trained
+    # yet, so not healthy; nor is either a straggler (issue 13)
+    "thirdparty_spawn_starting_ddp_setup": ({0: ("warming_up", "none", "starting-ddp-setup"),
+                                             1: ("warming_up", "none", "starting-ddp-setup")},
+                                            [], {}),
 })
 for _launcher in ("spawn", "lightning"):
     for _state, _expected in THIRDPARTY.items():

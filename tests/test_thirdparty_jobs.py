@@ -227,7 +227,7 @@ ALARM_FREE = {v.name for v in VERDICTS if v.calm} | {"rendezvous_wait"}
 
 # A rank still building its model while its peer idles in DDP's set-up collective
 # was judged a straggler (straggler-cpu) in one window of the start: rules
-# starting-ddp-setup / starting-peer-ddp-setup (issue 13).
+# starting-ddp-setup (issue 13).
 @pytest.mark.parametrize("launcher", ["spawn"])
 def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
     """From launch until both ranks train, diagnose of the process a person sees
@@ -248,8 +248,7 @@ def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
             for r in report["ranks"]:  # the start-up states, for replay
                 name = f"thirdparty_{launcher}_{r['rule'].replace('-', '_')}.json"
                 if (os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1" and r["rule"] in (
-                        "starting", "starting-alone", "starting-ddp-setup",
-                        "starting-peer-ddp-setup")
+                        "starting", "starting-alone", "starting-ddp-setup")
                         and not os.path.exists(os.path.join(SNAPSHOTS, name))):
                     shutil.copy(path, os.path.join(SNAPSHOTS, name))
             ranks = report["ranks"]

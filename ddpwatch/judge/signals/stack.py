@@ -15,7 +15,12 @@ SIGNALS = declare(
                         "dump: it meets its peers there (shapes, then parameters) before "
                         "its first step"),
     ("peer_ddp_setup", bool, "another rank of the job is in DDP's constructor"),
+    ("ddp_starting", bool, "the job has not begun training: this rank is in DDP's "
+                           "constructor while a peer is busy (>= 30% CPU), or busy outside "
+                           "any collective while a peer is in it"),
 )
+
+BUSY = 0.3
 
 # DDP's constructor: py-spy names frames by qualified name
 DDP_INIT = ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__")
@@ -48,3 +53,8 @@ def link(ranks: list[dict]) -> None:
     """After every rank's own signals: is another rank in DDP's set-up."""
     for s in ranks:
         s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in ranks if o is not s)
+        busy = (s.get("cpu_ratio") or 0) >= BUSY
+        s["ddp_starting"] = bool(
+            (s.get("ddp_setup") and (s.get("peer_cpu_ratio") or 0) >= BUSY)
+            or (s["peer_ddp_setup"] and not s.get("ddp_setup") and busy
+                and not s.get("in_collective")))
