@@ -22,6 +22,9 @@ SIGNALS = declare(
     ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window"),
     ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)"),
     ("cgroup", str, "its CPU cgroup"),
+    ("cpu_wanted", NUMBER, "CPU used plus time its threads waited for a CPU over the window, "
+                           "in cores: what it would use alone; ranks sharing a crowded node "
+                           "get little CPU yet are busy"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
                         "throttled by a CPU quota, or starved of CPU next to its peers"),
     ("peer_straggles", bool, "another rank of the job straggles"),
@@ -66,6 +69,8 @@ def link(ranks: list[dict]) -> None:
     """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
     whether a peer does."""
     for s in ranks:
+        if s.get("cpu_ratio") is not None:
+            s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
         part = s.get("stopped_share")
         s["straggles"] = bool(s.get("alive") and (
             (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
