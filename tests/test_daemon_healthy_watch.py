@@ -171,6 +171,16 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
                 name = member.pop()
                 seen[name].append((at, job))
                 keys[job["key"]] = name
+    for name, series in seen.items():  # the timeline, for a person reading a failure
+        before = None
+        for at, job in series:
+            now = tuple((r["rank"], r["verdict"], r["rule"]) for r in job["ranks"])
+            if now != before:
+                print(f"{name} {at - readings[0][0]:6.1f}s", now, {
+                    r["rank"]: {k: r["signals"].get(k) for k in (
+                        "cpu_ratio", "runqueue_wait_ratio", "duty_samples", "stack")}
+                    for r in job["ranks"]})
+                before = now
     problems = []
     for name, series in seen.items():
         for at, job in series:
