@@ -140,6 +140,8 @@ class Daemon:
         self._guard("bundle", self._retry_bundles, None)
         self._guard("persist", self._persist, None)
         self._tick += 1
+        if self.between.failures:  # counted by the reading thread, published here
+            self.stage_failures["between"] = self.between.failures
         views.sort(key=lambda v: (vocabulary.SEVERITY.index(v.judgement.job.verdict), v.key))
         self.view = DaemonView(
             node=self.node, tick=self._tick, wall_time=time.time(),
@@ -184,13 +186,14 @@ class Daemon:
         return history[0], history[-1]
 
     def between_ticks(self, deadline: float, stop) -> None:
-        """Until the next tick: read the ranks' states (the window's evidence)."""
-        try:
-            self.between.wait(deadline, stop)
-        except Exception:  # the tick still comes on time, without this window's readings
-            self.stage_failures["between"] += 1
-            log.exception("reading the ranks between ticks failed")
-            stop.wait(max(0.0, deadline - self.clock()))
+        """Until the next tick; the ranks' states are read meanwhile (the window's
+        evidence) by a thread started on the first call (observe/between.py)."""
+        self.between.start(stop, self._between_failed)
+        stop.wait(max(0.0, deadline - self.clock()))
+
+    @staticmethod
+    def _between_failed() -> None:
+        log.exception("reading the ranks between ticks failed")
 
     def _judge_job(self, job, statuses, key: str, label: str) -> JobView:
         """Glance at a job that was healthy, look in detail at one that was not (or

@@ -137,3 +137,21 @@ def test_readings_are_spread_not_in_step_with_a_duty_cycle(tmp_path):
     r = between.take("job", (7,)).ranks[0]
     assert 0.55 < r.stopped / r.samples < 0.85, (r.stopped, r.samples)
     assert r.switches >= 10
+
+
+def test_the_reading_thread_reads_during_ticks_and_stops(tmp_path):
+    """The daemon's readings run in their own thread (a long tick on a crowded
+    node left two or three readings a window)."""
+    import time
+    proc = procfs(tmp_path, {7: "R"})
+    between = BetweenTicks(time.monotonic, str(proc), str(tmp_path / "cg"))
+    between.take("job", (7,))
+    stop = threading.Event()
+    between.start(stop, on_error=lambda: None)
+    deadline = time.monotonic() + 30
+    while between.readings < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    between._thread.join(timeout=5)
+    assert not between._thread.is_alive()
+    assert between.take("job", (7,)).ranks[0].samples >= 3

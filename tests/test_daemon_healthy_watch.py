@@ -20,6 +20,7 @@ import threading
 import time
 
 import psutil
+import pytest
 from conftest import REPO, Job, free_port, need, wait_until
 from test_daemon import get
 from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY
@@ -77,17 +78,29 @@ def _part_stopped(poller: Poller, pids: dict[int, int]) -> dict:
     cycler = threading.Thread(target=cycle, daemon=True)
     cycler.start()
 
+    last = []
+
     def named():
         for at, status in poller.readings[-3:]:
             if at < started:
                 continue
             for job in status["jobs"]:
-                if {r["pid"] for r in job["ranks"]} == set(pids.values()) and \
-                        job["job"]["culprits"] == [1]:
-                    return job
+                if {r["pid"] for r in job["ranks"]} == set(pids.values()):
+                    last[:] = [[(r["rank"], r["verdict"], r["rule"], r["signals"].get(
+                        "duty_samples"), r["signals"].get("stopped_share"), r["signals"].get(
+                        "stop_switches")) for r in job["ranks"]]]
+                    if any(r["rule"] == "straggler-part-stopped" for r in job["ranks"]):
+                        return job
         return None
     try:
-        return wait_until(named, 60, interval=0.5, what="the part-stopped rank named")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            job = named()
+            if job:
+                return job
+            time.sleep(0.5)
+        pytest.fail(f"the part-stopped rank was not named within 60 s; last seen "
+                    f"(rank, verdict, rule, readings, stopped share, switches): {last}")
     finally:
         done.set()
         cycler.join(timeout=5)
