@@ -155,3 +155,21 @@ def test_the_reading_thread_reads_during_ticks_and_stops(tmp_path):
     between._thread.join(timeout=5)
     assert not between._thread.is_alive()
     assert between.take("job", (7,)).ranks[0].samples >= 3
+
+
+def test_a_crowded_node_slows_every_rank_alike_no_straggler():
+    """4 jobs x 2 ranks on 2 cores (seen in the 2-minute watch): rank 1 waited
+    1.44 cores for a CPU, rank 0 0.38; both are starved, neither straggles."""
+    crowded = [{"alive": True, "cpu_ratio": 0.12, "runqueue_wait_ratio": 0.379,
+                "runqueue_wait_vs_peers": 0.26},
+               {"alive": True, "cpu_ratio": 0.157, "runqueue_wait_ratio": 1.443,
+                "runqueue_wait_vs_peers": 3.81}]
+    straggle_signals(crowded)
+    assert [s["peers_starved"] for s in crowded] == [True, True]
+    assert not any(s["straggles"] for s in crowded)
+    assert crowded[1]["cpu_wanted"] == 1.6
+    # another process on rank 1's core only: its peer waits little, rank 1 straggles
+    alone = [{"alive": True, "runqueue_wait_ratio": 0.05, "runqueue_wait_vs_peers": 0.1},
+             {"alive": True, "runqueue_wait_ratio": 0.6, "runqueue_wait_vs_peers": 12.0}]
+    straggle_signals(alone)
+    assert [s["straggles"] for s in alone] == [False, True]

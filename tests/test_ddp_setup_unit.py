@@ -9,11 +9,12 @@ def judged(ranks):
     link(ranks)
     verdict_rules = sorted((r for r in rules_mod.load_default() if r.verdict),
                            key=lambda r: -r.priority)
-    return [next(r.id for r in verdict_rules if r.matches(s)) for s in ranks]
+    return [next((r.id for r in verdict_rules if r.matches(s)), "") for s in ranks]
 
 
 def rank(pid, cpu, peer_cpu, setup, in_collective=False, **more):
-    return {"pid": pid, "alive": True, "hb": False, "cpu_ratio": cpu, "peer_cpu_ratio": peer_cpu,
+    return {"pid": pid, "alive": True, "hb": False, "cpu_ratio": cpu, "cpu_wanted": cpu,
+            "peer_cpu_ratio": peer_cpu,
             "ddp_setup": setup, "in_collective": in_collective, "gloo_unconnected": 0,
             "peers_blocked": 0, **more}
 
@@ -39,3 +40,13 @@ def test_no_stacks_no_setup():
     a, b = rank(1, 0.02, 0.9, None), rank(2, 0.9, 0.02, None)
     link([a, b])
     assert not a["ddp_starting"] and not b["ddp_starting"] and not a["peer_ddp_setup"]
+
+
+def test_a_rank_at_rendezvous_beside_a_starting_peer_is_starting():
+    # Lightning: rank 0 waits in the store while the rank it re-executed imports
+    waiting = rank(1, 0.01, 0.3, False, stack="rendezvous")
+    importing = rank(2, 0.3, 0.01, False, stack="active", gloo_unconnected=None)
+    assert judged([waiting, importing]) == ["starting-ddp-setup", "starting-ddp-setup"]
+    # its peer gone quiet instead: a rendezvous wait
+    quiet = rank(2, 0.01, 0.01, False, stack="idle_user", gloo_unconnected=None)
+    assert judged([rank(1, 0.01, 0.01, False, stack="rendezvous"), quiet])[0] == "rendezvous"

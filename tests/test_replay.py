@@ -124,9 +124,11 @@ EXPECTED.update({
     # children exist: one process, no peers known (rank unknown), busy: starting
     "thirdparty_lightning_starting_alone": (ALONE, [], {}),
     "thirdparty_spawn_starting_alone": (ALONE, [], {}),
-    # rank 1 busy and not yet connected while rank 0 waits in the store: no alarm
-    "thirdparty_lightning_starting": ({0: ("rendezvous_wait", "none", "rendezvous"),
-                                       1: STARTING}, [], {}),
+    # rank 1 busy and not yet connected while rank 0 waits in the store: both are
+    # starting (rank 0 waits for a peer that is on its way, not for one missing)
+    "thirdparty_lightning_starting": ({0: ("warming_up", "none", "starting-ddp-setup"),
+                                       1: ("warming_up", "none", "starting-ddp-setup")},
+                                      [], {}),
     # spawn children without WORLD_SIZE in their environment: the world from the
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),

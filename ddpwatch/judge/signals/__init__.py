@@ -89,8 +89,8 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
     peers.link(ranks)
-    stack.link(ranks)
     window.link(ranks)
+    stack.link(ranks)  # reads window's cpu_wanted
     for s in ranks:
         s.update(launch.orphan(s))
     interfaces.link(ranks)

@@ -15,9 +15,10 @@ SIGNALS = declare(
                         "dump: it meets its peers there (shapes, then parameters) before "
                         "its first step"),
     ("peer_ddp_setup", bool, "another rank of the job is in DDP's constructor"),
-    ("ddp_starting", bool, "the job has not begun training: this rank is in DDP's "
-                           "constructor while a peer is busy (>= 30% CPU), or busy outside "
-                           "any collective while a peer is in it"),
+    ("ddp_starting", bool, "the job has not begun training: this rank meets its peers (at "
+                           "rendezvous or in DDP's constructor) while a peer is busy (wants "
+                           ">= 30% CPU), or is busy outside any collective while a peer "
+                           "meets"),
 )
 
 BUSY = 0.3
@@ -50,11 +51,17 @@ def _in_ddp_init(dump) -> bool:
 
 
 def link(ranks: list[dict]) -> None:
-    """After every rank's own signals: is another rank in DDP's set-up."""
+    """After every rank's own signals and the window's (cpu_wanted): is the job
+    still meeting before its first step."""
+    def meets(o):
+        return bool(o.get("ddp_setup") or o.get("stack") == "rendezvous")
+
+    def busy(o):
+        return (o.get("cpu_wanted") or 0) >= BUSY
     for s in ranks:
-        s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in ranks if o is not s)
-        busy = (s.get("cpu_ratio") or 0) >= BUSY
+        peers = [o for o in ranks if o is not s]
+        s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in peers)
         s["ddp_starting"] = bool(
-            (s.get("ddp_setup") and (s.get("peer_cpu_ratio") or 0) >= BUSY)
-            or (s["peer_ddp_setup"] and not s.get("ddp_setup") and busy
-                and not s.get("in_collective")))
+            (meets(s) and any(busy(o) for o in peers))
+            or (not meets(s) and busy(s) and not s.get("in_collective")
+                and any(meets(o) for o in peers)))

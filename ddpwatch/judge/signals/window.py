@@ -25,6 +25,9 @@ SIGNALS = declare(
     ("cpu_wanted", NUMBER, "CPU used plus time its threads waited for a CPU over the window, "
                            "in cores: what it would use alone; ranks sharing a crowded node "
                            "get little CPU yet are busy"),
+    ("peers_starved", bool, "its peers wait for a CPU too (median >= 0.25 cores over the "
+                            "window): the node is crowded for the whole job, which is slowed "
+                            "alike, not held back by one rank"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
                         "throttled by a CPU quota, or starved of CPU next to its peers"),
     ("peer_straggles", bool, "another rank of the job straggles"),
@@ -34,6 +37,7 @@ DUTY_MIN_SAMPLES = 5      # fewer readings are no share
 PART_STOPPED = (0.2, 0.95)
 CYCLE_SWITCHES = 2
 THROTTLED = 0.2
+STARVED = 0.25  # cores waited for a CPU over the window
 
 
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
@@ -71,6 +75,11 @@ def link(ranks: list[dict]) -> None:
     for s in ranks:
         if s.get("cpu_ratio") is not None:
             s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
+        waits = sorted(o["runqueue_wait_ratio"] for o in ranks
+                       if o is not s and o.get("runqueue_wait_ratio") is not None)
+        # 4 jobs x 2 ranks on 2 cores: every rank waits for a CPU, one more than its
+        # peer for a window now and then; no straggler (issue 13)
+        s["peers_starved"] = bool(waits) and waits[len(waits) // 2] >= STARVED
         part = s.get("stopped_share")
         s["straggles"] = bool(s.get("alive") and (
             (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
@@ -78,7 +87,7 @@ def link(ranks: list[dict]) -> None:
             or (s.get("throttled_share") or 0) >= THROTTLED
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
-                and not s.get("blocked"))))
+                and not s.get("blocked") and not s["peers_starved"])))
     count = sum(s["straggles"] for s in ranks)
     for s in ranks:
         s["peer_straggles"] = count - s["straggles"] > 0
