@@ -87,7 +87,9 @@ def link(ranks: list[dict]) -> None:
             or (s.get("throttled_share") or 0) >= THROTTLED
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
-                and not s.get("blocked") and not s["peers_starved"])))
+                and not s.get("blocked") and not s["peers_starved"]
+                # a straggler is slow at training: one still connecting is starting
+                and (s.get("gloo_unconnected") or 0) == 0)))
     count = sum(s["straggles"] for s in ranks)
     for s in ranks:
         s["peer_straggles"] = count - s["straggles"] > 0
