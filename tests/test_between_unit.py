@@ -173,3 +173,22 @@ def test_a_crowded_node_slows_every_rank_alike_no_straggler():
              {"alive": True, "runqueue_wait_ratio": 0.6, "runqueue_wait_vs_peers": 12.0}]
     straggle_signals(alone)
     assert [s["straggles"] for s in alone] == [False, True]
+
+
+def test_a_job_in_its_first_seconds_without_steps_has_no_starved_straggler():
+    """Lightning's rank 0 in a set-up collective while the rank it re-executed
+    still imports, 17 s after launch (seen in the 2-minute watch)."""
+    def ranks(age, hb_step=None):
+        return [{"alive": True, "rank_age_s": age + 10, "runqueue_wait_ratio": 0.15,
+                 "runqueue_wait_vs_peers": 0.2, "hb_step": hb_step},
+                {"alive": True, "rank_age_s": age, "runqueue_wait_ratio": 0.75,
+                 "runqueue_wait_vs_peers": 5.0, "hb_step": hb_step}]
+    young = ranks(8.0)
+    straggle_signals(young)
+    assert young[1]["job_starting"] and not young[1]["straggles"]
+    later = ranks(60.0)
+    straggle_signals(later)
+    assert not later[1]["job_starting"] and later[1]["straggles"]
+    stepping = ranks(4.0, hb_step=118)  # heartbeats say it trains already
+    straggle_signals(stepping)
+    assert not stepping[1]["job_starting"]

@@ -28,6 +28,11 @@ SIGNALS = declare(
     ("peers_starved", bool, "its peers wait for a CPU too (median >= 0.25 cores over the "
                             "window): the node is crowded for the whole job, which is slowed "
                             "alike, not held back by one rank"),
+    ("rank_age_s", NUMBER, "seconds since the rank's process started"),
+    ("job_starting", bool, "the job's youngest rank started less than 30 s ago and no "
+                           "heartbeat shows steps: imports and "
+                           "set-up (Lightning's set-up collectives while the rank it "
+                           "re-executed still imports) are no straggling"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
                         "throttled by a CPU quota, or starved of CPU next to its peers"),
     ("peer_straggles", bool, "another rank of the job straggles"),
@@ -38,9 +43,26 @@ PART_STOPPED = (0.2, 0.95)
 CYCLE_SWITCHES = 2
 THROTTLED = 0.2
 STARVED = 0.25  # cores waited for a CPU over the window
+STARTING_S = 30.0
 
 
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
+    age = _age(history[-1], pid)
+    s = _duty(history, pid)
+    if age is not None:
+        s["rank_age_s"] = age
+    return s
+
+
+def _age(snap: Snapshot, pid: int) -> float | None:
+    procs = snap.processes
+    if procs is None or procs.uptime_s < 0:
+        return None
+    mine = next((p for p in procs.procs if p.pid == pid and p.start_time_s >= 0), None)
+    return round(procs.uptime_s - mine.start_time_s, 1) if mine is not None else None
+
+
+def _duty(history: tuple[Snapshot, ...], pid: int) -> dict:
     duty = history[-1].duty
     if duty is None:
         return {}
@@ -72,7 +94,11 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
 def link(ranks: list[dict]) -> None:
     """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
     whether a peer does."""
+    ages = [s["rank_age_s"] for s in ranks if s.get("rank_age_s") is not None]
+    # heartbeats say how far it got: a job at step 118 four seconds in is no start
+    stepped = any((s.get("hb_step") or 0) >= 2 for s in ranks)
     for s in ranks:
+        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not stepped
         if s.get("cpu_ratio") is not None:
             s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
         waits = sorted(o["runqueue_wait_ratio"] for o in ranks
@@ -87,7 +113,7 @@ def link(ranks: list[dict]) -> None:
             or (s.get("throttled_share") or 0) >= THROTTLED
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
-                and not s.get("blocked") and not s["peers_starved"]
+                and not s.get("blocked") and not s["peers_starved"] and not s["job_starting"]
                 # a straggler is slow at training: one still connecting is starting
                 and (s.get("gloo_unconnected") or 0) == 0)))
     count = sum(s["straggles"] for s in ranks)
