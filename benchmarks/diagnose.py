@@ -2,6 +2,8 @@
 
 * wall time from the call to the verdict (target <= 3 s), median of N calls on a
   job stalled by `hang:rank=1`, and on a healthy job;
+* wall time on an mp.spawn job without heartbeats (tests/jobs/thirdparty/
+  spawn_ddp.py: no ddpwatch inside), judged over its sampled window alone;
 * how long any rank was paused by it: py-spy runs --nonblocking (no pause) unless
   --native is asked, so this measures the longest gap between two heartbeats of
   the healthy job's ranks while diagnose runs, against the longest gap without.
@@ -41,7 +43,11 @@ def stop(job: subprocess.Popen) -> None:
     try:
         job.wait(30)
     except subprocess.TimeoutExpired:
+        pass
+    try:  # whatever of its group is left (an mp.spawn parent leaves its children)
         os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def records(hb_dir):
@@ -59,15 +65,39 @@ def wait_for(predicate, timeout=240):
 
 
 def diagnose_times(pid: int, hb_dir: str, calls: int) -> tuple[list[float], list]:
-    env = dict(os.environ, DDPWATCH_DIR=hb_dir, PYTHONPATH=REPO)
-    times, culprits = [], []
+    times, reports = [], []
     for _ in range(calls):
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", str(pid)],
-                             capture_output=True, text=True, env=env, timeout=120)
+        reports.append(diagnose(pid, hb_dir))
         times.append(time.monotonic() - t0)
-        culprits.append(json.loads(out.stdout)["job"]["culprits"])
-    return times, culprits
+    return times, [r["job"]["culprits"] for r in reports]
+
+
+def diagnose(pid: int, hb_dir: str) -> dict:
+    env = dict(os.environ, DDPWATCH_DIR=hb_dir, PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json", str(pid)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    return json.loads(out.stdout)
+
+
+def without_heartbeats(calls: int) -> None:
+    """A healthy mp.spawn job with no ddpwatch in it, once it trains."""
+    script = os.path.join(REPO, "tests", "jobs", "thirdparty", "spawn_ddp.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+    env.pop("DDPWATCH_DIR", None)
+    job = subprocess.Popen([sys.executable, script], env=env, cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    with tempfile.TemporaryDirectory() as empty:
+        try:
+            wait_for(lambda: [r["verdict"] for r in diagnose(job.pid, empty)["ranks"]]
+                     == ["healthy", "healthy"])
+            times, culprits = diagnose_times(job.pid, empty, calls)
+        finally:
+            stop(job)
+    print(f"diagnose on an mp.spawn job without heartbeats (healthy, judged over its "
+          f"window): median {statistics.median(times):.2f} s, max {max(times):.2f} s over "
+          f"{len(times)} calls (target <= 3 s); culprits named: {culprits[0]}")
 
 
 def longest_gap(hb_dir: str, seconds: float, during=None) -> float:
@@ -121,6 +151,7 @@ def main() -> None:
         print(f"longest heartbeat gap of any rank: {busy * 1e3:.0f} ms while diagnose ran "
               f"{args.calls}x, {quiet * 1e3:.0f} ms over 8 s without it "
               f"(py-spy --nonblocking does not pause the ranks)")
+    without_heartbeats(args.calls)
 
 
 if __name__ == "__main__":

@@ -16,35 +16,24 @@ an unmodified script never calls ddpwatch.
 """
 from __future__ import annotations
 
-import itertools
-import json
-import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from blocks import (WARM_STEPS, pooled_ratios, schedule, trainer_parts, trainer_step,
+                    write_result)
+
 ARMS = ("exec", "off", "off_again")
-WARM_STEPS = 3
-
-
-def schedule(rounds: int) -> list[str]:
-    orders = list(itertools.permutations(ARMS))
-    return [arm for r in range(rounds) for arm in orders[r % len(orders)]]
 
 
 def worker(rounds: int, steps: int, out_path: str) -> None:
-    sys.path.insert(0, REPO)
     import torch
     import torch.distributed as dist
     import torch.optim.optimizer as optim_mod
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from trainer import data
-    from trainer.model import GPT, GPTConfig
-    from trainer.train import build_parser, no_buffer_sync
+    from trainer.train import no_buffer_sync
 
     torch.set_num_threads(1)
-    a = build_parser().parse_args([])
     dist.init_process_group("gloo")  # under ddpwatch exec: instrumented here, from outside
     from ddpwatch.rank import instrumentation
     if not instrumentation.installed() or instrumentation.writer().path is None:
@@ -56,15 +45,10 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
     bare_forward = forward.__ddpwatch_original__
     hooks = dict(optim_mod._global_optimizer_post_hooks)
     counters = instrumentation.writer().counters
-    torch.manual_seed(a.seed)
-    model = GPT(GPTConfig.from_depth(a.depth, vocab_size=a.vocab_size, seq_len=a.seq_len))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
-    batches = data.synthetic_batches(a.device_batch_size, a.seq_len, a.vocab_size, a.seed, rank)
-    tokens = a.device_batch_size * a.seq_len
+    model, optimizer, batches, tokens = trainer_parts(rank)
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     heartbeats = {arm: 0 for arm in ARMS}
-    for arm in schedule(rounds):
+    for arm in schedule(ARMS, rounds):
         on = arm == "exec"
         optim_mod._global_optimizer_post_hooks.clear()
         if on:
@@ -76,18 +60,7 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
         starts = []
         for _ in range(WARM_STEPS + steps + 1):
             starts.append(time.perf_counter())
-            loss_sum = torch.zeros(())
-            batch = next(batches)
-            x, y = batch[:, :-1], batch[:, 1:]
-            loss = ddp(x, y)
-            loss.backward()
-            loss_sum += loss.detach().float()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_avg = loss_sum / 1
-            dist.all_reduce(loss_avg)
-            loss_avg /= world
-            loss_avg.item()
+            trainer_step(ddp, optimizer, batches, world)
         timed = starts[WARM_STEPS:]
         seconds[arm].append((timed[-1] - timed[0]) / steps)
         heartbeats[arm] += counters()[1] - counted
@@ -100,42 +73,18 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
         sys.exit(f"exec_blocks: heartbeats by arm {heartbeats}: the arms are not what they "
                  f"should be")
     if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"tokens_per_step": tokens * world, "steps": steps, "seconds": seconds,
-                       "heartbeats_per_step": per_step}, f)
+        write_result(out_path, tokens * world, steps, seconds, per_step)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def report(jobs: list[dict], draws: int = 2000) -> dict[str, tuple[float, float, float]]:
     """tokens/s of "exec" over both plain arms, and "off" over "off_again" (the
-    control): ratios of total time pooled over jobs, with a 90% bootstrap interval
-    that resamples jobs, then rounds inside each (trainer_blocks.report's method)."""
-    import random
-    rng = random.Random(0)
-
-    def ratio(picked):
-        t = {arm: 0.0 for arm in ARMS}
-        for job, rounds in picked:
-            for r in rounds:
-                for arm in ARMS:
-                    t[arm] += job["seconds"][arm][r]
+    control), pooled over jobs (blocks.pooled_ratios)."""
+    def ratio_of(t):
         base = (t["off"] + t["off_again"]) / 2
         return {"exec": base / t["exec"], "control": t["off"] / t["off_again"]}
-    point = ratio([(job, range(len(job["seconds"]["exec"]))) for job in jobs])
-    boot = {key: [] for key in point}
-    for _ in range(draws):
-        picked = []
-        for job in rng.choices(jobs, k=len(jobs)):
-            n = len(job["seconds"]["exec"])
-            picked.append((job, rng.choices(range(n), k=n)))
-        for key, value in ratio(picked).items():
-            boot[key].append(value)
-    out = {}
-    for key in point:
-        values = sorted(boot[key])
-        out[key] = (point[key], values[int(0.05 * draws)], values[int(0.95 * draws)])
-    return out
+    return pooled_ratios(jobs, ARMS, ratio_of, draws)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Records go to a fresh directory under /dev/shm, where they go in production.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -29,7 +28,8 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-import exec_blocks  # benchmarks/exec_blocks.py, beside this script
+import blocks  # benchmarks/blocks.py, beside this script
+import exec_blocks
 from pairs import ratio_summary, run_rounds  # benchmarks/pairs.py
 
 EXEC = [sys.executable, "-m", "ddpwatch", "exec", "--"]
@@ -48,21 +48,15 @@ def run(cmd: list[str], env: dict) -> str:
 
 
 def in_blocks(env: dict, jobs: int, rounds: int, steps: int) -> None:
-    results = []
-    for _ in range(jobs):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            run([*EXEC, *torchrun(os.path.join(REPO, "benchmarks", "exec_blocks.py"),
-                                  str(rounds), str(steps), out.name)], env)
-            results.append(json.load(out))
+    script = os.path.join(REPO, "benchmarks", "exec_blocks.py")
+    results = blocks.collect(jobs, lambda out: run(
+        [*EXEC, *torchrun(script, str(rounds), str(steps), out)], env))
     figures = exec_blocks.report(results)
     on, control = figures["exec"], figures["control"]
-    seconds = {arm: statistics.mean(x for job in results for x in job["seconds"][arm])
-               for arm in exec_blocks.ARMS}
-    tokens = results[0]["tokens_per_step"]
+    rate, plain = blocks.tokens_per_s(results, "exec")
     print(f"unmodified trainer step under ddpwatch exec / plain, tokens/s, blocks taking turns "
           f"inside a job: {on[0]:.3f} (90% interval {on[1]:.3f}-{on[2]:.3f}; "
-          f"{tokens / seconds['exec']:.0f} vs "
-          f"{2 * tokens / (seconds['off'] + seconds['off_again']):.0f} tok/s; {jobs} jobs x "
+          f"{rate:.0f} vs {plain:.0f} tok/s; {jobs} jobs x "
           f"{rounds} rounds of {steps}-step blocks; {results[0]['heartbeats_per_step']:.1f} "
           f"heartbeats per step; target >= 0.99)")
     print(f"  control, the second plain arm / the first: {control[0]:.3f} "

@@ -48,6 +48,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from pairs import ratio_summary, run_rounds  # benchmarks/pairs.py, beside this script
+import blocks  # benchmarks/blocks.py
 import trainer_blocks  # benchmarks/trainer_blocks.py
 
 
@@ -300,21 +301,15 @@ def main() -> None:
 
 
 def trainer_in_blocks(env: dict, jobs: int, rounds: int, steps: int) -> None:
-    results = []
-    for _ in range(jobs):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            run(torchrun(2, os.path.join(REPO, "benchmarks", "trainer_blocks.py"), str(rounds),
-                         str(steps), out.name), env)
-            results.append(json.load(out))
+    script = os.path.join(REPO, "benchmarks", "trainer_blocks.py")
+    results = blocks.collect(jobs, lambda out: run(
+        torchrun(2, script, str(rounds), str(steps), out), env))
     figures = trainer_blocks.report(results)
     on, control = figures["on"], figures["control"]
-    seconds = {arm: statistics.mean(x for job in results for x in job["seconds"][arm])
-               for arm in trainer_blocks.ARMS}
-    tokens = results[0]["tokens_per_step"]
+    rate, plain = blocks.tokens_per_s(results, "on")
     print(f"trainer tokens/s on 2 CPU ranks, instrumented / not, the trainer's step in blocks "
           f"taking turns inside a job: {on[0]:.3f} (90% interval {on[1]:.3f}-{on[2]:.3f}; "
-          f"{tokens / seconds['on']:.0f} vs {2 * tokens / (seconds['off'] + seconds['off_again']):.0f} "
-          f"tok/s; {jobs} jobs x {rounds} rounds of {steps}-step blocks; "
+          f"{rate:.0f} vs {plain:.0f} tok/s; {jobs} jobs x {rounds} rounds of {steps}-step blocks; "
           f"{results[0]['heartbeats_per_step']:.1f} heartbeats per instrumented step; target >= 0.99)")
     print(f"  control, the second uninstrumented arm / the first: {control[0]:.3f} "
           f"(90% interval {control[1]:.3f}-{control[2]:.3f}, the noise floor of the line above)")

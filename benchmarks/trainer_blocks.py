@@ -33,24 +33,16 @@ Rounds run the three arms in every order in turn (benchmarks/pairs.py).
 """
 from __future__ import annotations
 
-import itertools
-import json
-import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from blocks import (WARM_STEPS, pooled_ratios, schedule, trainer_parts, trainer_step,
+                    write_result)
+
 ARMS = ("on", "off", "off_again", "torch_python_hook")
-WARM_STEPS = 3  # DDP's first iteration rebuilds buckets; the next ones settle
-
-
-def schedule(rounds: int) -> list[str]:
-    orders = list(itertools.permutations(ARMS))
-    return [arm for r in range(rounds) for arm in orders[r % len(orders)]]
 
 
 def worker(rounds: int, steps: int, out_path: str) -> None:
-    sys.path.insert(0, REPO)
     import torch
     import torch.distributed as dist
     import torch.optim.optimizer as optim_mod
@@ -59,12 +51,9 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
 
     import ddpwatch
     from ddpwatch.rank import instrumentation
-    from trainer import data
-    from trainer.model import GPT, GPTConfig
-    from trainer.train import build_parser, no_buffer_sync
+    from trainer.train import no_buffer_sync
 
     torch.set_num_threads(1)
-    a = build_parser().parse_args([])  # the trainer's defaults
     ddpwatch.instrument(auto_steps=False)  # as the trainer: before init_process_group
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -72,15 +61,10 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
     bare = wrapped.__ddpwatch_original__
     hooks = dict(optim_mod._global_optimizer_post_hooks)  # ddpwatch's step post-hook
     counters = instrumentation.writer().counters
-    torch.manual_seed(a.seed)
-    model = GPT(GPTConfig.from_depth(a.depth, vocab_size=a.vocab_size, seq_len=a.seq_len))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
-    batches = data.synthetic_batches(a.device_batch_size, a.seq_len, a.vocab_size, a.seed, rank)
-    tokens = a.device_batch_size * a.seq_len
+    model, optimizer, batches, tokens = trainer_parts(rank)
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     heartbeats = {arm: 0 for arm in ARMS}  # collectives the record counted, by arm
-    for arm in schedule(rounds):
+    for arm in schedule(ARMS, rounds):
         on = arm == "on"
         optim_mod._global_optimizer_post_hooks.clear()
         if on:
@@ -99,18 +83,7 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
             starts.append(time.perf_counter())
             if on:
                 coll0 = counters()
-            loss_sum = torch.zeros(())
-            batch = next(batches)
-            x, y = batch[:, :-1], batch[:, 1:]
-            loss = ddp(x, y)
-            loss.backward()  # the trainer's (loss / grad_accum), grad_accum 1
-            loss_sum += loss.detach().float()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_avg = loss_sum / 1
-            dist.all_reduce(loss_avg)
-            loss_avg /= world
-            loss_avg.item()
+            trainer_step(ddp, optimizer, batches, world)
             if on:  # the trainer's heartbeat, and its log line's collective seconds
                 ddpwatch.step(tokens=tokens)
                 coll_seconds = counters()[0] - coll0[0]  # noqa: F841
@@ -127,46 +100,19 @@ def worker(rounds: int, steps: int, out_path: str) -> None:
         sys.exit(f"trainer_blocks: heartbeats by arm {heartbeats}: the arms are not what "
                  f"they should be")
     if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"tokens_per_step": tokens * world, "steps": steps,
-                       "seconds": seconds, "heartbeats_per_step": per_step}, f)
+        write_result(out_path, tokens * world, steps, seconds, per_step)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def report(jobs: list[dict], draws: int = 2000) -> dict[str, tuple[float, float, float]]:
     """tokens/s of "on" and "torch_python_hook" over both uninstrumented arms, and
-    of "off" over "off_again" (the control):
-    ratios of total time, pooled over jobs, with a 90% bootstrap interval that
-    resamples jobs and then rounds inside each (a round: one block of each arm)."""
-    import random
-    rng = random.Random(0)
-
-    def ratio(picked):  # picked: [(job, [round indices])]
-        t = {arm: 0.0 for arm in ARMS}
-        for job, rounds in picked:
-            for r in rounds:
-                for arm in ARMS:
-                    t[arm] += job["seconds"][arm][r]
-        # time per step is the inverse of tokens/s: slower "on" gives a ratio < 1
+    of "off" over "off_again" (the control), pooled over jobs (blocks.pooled_ratios)."""
+    def ratio_of(t):  # a slower "on" gives a ratio < 1
         base = (t["off"] + t["off_again"]) / 2
         return {"on": base / t["on"], "control": t["off"] / t["off_again"],
                 "torch_python_hook": base / t["torch_python_hook"]}
-    everything = [(job, range(len(job["seconds"]["on"]))) for job in jobs]
-    point = ratio(everything)
-    boot = {key: [] for key in point}
-    for _ in range(draws):
-        picked = []
-        for job in rng.choices(jobs, k=len(jobs)):
-            n = len(job["seconds"]["on"])
-            picked.append((job, rng.choices(range(n), k=n)))
-        for key, value in ratio(picked).items():
-            boot[key].append(value)
-    out = {}
-    for key in point:
-        values = sorted(boot[key])
-        out[key] = (point[key], values[int(0.05 * draws)], values[int(0.95 * draws)])
-    return out
+    return pooled_ratios(jobs, ARMS, ratio_of, draws)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,17 @@ def from_json(tp, data, path: str = "$"):
     if tp is typing.Any or tp is object:
         return data
     raise DecodeError(f"{path}: cannot decode type {tp!r}")
+
+
+def read_json_file(path: str, error: type[Exception], hint: str = ""):
+    """The JSON document in `path`; a file that cannot be read or parsed raises
+    `error` naming the file (and the line of a syntax error), `hint` appended
+    to an unreadable file's message."""
+    import json
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as err:
+        raise error(f"{path}: {err.strerror}{hint}") from err
+    except json.JSONDecodeError as err:
+        raise error(f"{path}:{err.lineno}: not JSON: {err.msg}") from err

@@ -24,6 +24,7 @@ from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
 from .publish.incidents import IncidentBook
+from .observe.departures import Departures
 from .observe.probes import Look, ProbeContext
 from .observe.sampler import Sampler
 from .observe.snapshot import Snapshot
@@ -63,6 +64,8 @@ class Daemon:
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
         self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
         self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
+        # ranks seen ending, and jobs held after a rank's death took them away
+        self.departures = Departures()
         self.sampler = self._make_sampler(config)
         self._tick = 0
         # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
@@ -126,9 +129,12 @@ class Daemon:
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
-        for job in jobs:
-            owner = discovery.owner_key(job, table)
-            label = labels.get(owner) or discovery.job_key(job)
+        live = [(owner, labels.get(owner) or discovery.job_key(job), job)
+                for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
+        exits = self._survey.exits if self._survey is not None else None
+        judged = self._guard("departures", lambda: self.departures.update(
+            live, exits, self.clock(), self._rank_numbers()), live)
+        for owner, label, job in judged:
             view = self._guard("judge", lambda: self._judge_job(job, statuses, owner, label),
                                None)
             if view is not None:
@@ -222,7 +228,9 @@ class Daemon:
         if judgement.job.verdict == "unknown":
             # a job no rule can judge yet in its first seconds is starting
             suspicious = self.clock() - first_seen >= STARTUP_GRACE_S
-        if suspicious or self._requested_now:
+        # a job held after its ranks ended has no process left to look closer at
+        gone = not job.rank_pids and bool(job.departed_pids)
+        if (suspicious or self._requested_now) and not gone:
             closer = self.sampler.look_closer(last, self._survey, key,
                                               force_stacks=self._requested_now)
             statuses.extend(closer.probes[len(last.probes):])
@@ -245,6 +253,12 @@ class Daemon:
                 log.warning("job %s: judging with the peers' ranks failed (%r); judged "
                             "without them", key, err)
         return classify.judge(history, self.rules), ()
+
+    def _rank_numbers(self) -> dict[str, dict[int, int]]:
+        """owner key -> {pid: rank} as last judged (the rank of a rank that ends
+        next, from whatever evidence named it)."""
+        return {key: {r.pid: r.rank for r in view.judgement.ranks if not r.remote}
+                for key, view in self._last_views.items()}
 
     def _forget_vanished(self, keys: set) -> None:
         gone = set(self._history) - keys

@@ -111,9 +111,8 @@ def hb_dir(tmp_path):
     return str(d)
 
 
-@pytest.fixture
-def start_job(tmp_path, hb_dir):
-    """start_job(argv, env=None) -> Job in its own process group, killed at teardown."""
+def _job_starter(log_dir, hb_dir: str):
+    """start(argv, env=None, name) -> Job, and the jobs it started (to kill)."""
     jobs = []
 
     def start(argv, env=None, name="job"):
@@ -121,10 +120,29 @@ def start_job(tmp_path, hb_dir):
         full_env.update({"DDPWATCH_DIR": hb_dir, "OMP_NUM_THREADS": "1",
                          "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO})
         full_env.update(env or {})
-        job = Job(argv, full_env, str(tmp_path / f"{name}-{len(jobs)}.log"))
+        job = Job(argv, full_env, str(log_dir / f"{name}-{len(jobs)}.log"))
         jobs.append(job)
         return job
+    return start, jobs
 
+
+@pytest.fixture
+def start_job(tmp_path, hb_dir):
+    """start_job(argv, env=None) -> Job in its own process group, killed at teardown."""
+    start, jobs = _job_starter(tmp_path, hb_dir)
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+@pytest.fixture(scope="module")
+def start_module_job(tmp_path_factory):
+    """start_job for a job several tests of a module share (each test leaves it as
+    it found it): starting jobs is most of the suite's time on 2 cores. Its
+    records go to its own directory (`.hb_dir` of the starter)."""
+    log_dir = tmp_path_factory.mktemp("module-job")
+    start, jobs = _job_starter(log_dir, str(log_dir / "hb"))
+    start.hb_dir = str(log_dir / "hb")
     yield start
     for job in jobs:
         job.kill()

@@ -117,3 +117,14 @@ def python_pid(job, timeout: float = 60.0) -> int:
                 continue
         return None
     return wait_until(found, timeout, what="the rank's python process")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (tests decide bf16 expectations
+    from it: CI's CPU may lack what this one has)."""
+    with open("/proc/cpuinfo") as f:
+        flags = set()
+        for line in f:
+            if line.startswith(("flags", "Features")):
+                flags |= set(line.split(":", 1)[1].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 from conftest import REPO, Job, free_port, torchrun, wait_until
-from diag import by_rank, diagnose, until_verdict
+from diag import by_rank, cpu_has_bf16, diagnose, until_verdict
 
 from ddpwatch.heartbeat import read_dir
 
@@ -158,15 +158,6 @@ def test_with_ddpwatch_auto_records_and_a_hung_rank(kind, tmp_path):
 
 
 # --- Lightning under exec, bf16-mixed: one job for records, bf16 and a stop --------
-def cpu_has_bf16() -> bool:
-    with open("/proc/cpuinfo") as f:
-        flags = set()
-        for line in f:
-            if line.startswith(("flags", "Features")):
-                flags |= set(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
 @pytest.fixture(scope="module")
 def lightning_bf16(tmp_path_factory):
     job = launch("lightning", "exec", tmp_path_factory.mktemp("lightning"),

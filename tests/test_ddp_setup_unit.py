@@ -2,7 +2,7 @@
 while its peer is still busy is starting, not a victim, and the busy peer no
 straggler (judge/signals/stack.py `ddp_starting`, rule starting-ddp-setup; issue 13)."""
 from ddpwatch.judge import rules as rules_mod
-from ddpwatch.judge.signals.stack import link
+from ddpwatch.judge.signals.stack import link_start as link
 
 
 def judged(ranks):

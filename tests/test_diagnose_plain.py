@@ -15,11 +15,7 @@ PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
 
-def test_healthy(start_job):
-    job = start_job(torchrun(2, PLAIN))
-    r0, r1 = rank_pids(job, 2)
-    report = until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
-    assert report["job"]["verdict"] == "healthy" and report["job"]["culprits"] == []
+HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 
 
 def test_rank_hung_outside_collectives(start_job):
@@ -29,17 +25,6 @@ def test_rank_hung_outside_collectives(start_job):
                                                1: ("hung_outside_collective", "culprit")})
     assert report["job"]["culprits"] == [1]
     assert "plain_ddp.py" in report["ranks"][1]["stack"]
-
-
-def test_rank_stopped(start_job):
-    job = start_job(torchrun(2, PLAIN))
-    r0, r1 = rank_pids(job, 2)
-    until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
-    os.kill(r1, signal.SIGSTOP)
-    report = until_verdict(r0, {0: ("blocked_in_collective", "victim"), 1: ("stopped", "culprit")})
-    assert report["job"]["verdict"] == "stopped" and report["job"]["culprits"] == [1]
-    os.kill(r1, signal.SIGCONT)  # a stopped rank must not be left behind (the finalizer also does)
-    until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
 
 
 def test_desync(start_job):
@@ -56,24 +41,6 @@ def test_straggler_by_slowdown(start_job):
     assert report["job"]["culprits"] == [1]
 
 
-
-
-def test_straggler_starved_by_a_cpu_burner_on_its_core(start_job):
-    need(os.cpu_count() >= 2, "needs 2 CPUs to pin the ranks apart")
-    job = start_job(torchrun(2, PLAIN))
-    r0, r1 = rank_pids(job, 2)
-    until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
-    burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
-    burner_pid = wait_until(lambda: burner.proc.pid, 10, what="burner")
-    pin(r0, {0})
-    pin(r1, {1})
-    pin(burner_pid, {1})
-    report = until_verdict(r0, {1: ("straggler", "culprit")})
-    assert report["job"]["culprits"] == [1]
-    assert report["ranks"][0]["role"] in ("victim", "none")
-    assert "waited" in report["ranks"][1]["evidence"]  # run-queue wait is the evidence
-
-
 def test_oversubscribed_threads(start_job):
     cores = os.cpu_count()
     job = start_job(torchrun(2, PLAIN), env={"OMP_NUM_THREADS": str(cores * 2)})
@@ -81,8 +48,6 @@ def test_oversubscribed_threads(start_job):
     _, report = diagnose(r0)
     for rank in report["ranks"]:
         assert "oversubscribed" in [f["id"] for f in rank["findings"]], rank
-
-
 
 
 def test_bare_env_rendezvous_process_waits_for_its_peer(start_job):
@@ -115,14 +80,6 @@ def test_orphan_rank_holding_the_master_port(start_job):
     findings = {f["id"]: f for f in report["ranks"][0]["findings"]}
     assert "orphan" in findings and "True" in findings["orphan"]["evidence"]
 
-
-def test_a_bf16_flag_with_no_effect_is_no_finding(start_job):
-    # The script parses --dtype and never uses it: nothing computes in bf16, and
-    # a flag alone is no evidence (heartbeat dtype or bf16 kernels would be).
-    job = start_job(torchrun(2, PLAIN, "--dtype=bfloat16"))
-    r0, r1 = rank_pids(job, 2)
-    report = until_verdict(r0, {0: ("healthy", "none"), 1: ("healthy", "none")})
-    assert all(not r["findings"] for r in report["ranks"])
 
 
 def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
@@ -178,3 +135,55 @@ def test_killed_rank_on_the_same_host(start_job):
         assert verdicts(report) == {0: ("blocked_in_collective", "victim"),
                                     1: ("dead", "culprit")}
         assert report["job"]["culprits"] == [1] and report["job"]["verdict"] == "dead"
+
+
+# --- one shared job, last in the module: it lives until the module ends, and
+# must not load the machine under the tests above ---------------------------------
+@pytest.fixture(scope="module")
+def plain(start_module_job):
+    """One healthy job for the states that are undone after (stopped, starved).
+    The script parses --dtype and never uses it: nothing computes in bf16."""
+    job = start_module_job(torchrun(2, PLAIN, "--dtype=bfloat16"))
+    return rank_pids(job, 2)
+
+
+def test_healthy_and_a_bf16_flag_with_no_effect_is_no_finding(plain):
+    # a flag alone is no evidence (heartbeat dtype or bf16 kernels would be)
+    report = until_verdict(plain[0], HEALTHY)
+    assert report["job"]["verdict"] == "healthy" and report["job"]["culprits"] == []
+    assert all(not r["findings"] for r in report["ranks"])
+
+
+def test_rank_stopped(plain):
+    r0, r1 = plain
+    until_verdict(r0, HEALTHY)
+    os.kill(r1, signal.SIGSTOP)
+    try:
+        report = until_verdict(r0, {0: ("blocked_in_collective", "victim"),
+                                    1: ("stopped", "culprit")})
+        assert report["job"]["verdict"] == "stopped" and report["job"]["culprits"] == [1]
+    finally:
+        os.kill(r1, signal.SIGCONT)  # a stopped rank must not be left behind
+    until_verdict(r0, HEALTHY)
+
+
+def test_straggler_starved_by_a_cpu_burner_on_its_core(plain, start_job):
+    need(os.cpu_count() >= 2, "needs 2 CPUs to pin the ranks apart")
+    r0, r1 = plain
+    until_verdict(r0, HEALTHY)
+    burner = start_job([sys.executable, "-c", "while True: pass"], name="burner")
+    burner_pid = wait_until(lambda: burner.proc.pid, 10, what="burner")
+    pin(r0, {0})
+    pin(r1, {1})
+    pin(burner_pid, {1})
+    try:
+        report = until_verdict(r0, {1: ("straggler", "culprit")})
+        assert report["job"]["culprits"] == [1]
+        assert report["ranks"][0]["role"] in ("victim", "none")
+        assert "waited" in report["ranks"][1]["evidence"]  # run-queue wait is the evidence
+    finally:
+        burner.kill()
+        every_cpu = set(range(os.cpu_count()))
+        pin(r0, every_cpu)
+        pin(r1, every_cpu)
+    until_verdict(r0, HEALTHY)

@@ -1,5 +1,7 @@
 """diagnose on real 2-rank jobs of the bundled trainer (heartbeats, stacks, /proc,
-sockets): every fault named with its culprit, and its victims."""
+sockets): every fault named with its culprit, and its victims. Each job also
+shows, through its records, that the trainer's fault does what it names (one job
+per fault serves both: jobs are the suite's cost)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +14,8 @@ import time
 import psutil
 import pytest
 from conftest import REPO, free_port, need, trainer, wait_until
-from diag import (by_hand, by_rank, diagnose, env_rank, launcher_pid, pin, python_pid, rank_pids,
-                  until_verdict, until_verdict_with, verdicts)
+from diag import (by_hand, by_rank, cpu_has_bf16, diagnose, env_rank, launcher_pid, pin,
+                  python_pid, rank_pids, until_verdict, until_verdict_with, verdicts)
 
 pytestmark = pytest.mark.usefixtures("need_py_spy")
 
@@ -23,6 +25,14 @@ TIMEOUT = 60
 
 def findings(report: dict) -> dict[int, set[str]]:
     return {r["rank"]: {f["id"] for f in r["findings"]} for r in report["ranks"]}
+
+
+def records(hb_dir: str) -> dict:
+    """rank -> its heartbeat record, as the ranks wrote it."""
+    from ddpwatch.heartbeat import read_dir
+    recs, skipped = read_dir(hb_dir)
+    assert skipped == []
+    return {r.rank: r for r in recs}
 
 
 def test_healthy(start_job, hb_dir):
@@ -52,6 +62,10 @@ def test_rank_hung_outside_collectives(start_job, hb_dir):
     assert "faults.py" in ranks[1]["stack"]  # its stack says where it idles: hang()
     assert ranks[1]["signals"]["hb_step"] == 10
     assert ranks[0]["signals"]["waiting_in"] == "ddp_bucket_all_reduce"
+    recs = records(hb_dir)  # the fault did what it names: rank 1 idles outside
+    assert recs[1].step == 10 and recs[1].phase == "outside"
+    assert recs[0].phase == "inside" and recs[0].op == "ddp_bucket_all_reduce"
+    assert recs[0].collective_seq > recs[1].collective_seq
 
 
 def test_rank_stopped(start_job, hb_dir):
@@ -62,6 +76,8 @@ def test_rank_stopped(start_job, hb_dir):
                                     1: ("stopped", "culprit")}, TIMEOUT, hb_dir=hb_dir)
         assert report["job"]["verdict"] == "stopped" and report["job"]["culprits"] == [1]
         assert f"kill -CONT {r1}" in by_rank(report)[1]["remedy"]
+        assert psutil.Process(r1).status() == psutil.STATUS_STOPPED
+        assert records(hb_dir)[1].step == 10
     finally:
         os.kill(r1, signal.SIGCONT)  # never leave a stopped process behind
     until_verdict(r0, HEALTHY, TIMEOUT, hb_dir=hb_dir)  # and the job goes on
@@ -79,6 +95,9 @@ def test_rank_leaves_the_loop_early(start_job, hb_dir):
     assert ranks[1]["rule"] == "desync-deviant" and ranks[1]["signals"]["hb_op"] == "barrier"
     assert ranks[1]["signals"]["hb_op_novel"] is True
     assert ranks[0]["signals"]["waiting_in"] == "ddp_bucket_all_reduce"
+    recs = records(hb_dir)
+    assert (recs[1].phase, recs[1].op, recs[1].step) == ("inside", "barrier", 10)
+    assert recs[0].op == "ddp_bucket_all_reduce"
 
 
 def test_straggler_by_injected_slowdown(start_job, hb_dir):
@@ -89,6 +108,9 @@ def test_straggler_by_injected_slowdown(start_job, hb_dir):
     assert report["job"]["verdict"] == "straggler" and report["job"]["culprits"] == [1]
     ranks = by_rank(report)
     assert ranks[1]["signals"]["hb_comm_share"] < ranks[0]["signals"]["hb_comm_share"]
+    recs = records(hb_dir)  # the slow rank waits least in the collectives
+    share = {k: r.collective_seconds / r.step_seconds for k, r in recs.items()}
+    assert share[1] < share[0] / 2, share
 
 
 def test_desync(start_job, hb_dir):
@@ -98,15 +120,8 @@ def test_desync(start_job, hb_dir):
                            hb_dir=hb_dir)
     assert report["job"]["verdict"] == "desync" and report["job"]["culprits"] == [1]
     assert by_rank(report)[1]["signals"]["hb_op"] == "all_gather_into_tensor"
-
-
-def cpu_has_bf16() -> bool:
-    with open("/proc/cpuinfo") as f:
-        flags = set()
-        for line in f:
-            if line.startswith(("flags", "Features")):
-                flags |= set(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    recs = records(hb_dir)
+    assert recs[0].phase == recs[1].phase == "inside" and recs[0].op != recs[1].op
 
 
 def test_bf16_on_cpu_only_without_bf16_support(start_job, hb_dir):
@@ -134,6 +149,9 @@ def test_data_mismatch(start_job, hb_dir, tmp_path):
     both = {0: {"data_parity"}, 1: {"data_parity"}}
     running = until_verdict_with(r0, HEALTHY, "data_fp", TIMEOUT, hb_dir=hb_dir)
     assert findings(running) == both
+    recs = records(hb_dir)  # rank 1 reads one shard less: another fingerprint
+    assert recs[0].data_fingerprint != recs[1].data_fingerprint
+    assert recs[0].data_shards == 2 and recs[1].data_shards == 1
     hung = until_verdict(r0, {0: ("desync", "victim"), 1: ("desync", "culprit")}, TIMEOUT,
                          hb_dir=hb_dir)
     assert hung["job"]["culprits"] == [1] and findings(hung) == both

@@ -244,6 +244,8 @@ def test_1030_idle_connections_neither_exhaust_descriptors_nor_stall_metrics(
     keeps_ticking(daemon)
     metrics = get(daemon.url + "/metrics")[1].decode()
     assert 'ddpwatch_probe_success{probe="heartbeats"} 1.0' in metrics  # discovery not EMFILE
+    refused = refused_counts(metrics)
+    assert refused.get("evicted", 0) + refused.get("expired", 0) > 0, refused
     no_traceback(daemon)
 
 
@@ -285,8 +287,16 @@ def test_slow_dripping_clients_hold_no_worker(start_job, tmp_path, hb_dir):
         assert code == 200 and time.monotonic() - started < 5, code
         time.sleep(0.5)
     wait_until(lambda: "sent" in attacker.output(), 60, what="the end of the drip attack")
+    # what the server refused is in /metrics: the drippers were cut or expired
+    refused = refused_counts(get(daemon.url + "/metrics")[1].decode())
+    assert refused.get("cut", 0) + refused.get("expired", 0) > 0, refused
     keeps_ticking(daemon)
     no_traceback(daemon)
+
+
+def refused_counts(metrics: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^ddpwatch_http_refused_total\{reason="(\w+)"\} (\S+)$', metrics, re.M)}
 
 
 RESET_ATTACK = r"""
@@ -417,13 +427,20 @@ def test_escape_sequences_from_a_user_are_shown_escaped_by_status(start_job, tmp
                                                                   shared_dir):
     need_root()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
-    _, pid = start_fake_rank(start_job, shared_dir, run_id=ESCAPES)
+    _, pid = start_fake_rank(start_job, shared_dir, run_id=ESCAPES, honest=True)
     wait_until(lambda: job_with(daemon.status(), pid), 60, what="the user's rank in /status")
     out = run_cli("status", "--url", daemon.url)
     assert out.returncode == 0, out.stderr
     assert str(pid) in out.stdout
     shown = out.stdout
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", shown), repr(shown)
+    # the other commands that print what ranks wrote: `ranks` (the run id in its
+    # table) and `diagnose` (a report a person reads)
+    for args in (("ranks",), ("diagnose", "--no-stacks", str(pid))):
+        out = run_cli(*args)
+        assert str(pid) in out.stdout, (args, out.stdout, out.stderr)
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]",
+                             out.stdout + out.stderr), (args, repr(out.stdout + out.stderr))
     keeps_ticking(daemon)
     no_traceback(daemon)
 
@@ -506,7 +523,7 @@ def test_unit_exposure_is_at_most_3():
         assert directive in text, directive
     caps = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.M).group(1).split()
     assert set(caps) == {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_NET_RAW",
-                         "CAP_SYS_ADMIN"}
+                         "CAP_SYS_ADMIN", "CAP_NET_ADMIN"}
 
 
 SERVICE_UID = 61873  # in systemd's DynamicUser range (61184-65519)
@@ -628,7 +645,7 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
     assert stack, f"no py-spy stacks of another user's rank (CAP_SYS_PTRACE): {rank}"
     assert sockets, f"sockets not read in the rank's namespace (nsenter: CAP_SYS_ADMIN): {rank}"
     text = get(url + "/metrics")[1].decode()
-    for probe in ("heartbeats", "process", "traffic", "host"):
+    for probe in ("heartbeats", "process", "traffic", "host", "exits"):
         if probe == "host" and metric(text, "ddpwatch_probe_success", probe=probe) is None:
             continue  # host runs on the first tick and every 60th
         assert metric(text, "ddpwatch_probe_success", probe=probe) == 1.0, (probe, text)

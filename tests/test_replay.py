@@ -17,7 +17,7 @@ from conftest import REPO, need
 from ddpwatch.judge import classify, signals
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.errors import ConfigError
-from ddpwatch.observe.snapshot import load
+from ddpwatch.observe.snapshot import load, load_remote
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 DEFAULT_RULES = os.path.join(REPO, "rules", "default.yaml")
@@ -74,7 +74,7 @@ EXPECTED = {
     # the master's node lets the second in on MASTER_PORT only: judged on the second
     # node, its rank's data connect sits in SYN-SENT ...
     "unreachable_data": ({0: ("rendezvous_wait", N, "rendezvous"),
-                          1: ("unreachable_peer", "culprit", "unreachable-peer-data")}, [1], {}),
+                          1: ("unreachable_peer", "victim", "unreachable-peer-data")}, [], {}),
     # ... judged on the master's node, whose wire shows rank 1's SYNs arrive, unanswered
     "dropped_inbound": ({0: ("unreachable_peer", "culprit", "dropped-inbound"),
                          1: ("unreachable_peer", "victim", "unreachable-peer-dropped-there")},
@@ -105,6 +105,22 @@ EXPECTED = {
                    [1], {}),
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
+    # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
+    # (tests/test_two_nodes.py, issue 18): judged in node 0 with the peer view (rank
+    # 1's signals saved beside the history), in node 1 with it, and in node 0 alone
+    "two_nodes_throttled_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-across-nodes")},
+                                  [1], {}),
+    "two_nodes_throttled_node1": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                   1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
+    # the same with a plain torchrun script (no heartbeats), node 0 with the peer view
+    "two_nodes_thirdparty_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
+                                    1: ("straggler", "culprit",
+                                        "straggler-starved-across-nodes")}, [1], {}),
+    "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
+    # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
+    "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
+                                           "unreachable-peer-data")}, [], {}),
 }
 # Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py, issue 13)
 THIRDPARTY = {
@@ -138,7 +154,34 @@ EXPECTED.update({
                                              1: ("warming_up", "none", "starting-ddp-setup")},
                                             [], {}),
 })
-for _launcher in ("spawn", "lightning"):
+# A rank killed under the daemon (tests/test_thirdparty_killed.py): the job was gone
+# within a second; held, it is judged from how each process ended (probes/exits.py)
+KILLED = ("dead", "culprit", "died-first")
+AFTER = ("dead", "victim", "ended-after-peer")
+EXPECTED.update({"thirdparty_spawn_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_lightning_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_torchrun_killed": ({0: AFTER, 1: KILLED}, [1], {}),
+                 "thirdparty_spawn_oom_killed": (
+                     {0: AFTER, 1: ("dead", "culprit", "oom-killed-first")}, [1], {})})
+# Desync and bf16 from stacks, no heartbeats (tests/test_thirdparty_stacks.py): rank 1
+# waits in a broadcast its peer never calls, rank 0 in DDP's gradient all-reduce
+DESYNC_STACK = {0: ("desync", "victim", "desync-stack"),
+                1: ("desync", "culprit", "desync-stack-deviant")}
+EXPECTED.update({
+    "thirdparty_spawn_desync": (DESYNC_STACK, [1], {}),
+    # Lightning bf16-mixed: its plugin's frames on both stacks; this CPU has avx512_bf16
+    "thirdparty_lightning_bf16_desync": (DESYNC_STACK, [1], {}),
+    "thirdparty_lightning_bf16_desync_no_cpu_bf16": (DESYNC_STACK, [1], {0: {"bf16_on_cpu"},
+                                                                         1: {"bf16_on_cpu"}}),
+    # accelerate --mixed_precision=bf16, healthy: rank 0's samples caught its forward
+    # inside accelerate's autocast wrapper (rank 1's did not); this CPU has avx512_bf16
+    "thirdparty_accelerate_bf16": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
+    # torch.autocast("cuda") around a CPU model's forward: a bf16 flag with no effect
+    "thirdparty_spawn_autocast_cuda": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")},
+                                       [], {}),
+})
+LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun")
+for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):
             EXPECTED[f"thirdparty_{_launcher}_{_state}"] = _expected
@@ -154,7 +197,9 @@ def fixture_path(name: str) -> str:
 
 
 def judged(name: str, rules) -> classify.Judgement:
-    return classify.judge(load(fixture_path(name)), rules)
+    """With the peers' signals it was judged with (diagnose --peer), if any."""
+    path = fixture_path(name)
+    return classify.judge(load(path), rules, load_remote(path))
 
 
 def test_every_fixture_has_an_expectation():
@@ -192,6 +237,34 @@ def test_bf16_follows_the_cpu_flags(default_rules):
         for v in judged(name, default_rules).ranks:
             assert v.signals["compute_dtype"] == "bfloat16" and v.signals["device_type"] == "cpu"
             assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+
+
+def test_bf16_from_stacks_follows_the_cpu_flags(default_rules):
+    """No heartbeats: bf16 from Lightning's mixed-precision frames, a finding only
+    on the CPU without bf16 support; the derived fixture differs only in its flags."""
+    with open(fixture_path("thirdparty_lightning_bf16_desync")) as f:
+        real = json.load(f)
+    with open(fixture_path("thirdparty_lightning_bf16_desync_no_cpu_bf16")) as f:
+        derived = json.load(f)
+    for snap in real["history"]:
+        cpu = snap["host"]["cpu"]
+        assert {"avx512_bf16"} <= set(cpu["flags"]) and snap["host"]["gpus"] == 0
+        cpu["flags"] = [x for x in cpu["flags"] if x not in ("avx512_bf16", "amx_bf16", "bf16")]
+        cpu["bf16_native"] = False
+    assert real == derived
+    for name, finding in (("thirdparty_lightning_bf16_desync", False),
+                          ("thirdparty_lightning_bf16_desync_no_cpu_bf16", True)):
+        for v in judged(name, default_rules).ranks:
+            assert "hb_phase" not in v.signals and "mixed-precision" in v.signals["stack_bf16"]
+            assert ("bf16_on_cpu" in {f.id for f in v.findings}) is finding
+    accelerate = judged("thirdparty_accelerate_bf16", default_rules).ranks
+    assert "accelerate's bf16 autocast" in accelerate[0].signals["stack_bf16"]
+    # the autocast("cuda") job's samples caught autocast's frame: still no evidence
+    history = load(fixture_path("thirdparty_spawn_autocast_cuda"))
+    assert any(f.filename.endswith("torch/amp/autocast_mode.py") for snap in history
+               for p in snap.stacks.pids for t in p.threads for f in t.frames)
+    assert not any(v.signals.get("stack_bf16") for v in judged(
+        "thirdparty_spawn_autocast_cuda", default_rules).ranks)
 
 
 def test_compiled_code_on_the_stack_is_not_warm_up(default_rules):
@@ -260,10 +333,26 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
     finding_rules = [r for r in default_rules if r.finding]
     for name in EXPECTED:
         history = load(fixture_path(name))
-        covered |= {v.rule for v in classify.judge(history, default_rules).ranks}
-        for s in signals.measure(history):
+        covered |= {v.rule for v in judged(name, default_rules).ranks}
+        for s in signals.measure(history, load_remote(fixture_path(name))):
             covered |= {r.id for r in finding_rules if r.matches(s)}
     assert {r.id for r in default_rules} - covered == set()
+
+
+def test_a_lone_view_names_where_the_culprit_is(default_rules):
+    """Issue 18: victims whose culprit no view here holds name it by address."""
+    lone = judged("two_nodes_lone_node0", default_rules).job
+    assert lone.culprits == () and lone.elsewhere.startswith("a rank on 10.233.")
+    firewall = judged("two_nodes_firewall_lone_node0", default_rules).job
+    assert firewall.culprits == () and firewall.elsewhere.startswith("the node at 10.233.")
+    assert firewall.summary.startswith(f"The culprit is {firewall.elsewhere}: rank 0 waits")
+
+
+def test_every_launcher_has_healthy_and_stopped_fixtures():
+    """Replay covers every third-party launcher the tests run (issue 13)."""
+    for launcher in LAUNCHERS:
+        for state in ("healthy", "stopped"):
+            assert f"thirdparty_{launcher}_{state}" in EXPECTED, (launcher, state)
 
 
 def test_replay_cli_matches_in_process_judgement():

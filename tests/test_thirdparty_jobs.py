@@ -1,6 +1,6 @@
 """Real third-party trainers, no heartbeats, no ddpwatch inside (issue 13):
-Lightning's subprocess launcher and torch.multiprocessing.spawn on 2 CPU ranks
-(tests/jobs/thirdparty). One job per launcher is shared by the states asserted
+Lightning's subprocess launcher, torch.multiprocessing.spawn and `accelerate
+launch` on 2 CPU ranks (tests/jobs/thirdparty); torchrun in the launcher test. One job per launcher is shared by the states asserted
 on it (a job per fault is expensive on 2 cores); each state is undone before
 the next. `DDPWATCH_SAVE_FIXTURES=1` copies the snapshots the assertions were
 made on into tests/fixtures/snapshots (thirdparty_<launcher>_<state>.json).
@@ -24,7 +24,8 @@ from ddpwatch.judge.vocabulary import VERDICTS
 THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 ANNOUNCE = re.compile(r"thirdparty: rank=(\d+) local_rank=\d+ world=(\d+) pid=(\d+)")
-SCRIPTS = {"lightning": "lightning_ddp.py", "spawn": "spawn_ddp.py"}
+SCRIPTS = {"lightning": "lightning_ddp.py", "spawn": "spawn_ddp.py",
+           "accelerate": "accelerate_ddp.py"}
 HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 
 
@@ -43,18 +44,24 @@ class ThirdParty:
         return report
 
 
-def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
-    if launcher == "lightning":
+def need_package(launcher: str) -> None:
+    if launcher in ("lightning", "accelerate"):
         try:
-            import lightning  # noqa: F401
+            __import__(launcher)
         except ImportError:
-            need(False, "lightning is not installed (setup.cfg extra 'test')")
+            need(False, f"{launcher} is not installed (setup.cfg extra 'test')")
+
+
+def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> ThirdParty:
+    need_package(launcher)
     need(os.cpu_count() >= 2, "needs 2 CPUs")
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               MASTER_PORT=str(free_port()), DDPWATCH_TEST_FAULT=fault)
+               MASTER_PORT=str(port), DDPWATCH_TEST_FAULT=fault, **(env or {}))
     env.pop("DDPWATCH_DIR", None)
-    job = Job([sys.executable, os.path.join(THIRDPARTY, SCRIPTS[launcher])], env,
-              os.path.join(tmp, f"{launcher}.log"))
+    script = os.path.join(THIRDPARTY, SCRIPTS[launcher])
+    command = LAUNCH[launcher](port, script) if launcher in LAUNCH else [sys.executable, script]
+    job = Job(command, env, os.path.join(tmp, f"{launcher}.log"))
 
     def announced():
         found = {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}
@@ -68,35 +75,10 @@ def start(launcher: str, tmp, fault: str = "") -> ThirdParty:
     return ThirdParty(launcher, job, pids, tmp)
 
 
-@pytest.fixture(scope="module", params=sorted(SCRIPTS))
-def third(request, tmp_path_factory):
-    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
-    yield tp
-    tp.job.kill()
-
-
 def _ranks_are_the_scripts_own(report: dict, tp: ThirdParty) -> None:
     """Each rank number as discovery found it is the one the script itself knows."""
     got = {r["rank"]: r["pid"] for r in report["ranks"]}
     assert got == tp.pids, (got, tp.pids)
-
-
-def test_healthy_without_heartbeats(third, need_py_spy):
-    report = third.until("healthy", HEALTHY)
-    _ranks_are_the_scripts_own(report, third)
-    assert report["job"]["culprits"] == []
-    assert all(not r["findings"] for r in report["ranks"]), report["ranks"]
-
-
-def test_stopped_rank_is_the_culprit_and_its_peer_a_victim(third, need_py_spy):
-    os.kill(third.pids[1], signal.SIGSTOP)
-    try:
-        report = third.until("stopped", {1: ("stopped", "culprit"),
-                                         0: ("blocked_in_collective", "victim")})
-        assert report["job"]["culprits"] == [1]
-    finally:
-        os.kill(third.pids[1], signal.SIGCONT)
-    third.until("resumed", HEALTHY)
 
 
 def _duty_cycle(pid: int, stopped_s: float, running_s: float, done: threading.Event):
@@ -105,23 +87,6 @@ def _duty_cycle(pid: int, stopped_s: float, running_s: float, done: threading.Ev
         time.sleep(stopped_s)
         os.kill(pid, signal.SIGCONT)
         time.sleep(running_s)
-
-
-def test_rank_stopped_most_of_the_time_is_a_straggler_not_stopped(third, need_py_spy):
-    done = threading.Event()
-    cycler = threading.Thread(target=_duty_cycle, args=(third.pids[1], 0.07, 0.03, done),
-                              daemon=True)
-    cycler.start()
-    try:
-        report = third.until("part_stopped", {1: ("straggler", "culprit"),
-                                              0: ("waiting_on_peer", "victim")})
-        assert by_rank(report)[1]["signals"]["stopped_share"] < 0.95
-        assert report["job"]["culprits"] == [1]
-    finally:
-        done.set()
-        cycler.join(timeout=5)
-        os.kill(third.pids[1], signal.SIGCONT)
-    third.until("resumed", HEALTHY)
 
 
 def _cgroup_dir() -> tuple[str, str]:
@@ -133,36 +98,6 @@ def _cgroup_dir() -> tuple[str, str]:
     if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
         return "v1", "/sys/fs/cgroup/cpu"
     return "", ""
-
-
-def test_straggler_by_cgroup_cpu_quota(third, need_py_spy):
-    version, root = _cgroup_dir()
-    need(os.geteuid() == 0 and bool(version), "needs root and a CPU cgroup hierarchy")
-    group = os.path.join(root, f"ddpwatch-test-{os.getpid()}-{third.launcher}")
-    os.mkdir(group)
-    pid = third.pids[1]
-    try:
-        if version == "v2":
-            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
-                f.write("+cpu")
-            with open(os.path.join(group, "cpu.max"), "w") as f:
-                f.write("10000 100000")
-        else:
-            with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
-                f.write("100000")
-            with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
-                f.write("10000")
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-        report = third.until("throttled", {1: ("straggler", "culprit"),
-                                           0: ("waiting_on_peer", "victim")})
-        assert by_rank(report)[1]["rule"] == "straggler-throttled"
-        assert report["job"]["culprits"] == [1]
-    finally:
-        with open(os.path.join(root, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-        wait_until(lambda: _rmdir(group), 30, what=f"{group} removed")
-    third.until("resumed", HEALTHY)
 
 
 def _rmdir(path: str) -> bool:
@@ -195,15 +130,11 @@ LAUNCH = {
 }
 
 
-@pytest.mark.parametrize("launcher", sorted(LAUNCH))
-def test_launchers_running_the_agent_are_one_job(launcher, tmp_path, need_py_spy):
-    """`accelerate launch` runs torchrun's agent in its own process: its workers are
-    the job, numbered as the script itself says, the agent is the launcher."""
-    if launcher == "accelerate":
-        try:
-            import accelerate  # noqa: F401
-        except ImportError:
-            need(False, "accelerate is not installed (setup.cfg extra 'test')")
+def test_torchrun_workers_are_one_job_with_the_agent_their_launcher(tmp_path, need_py_spy):
+    """torchrun's agent is the launcher, its workers the job, numbered as the script
+    itself says; a stopped worker is the culprit there as under the other
+    launchers (accelerate runs the same agent: test_healthy_without_heartbeats)."""
+    launcher = "torchrun"
     script = os.path.join(THIRDPARTY, f"{launcher}_ddp.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("DDPWATCH_DIR", None)
@@ -212,10 +143,15 @@ def test_launchers_running_the_agent_are_one_job(launcher, tmp_path, need_py_spy
         pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
             {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
             240, interval=0.5, what=f"{launcher}'s 2 ranks")
-        report = until_verdict(pids[1], HEALTHY, timeout=150)
+        tp = ThirdParty(launcher, job, pids, str(tmp_path))
+        report = tp.until("healthy", HEALTHY)
         assert {r["rank"]: r["pid"] for r in report["ranks"]} == pids
         assert report["job"]["launcher_kind"] == launcher
         assert report["job"]["launcher_pid"] == job.proc.pid
+        os.kill(pids[1], signal.SIGSTOP)
+        report = tp.until("stopped", {1: ("stopped", "culprit"),
+                                      0: ("blocked_in_collective", "victim")})
+        assert report["job"]["culprits"] == [1]
     finally:
         job.kill()
 
@@ -264,3 +200,80 @@ def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
             if r["verdict"] == "healthy":
                 assert r["signals"].get("gloo_unconnected") == 0, r["signals"]
     assert len(seen) >= 2
+
+
+# --- one shared job per launcher, last in the module: the last one lives until the
+# module ends and must not load the machine under the tests above --------------
+@pytest.fixture(scope="module", params=sorted(SCRIPTS))
+def third(request, tmp_path_factory):
+    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
+    yield tp
+    tp.job.kill()
+
+
+def test_healthy_without_heartbeats(third, need_py_spy):
+    report = third.until("healthy", HEALTHY)
+    _ranks_are_the_scripts_own(report, third)
+    if third.launcher == "accelerate":  # torchrun's agent inside accelerate's process
+        assert report["job"]["launcher_kind"] == "accelerate"
+        assert report["job"]["launcher_pid"] == third.job.proc.pid
+    assert report["job"]["culprits"] == []
+    assert all(not r["findings"] for r in report["ranks"]), report["ranks"]
+
+
+def test_stopped_rank_is_the_culprit_and_its_peer_a_victim(third, need_py_spy):
+    os.kill(third.pids[1], signal.SIGSTOP)
+    try:
+        report = third.until("stopped", {1: ("stopped", "culprit"),
+                                         0: ("blocked_in_collective", "victim")})
+        assert report["job"]["culprits"] == [1]
+    finally:
+        os.kill(third.pids[1], signal.SIGCONT)
+    third.until("resumed", HEALTHY)
+
+
+def test_rank_stopped_most_of_the_time_is_a_straggler_not_stopped(third, need_py_spy):
+    done = threading.Event()
+    cycler = threading.Thread(target=_duty_cycle, args=(third.pids[1], 0.07, 0.03, done),
+                              daemon=True)
+    cycler.start()
+    try:
+        report = third.until("part_stopped", {1: ("straggler", "culprit"),
+                                              0: ("waiting_on_peer", "victim")})
+        assert by_rank(report)[1]["signals"]["stopped_share"] < 0.95
+        assert report["job"]["culprits"] == [1]
+    finally:
+        done.set()
+        cycler.join(timeout=5)
+        os.kill(third.pids[1], signal.SIGCONT)
+    third.until("resumed", HEALTHY)
+
+
+def test_straggler_by_cgroup_cpu_quota(third, need_py_spy):
+    version, root = _cgroup_dir()
+    need(os.geteuid() == 0 and bool(version), "needs root and a CPU cgroup hierarchy")
+    group = os.path.join(root, f"ddpwatch-test-{os.getpid()}-{third.launcher}")
+    os.mkdir(group)
+    pid = third.pids[1]
+    try:
+        if version == "v2":
+            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+            with open(os.path.join(group, "cpu.max"), "w") as f:
+                f.write("10000 100000")
+        else:
+            with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
+                f.write("100000")
+            with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
+                f.write("10000")
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        report = third.until("throttled", {1: ("straggler", "culprit"),
+                                           0: ("waiting_on_peer", "victim")})
+        assert by_rank(report)[1]["rule"] == "straggler-throttled"
+        assert report["job"]["culprits"] == [1]
+    finally:
+        with open(os.path.join(root, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        wait_until(lambda: _rmdir(group), 30, what=f"{group} removed")
+    third.until("resumed", HEALTHY)

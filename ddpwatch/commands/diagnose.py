@@ -12,13 +12,15 @@ from ..judge import classify, rules as rules_mod
 from ..observe import discovery
 from .. import errors
 from ..publish import report
+from ..publish.terminal import printable_lines
 from ..judge.signals import inbound, interfaces, process, sockets
 from ..judge.vocabulary import FINE
 from ..observe.duty import DutyWatch
+from ..observe.netns import net_ns
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
-from ..observe.snapshot import Job, Snapshot, load, save
+from ..observe.snapshot import Job, Snapshot, load, load_remote, save
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -87,6 +89,8 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     # the capture watches the whole window (opened with the sampler)
     with Sampler(ctx, enabled) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
+        if _all_elsewhere(ctx.procfs, job):  # ranks on a namespace node: its wire
+            sampler.capture_net_of(pid)
         first = sample(sampler, job)
         second = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
@@ -98,6 +102,15 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
 
 
 DUTY_INTERVAL_S = 0.05
+
+
+def _all_elsewhere(procfs: str, job: Job) -> bool:
+    """No rank of the job shares our network namespace: watched from the host,
+    they live on a namespace node, and our own wire shows nothing of theirs. A
+    job with a rank here keeps our capture (this node's firewall drops a peer's
+    connects on our wire)."""
+    here = net_ns(procfs, "self")
+    return bool(here) and all(net_ns(procfs, p) not in ("", here) for p in job.rank_pids)
 
 
 def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:
@@ -175,17 +188,20 @@ def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
     if args.replay:
         history = load(args.replay)
+        # the peers asked now, else those the saved judgement was made with
+        remote = peer_signals(args, history[-1]) if args.peer else load_remote(args.replay)
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
         ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
         history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait)
+        remote = peer_signals(args, history[-1])
     if args.save_snapshot:
-        save(history, args.save_snapshot)
-    judgement = classify.judge(history, rules, peer_signals(args, history[-1]))
+        save(history, args.save_snapshot, remote)
+    judgement = classify.judge(history, rules, remote)
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
-        print(report.as_text(judgement, history[-1]))
+        print(printable_lines(report.as_text(judgement, history[-1])))
     return errors.OK if judgement.job.verdict in FINE and not any(
         f.severity != "info" for r in judgement.ranks for f in r.findings) else errors.PROBLEM_FOUND

@@ -8,6 +8,7 @@ import time
 from ..observe import discovery
 from .. import errors
 from ..publish import ranks
+from ..publish.terminal import printable, printable_lines
 from ..observe.probes import ProbeContext
 from ..observe.probes.heartbeats import run as read_heartbeats
 
@@ -17,10 +18,10 @@ def main(args) -> int:
     named = discovery.heartbeat_dirs(discovery.read_table())
     obs = read_heartbeats(ProbeContext(heartbeat_dir=args.dir, rank_heartbeat_dirs=named), ())
     for skipped in obs.skipped:
-        print(f"ddpwatch: skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+        print(printable(f"ddpwatch: skipped {skipped.path}: {skipped.reason}"), file=sys.stderr)
     rows = ranks.rows(obs.records, obs.alive, time.monotonic(), show_all=args.all)
     if args.json:
         print(json.dumps({"ranks": rows}, indent=2))
     else:
-        print(ranks.table(rows))
+        print(printable_lines(ranks.table(rows)))
     return errors.OK

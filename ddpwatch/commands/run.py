@@ -73,7 +73,8 @@ def main(args) -> int:
     poller = build_poller(cfg)
     daemon = Daemon(cfg, rules, dispatcher, peers=poller)
     from ..publish.metrics import make_registry, render
-    registry = make_registry(lambda: daemon.view)
+    # `server` is bound below and rebound by a reload that moves the listener
+    registry = make_registry(lambda: daemon.view, lambda: server.httpd.stats)
     def make_server(c):
         host, port = c.host_port
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,

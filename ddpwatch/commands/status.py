@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 import urllib.error
 import urllib.request
 
 from .. import errors
+from ..publish.terminal import printable
 
 COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
 
@@ -27,15 +27,6 @@ def fetch(url: str, token: str | None) -> dict:
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise errors.Unavailable(f"{url}: no daemon answers ({reason})") from err
-
-
-def printable(text: str) -> str:
-    """`text` safe for a terminal: control and format characters (ESC, CR, BEL,
-    bidi overrides...) shown escaped. Run ids, hostnames and every other field come
-    from ranks other users own (issue 14: a run id moved the cursor)."""
-    return "".join(c if not unicodedata.category(c).startswith("C") else
-                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-                   for c in text)
 
 
 def table(doc: dict) -> str:

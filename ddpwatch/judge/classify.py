@@ -47,6 +47,9 @@ class JobVerdict:
     verdict: str
     culprits: tuple[int, ...]
     summary: str
+    # the culprit this node cannot judge, named by where it is ("a rank on
+    # 10.0.0.2", "the node at 10.0.0.2"): victims here wait on it (issue 18)
+    elsewhere: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,14 @@ def _blind(s: dict) -> str:
             "could not observe this rank (no CPU sample, no stack, no heartbeat)")
 
 
+def _elsewhere(victims: list[RankVerdict]) -> str:
+    """Where the victims' culprit is when no view here holds it (signal
+    `blamed_elsewhere`), "" when they do not say."""
+    places = sorted({v.signals["blamed_elsewhere"] for v in victims
+                     if v.signals.get("blamed_elsewhere")})
+    return " or ".join(places)
+
+
 def _name(v: RankVerdict) -> str:
     name = f"rank {v.rank}" if v.rank >= 0 else f"pid {v.pid}"
     return f"{name} (on {v.host or 'a peer node'})" if v.remote else name
@@ -116,7 +127,7 @@ def _job(verdicts: list[RankVerdict]) -> JobVerdict:
     if not critical:
         return verdict
     return JobVerdict(verdict.verdict, verdict.culprits,
-                      f"{verdict.summary} Critical: {' '.join(critical)}")
+                      f"{verdict.summary} Critical: {' '.join(critical)}", verdict.elsewhere)
 
 
 def _job_verdict(verdicts: list[RankVerdict]) -> JobVerdict:
@@ -128,12 +139,22 @@ def _job_verdict(verdicts: list[RankVerdict]) -> JobVerdict:
         parts = [f"{_name(c)} is the culprit ({c.verdict.replace('_', ' ')}): {c.evidence}."
                  for c in culprits]
         if victims:
-            parts.append(f"{', '.join(_name(v) for v in victims)} "
-                         f"{'waits' if len(victims) == 1 else 'wait'} on it "
+            # casualties that ended after it (probes/exits.py) wait on nothing
+            after = ("ended after it" if all(v.verdict == "dead" for v in victims) else
+                     f"{'waits' if len(victims) == 1 else 'wait'} on it")
+            parts.append(f"{', '.join(_name(v) for v in victims)} {after} "
                          f"({', '.join(sorted({v.verdict.replace('_', ' ') for v in victims}))}).")
         parts.append(f"Remedy: {lead.remedy}")
         return JobVerdict(verdict, tuple(c.rank for c in culprits), " ".join(parts))
     worst = min(verdicts, key=lambda v: SEVERITY.index(v.verdict))
+    away = _elsewhere(victims)
+    if away and worst in victims:
+        who = [v for v in victims if v.verdict == worst.verdict]
+        return JobVerdict(worst.verdict, (), (
+            f"The culprit is {away}: "
+            f"{', '.join(_name(v) for v in who)} {'waits' if len(who) == 1 else 'wait'} on it "
+            f"({worst.verdict.replace('_', ' ')}): {worst.evidence}. Remedy: {worst.remedy}"),
+            away)
     if worst.verdict == "healthy":
         where = "" if any(v.remote for v in verdicts) else " local"
         summary = f"All {len(verdicts)}{where} rank(s) are making progress."

@@ -8,6 +8,8 @@ idles in rendezvous.py / TCPStore; time.sleep and input idle in user frames.
 """
 from __future__ import annotations
 
+import re
+
 from ..heartbeat.layout import TORCH_COLLECTIVES
 
 # Functions a rank waits in: the collectives the record knows (isend/irecv return
@@ -87,3 +89,90 @@ def describe_top(dump, depth: int = 3) -> str:
         where = f"{f.short_filename.split('/')[-1]}:{f.line}" if f.line else (f.module or "native")
         parts.append(f"{f.name} ({where})")
     return " <- ".join(parts)
+
+
+# --- where a rank waits, for a person: the collective and the user's line ------------
+# Library code: the interpreter's own modules and everything installed beside them
+# (site-packages, Debian's dist-packages), and code without a file (<string>).
+_LIBRARY = re.compile(r"/lib/python[\d.]*/|/(site|dist)-packages/")
+DDP_GRADIENT_SYNC = "DDP's gradient all-reduce"
+
+
+def is_library(frame) -> bool:
+    name = _file(frame)
+    return name.startswith("<") or bool(_LIBRARY.search(name))
+
+
+def _where(frame) -> str:
+    return f"{frame.short_filename or frame.filename}:{frame.line} ({frame.name})"
+
+
+def call_site(dump) -> str | None:
+    """What a rank waiting in a collective waits in, and where its own code called it:
+    "broadcast at faults.py:35 (maybe_desync) <- spawn_ddp.py:63 (demo_basic)", or for
+    DDP's bucket all-reduce, reached from backward(), "DDP's gradient all-reduce in
+    backward at spawn_ddp.py:66 (demo_basic)". A library that called torch on the
+    user's behalf (Lightning's loop) is named too: its line is where the path went.
+    None when the rank does not wait in a collective."""
+    kind = classify_stack(dump)
+    if kind not in ("collective", "ddp_backward"):
+        return None
+    frames = [f for f in main_thread(dump).frames if f.line]
+    if kind == "ddp_backward":
+        what = f"{DDP_GRADIENT_SYNC} in backward"
+    else:
+        top = next((f for f in frames if "torch/distributed/" in _file(f)
+                    and f.name.split(".")[-1] in COLLECTIVE_FUNCS), None)
+        what = top.name.split(".")[-1] if top else "a collective"
+    user = [f for f in frames if not is_library(f)][:2]
+    caller = next((f for f in frames if "/torch/" not in _file(f)), None)
+    site = what
+    if caller is not None and (not user or caller is not user[0]):
+        site += f" via {_where(caller)}"
+    if user:
+        site += " at " + " <- ".join(_where(f) for f in user)
+    return site
+
+
+# --- bf16 compute seen in the stack ---------------------------------------------------
+# Python frames of mixed-precision code that, on a CPU, computes in bfloat16 under
+# torch.autocast and nothing else (the library refuses or replaces float16 there):
+# * Lightning's MixedPrecision plugin: its optimizer_step runs the whole step (the
+#   closure: forward and backward) and Lightning turns "16-mixed" into "bf16-mixed"
+#   on a CPU accelerator; "32-true" uses the base Precision plugin (precision.py).
+# * accelerate's mixed_precision="bf16": prepare() wraps the model's forward in
+#   convert_outputs_to_fp32(torch.autocast(...)) only when it computes in bf16
+#   (fp16 on a CPU raises), so both frames are on the stack during forward.
+# A bare torch.autocast decorator (torch/amp/autocast_mode.py decorate_autocast) is
+# no evidence: its device may not be the CPU (autocast("cuda") on a CPU job is a
+# bf16 flag with no effect), its dtype float16, or it may be disabled; nor is a
+# `with torch.autocast(...)` block, which leaves no frame at all. Those are seen
+# only in native frames (a dump with --native): bf16 kernels of libtorch_cpu.
+AMP_BF16_FILES = {
+    "lightning/pytorch/plugins/precision/amp.py": "Lightning's mixed-precision plugin",
+    "pytorch_lightning/plugins/precision/amp.py": "Lightning's mixed-precision plugin",
+    "lightning/fabric/plugins/precision/amp.py": "Lightning Fabric's mixed-precision plugin",
+}
+ACCELERATE_WRAPPER = "accelerate/utils/operations.py"
+AUTOCAST_FILE = "torch/amp/autocast_mode.py"
+
+
+def bf16_evidence(dump) -> tuple[str, bool] | None:
+    """(what in this dump says the rank computes in bf16, whether that says the CPU
+    does it) or None. Python frames say a library's bf16 autocast is on, not which
+    device it is for; a native bf16 kernel of libtorch_cpu says both."""
+    thread = main_thread(dump)
+    if thread is None:
+        return None
+    for f in thread.frames:
+        if not f.line and "BFloat16" in f.name and "libtorch_cpu" in (f.module or f.filename):
+            return f"a bf16 CPU kernel in its native stack ({f.name[:100]})", True
+    files = [_file(f) for f in thread.frames]
+    for f, name in zip(thread.frames, files):
+        for suffix, what in AMP_BF16_FILES.items():
+            if name.endswith(suffix):
+                return f"{what} ({f.name} at {f.short_filename}:{f.line})", False
+    if any(n.endswith(ACCELERATE_WRAPPER) for n in files) and any(
+            n.endswith(AUTOCAST_FILE) for n in files):
+        return "accelerate's bf16 autocast around the model's forward", False
+    return None

@@ -17,7 +17,9 @@ from typing import Callable
 
 from ..heartbeat.scan import ScanState
 from . import discovery
-from .probes import REGISTRY, Look, ProbeContext, load_all, run_probe
+from .netns import net_ns
+from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
+from .probes.exits import for_pids, open_watch
 from .probes.traffic import for_ports, local_ports, open_capture
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
@@ -38,6 +40,7 @@ class Survey:
     host: object                   # probes.host.Host, or None
     record_dirs: tuple[str, ...]   # directories the ranks named (DDPWATCH_DIR)
     probes: tuple[ProbeStatus, ...]
+    exits: object = None           # probes.exits.Exits (the watched pids' ends), or None
 
     @property
     def live_record_pids(self) -> frozenset[int]:
@@ -67,6 +70,12 @@ class Sampler:
         self._exec_cache: dict | None = {} if keep_caches else None
         self._dead_records: dict | None = {} if keep_caches else None
         self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        # the kernel's process events: how watched ranks end (probes/exits.py)
+        self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
+        # pids of the ranks and launchers sampled in this pass and the last: whose
+        # exits the next survey keeps (others' are dropped: any user can fork)
+        self._watched: set[int] = set()
+        self._watched_before: set[int] = set()
         self._host, self._host_at = None, -1e18
         self._scan_state = ScanState()  # record directories' listings, refused files
         self._dumps_left = MAX_DUMPS_PER_PASS
@@ -80,6 +89,10 @@ class Sampler:
         if enabled("traffic") != (self._capture is not None):
             self.close()
             self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
+        if enabled("exits") != (self._exit_watch is not None):
+            if self._exit_watch is not None:
+                self._exit_watch.close()
+            self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
         self.ctx, self.enabled = ctx, enabled
         self.stacks_min_interval_s = stacks_min_interval_s
 
@@ -87,6 +100,9 @@ class Sampler:
         if self._capture is not None:
             self._capture.close()
             self._capture = None
+        if self._exit_watch is not None:
+            self._exit_watch.close()
+            self._exit_watch = None
 
     def __enter__(self):
         return self
@@ -97,6 +113,16 @@ class Sampler:
     @property
     def capture(self):
         return self._capture
+
+    def capture_net_of(self, pid: int) -> None:
+        """Watch the wire of `pid`'s network namespace instead of ours: a rank on a
+        namespace node, judged from the host, with the connects that arrive there
+        (issue 18). Nothing changes when the capture is off or already there."""
+        if self._capture is None or net_ns(self.ctx.procfs, pid) in (
+                "", getattr(self._capture, "net_ns", "")):
+            return
+        self._capture.close()
+        self._capture = open_capture(self.ctx.clock, self.ctx.procfs, pid)
 
     # --- the node --------------------------------------------------------------------
     def survey(self) -> Survey:
@@ -114,63 +140,79 @@ class Sampler:
             result = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
             statuses.append(status_of(result))
             traffic = result.data if result.ok else None
+        exits = None
+        if self._exit_watch is not None:  # drained every pass: exits carry their own times
+            watched = tuple(sorted(self._watched | self._watched_before))
+            self._watched_before, self._watched = self._watched, set()
+            result = run_probe("exits", dataclasses.replace(ctx, exit_watch=self._exit_watch),
+                               watched)
+            statuses.append(status_of(result))
+            exits = result.data if result.ok else None
         if self.enabled("host") and ctx.clock() - self._host_at >= HOST_MAX_AGE_S:
             result = run_probe("host", ctx, ())
             statuses.append(status_of(result))
             if result.ok:
                 self._host, self._host_at = result.data, ctx.clock()
         return Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
-                      tuple(statuses))
+                      tuple(statuses), exits)
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
                force_stacks: bool = False) -> Snapshot:
         """A snapshot of `job` looked at as closely as `look` asks (Look.STACKS:
-        through `look_closer`, see there for `key` and `force_stacks`)."""
+        through `look_closer`, see there for `key` and `force_stacks`). Which job
+        probes run is their registration's policy (probes/__init__.py ProbeSpec)."""
         pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+        self._watched.update(pids)
         ctx = self._ctx(survey, look)
-        # Sockets even at a glance for an orphan rank (its finding needs its listening
-        # sockets) and for a job without heartbeats: its connections to its peers are
-        # then what says it got past start-up (rules/default.yaml `starting`)
-        orphan = any(ctx.parents.get(pid) == 1 for pid in job.rank_pids)
-        silent = not set(job.rank_pids) & survey.live_record_pids
+        # An orphan rank's finding needs its listening sockets, and a job without
+        # heartbeats has nothing but what the probes see: such jobs are "silent"
+        silent = (any(ctx.parents.get(pid) == 1 for pid in job.rank_pids)
+                  or not set(job.rank_pids) & survey.live_record_pids)
         results = []
-        if self.enabled("process"):
-            results.append(run_probe("process", ctx, pids))
-        sockets_from = Look.GLANCE if orphan or silent else REGISTRY["sockets"].look
-        if sockets_from <= look < Look.STACKS and self.enabled("sockets"):
-            results.append(run_probe("sockets", ctx, job.rank_pids))
-        data = {r.name: (r.data if r.ok else None) for r in results}
+        for spec in job_probes():
+            start = spec.sooner_if_silent if silent and spec.sooner_if_silent is not None \
+                else spec.look
+            later = spec.budgeted or (spec.again_at is not None and look >= spec.again_at)
+            if start <= look and not later and self.enabled(spec.name):
+                results.append(run_probe(spec.name, ctx, _pids_for(spec, job)))
+        data = {spec.snapshot_field: None for spec in job_probes()}
+        data.update({REGISTRY[r.name].snapshot_field: (r.data if r.ok else None)
+                     for r in results})
         snap = Snapshot(
             version=SNAPSHOT_VERSION, taken_at=self.ctx.clock(), wall_time=time.time(), job=job,
-            processes=data.get("process"), sockets=data.get("sockets"), stacks=None,
             host=survey.host, heartbeats=survey.heartbeats,
             probes=tuple(status_of(r) for r in results),
             # the node's connection attempts that concern this job only
-            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))))
+            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))),
+            # how this job's ranks (those gone included) and launcher ended
+            exits=for_pids(survey.exits, pids + job.departed_pids), **data)
         return self.look_closer(snap, survey, key, force_stacks) if look >= Look.STACKS else snap
 
     def look_closer(self, snap: Snapshot, survey: Survey, key: str = "",
                     force_stacks: bool = False) -> Snapshot:
         """`snap` with what only suspicion or a person's request pays for: the
-        ranks' stacks and the sockets' byte counts and idle times (`ss -ti`).
-        Stacks are dumped at most every `stacks_min_interval_s` per job `key`
+        budgeted probes (the ranks' stacks) and the probes that see more at
+        Look.STACKS (the sockets' byte counts and idle times, `ss -ti`).
+        Budgeted probes run at most every `stacks_min_interval_s` per job `key`
         (py-spy costs the ranks) unless `force_stacks`; in between, the last dump
         stands for the ranks that have not moved since."""
-        job = snap.job
         ctx = self._ctx(survey, Look.STACKS)
-        results, stacks = [], None
-        if self.enabled("stacks"):
-            pids = job.rank_pids or ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-            stacks = self._stacks_of(ctx, pids, survey, key, force_stacks, results)
-        sockets = snap.sockets
-        if self.enabled("sockets"):
-            result = run_probe("sockets", ctx, job.rank_pids)
-            results.append(result)
-            sockets = result.data if result.ok else sockets
+        results, fields = [], {}
+        for spec in job_probes():
+            if not self.enabled(spec.name):
+                continue
+            if spec.budgeted:
+                fields[spec.snapshot_field] = self._budgeted(
+                    spec, ctx, _pids_for(spec, snap.job), survey, key, force_stacks, results)
+            elif spec.again_at is not None and spec.again_at <= Look.STACKS:
+                result = run_probe(spec.name, ctx, _pids_for(spec, snap.job))
+                results.append(result)
+                if result.ok:
+                    fields[spec.snapshot_field] = result.data
+        sockets = fields.get("sockets", snap.sockets)
         return dataclasses.replace(
-            snap, stacks=stacks, sockets=sockets,
-            probes=snap.probes + tuple(status_of(r) for r in results),
+            snap, **fields, probes=snap.probes + tuple(status_of(r) for r in results),
             traffic=for_ports(survey.traffic, local_ports(sockets)))
 
     def _ctx(self, survey: Survey, look: Look) -> ProbeContext:
@@ -180,12 +222,12 @@ class Sampler:
             exec_info={pid: (info.cmdline, info.env) for pid, info in survey.table.items()},
             thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS)
 
-    def _stacks_of(self, ctx, pids, survey, key, force, results):
+    def _budgeted(self, spec, ctx, pids, survey, key, force, results):
         now = progress_of(survey.heartbeats)
         taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
         due = self.ctx.clock() - taken >= self.stacks_min_interval_s
         if force or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
-            result = run_probe("stacks", ctx, pids)
+            result = run_probe(spec.name, ctx, pids)
             results.append(result)
             if result.ok:
                 runs = sum(p.status in ("ok", "error") for p in result.data.pids)
@@ -199,6 +241,15 @@ class Sampler:
         """Jobs that are gone: their stack dumps with them."""
         for key in keys:
             self._stacks.pop(key, None)
+
+
+def _pids_for(spec, job: Job) -> tuple[int, ...]:
+    """The pids a job probe looks at: the ranks (with the launcher if its policy
+    asks); a budgeted probe of a job with no ranks yet looks at its launcher."""
+    launcher = (job.launcher_pid,) if job.launcher_pid > 0 else ()
+    if spec.with_launcher:
+        return job.rank_pids + launcher
+    return (job.rank_pids or launcher) if spec.budgeted else job.rank_pids
 
 
 def progress_of(heartbeats) -> dict[int, tuple[int, int]]:

@@ -12,6 +12,7 @@ from .. import codec
 from ..errors import DdpwatchError
 from .duty import Duty
 from .probes import ProbeResult
+from .probes.exits import Exits
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
 from .probes.process import Processes
@@ -42,6 +43,10 @@ class Job:
     # (environment, spawn index, NODE_RANK x local world + LOCAL_RANK); -1: unknown
     ranks: tuple[int, ...] = ()
     world_size: int = -1           # as the launch says it; -1: unknown
+    # ranks of this job whose processes ended while it was watched (the exits
+    # probe saw them go), with their ranks (same order): judged as dead ranks
+    departed_pids: tuple[int, ...] = ()
+    departed_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Snapshot:
     probes: tuple[ProbeStatus, ...]
     traffic: Traffic | None = None  # connection attempts on the wire (root only)
     duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
+    exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:
@@ -68,21 +74,31 @@ class SnapshotFileError(DdpwatchError):
     exit_code = 2
 
 
-def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str) -> None:
+def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str,
+         remote: tuple[dict, ...] = ()) -> None:
+    """`remote`: the signals of the job's ranks on other nodes that the judgement
+    used (diagnose --peer), kept so that a replay judges what was judged."""
+    doc = {"ddpwatch_snapshots": SNAPSHOT_VERSION, "history": [codec.to_json(s) for s in history]}
+    if remote:
+        doc["remote"] = [dict(r) for r in remote]
     with open(path, "w") as f:
-        json.dump({"ddpwatch_snapshots": SNAPSHOT_VERSION,
-                   "history": [codec.to_json(s) for s in history]}, f, indent=1)
+        json.dump(doc, f, indent=1)
+
+
+def load_remote(path: str) -> tuple[dict, ...]:
+    """The peers' rank signals saved beside a history (save's `remote`), () if none."""
+    data = codec.read_json_file(path, SnapshotFileError)
+    remote = data.get("remote", []) if isinstance(data, dict) else []
+    if not isinstance(remote, list) or not all(
+            isinstance(r, dict) and all(v is None or isinstance(v, (int, float, str, bool))
+                                        for v in r.values()) for r in remote):
+        raise SnapshotFileError(f"{path}: 'remote' is not a list of rank signals")
+    return tuple(remote)
 
 
 def load(path: str) -> tuple[Snapshot, ...]:
     """Read a saved history; errors name the file and the JSON path."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as err:
-        raise SnapshotFileError(f"{path}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise SnapshotFileError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    data = codec.read_json_file(path, SnapshotFileError)
     if not isinstance(data, dict) or data.get("ddpwatch_snapshots") != SNAPSHOT_VERSION:
         raise SnapshotFileError(f"{path}: not a ddpwatch snapshot file of version "
                                 f"{SNAPSHOT_VERSION}")

@@ -14,7 +14,7 @@ import tempfile
 
 from . import page, report
 from ..observe import snapshot
-from ..codec import to_json
+from ..codec import read_json_file, to_json
 from ..errors import DdpwatchError, NO_INPUT
 from ..heartbeat.layout import RECORD_SIZE
 from ..heartbeat.paths import record_path
@@ -103,13 +103,7 @@ def read(bundle_dir: str) -> tuple[dict, tuple]:
         raise BundleError(f"{bundle_dir}: not a directory (an incident bundle is "
                           f"<state_dir>/incidents/<id>/)")
     path = os.path.join(bundle_dir, "report.json")
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as err:
-        raise BundleError(f"{path}: {err.strerror} (not an incident bundle?)") from err
-    except json.JSONDecodeError as err:
-        raise BundleError(f"{path}:{err.lineno}: not JSON: {err.msg}") from err
+    doc = read_json_file(path, BundleError, " (not an incident bundle?)")
     if not isinstance(doc, dict) or not isinstance(doc.get("job"), dict) \
             or not isinstance(doc.get("ranks"), list):
         raise BundleError(f"{path}: not a ddpwatch report (no 'job' and 'ranks')")

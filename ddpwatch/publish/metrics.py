@@ -70,6 +70,10 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_stack_dumps_total": ("counter", (), (
         "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
         "is not dumped).")),
+    "ddpwatch_http_refused_total": ("counter", ("reason",), (
+        "HTTP connections the daemon's bounded server did not serve in full since it "
+        "started: busy_503 (every worker busy), evicted (too many waiting), expired (no "
+        "request in time), cut (a request too slow or too large), accept_errors.")),
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
     "ddpwatch_incidents_without_bundle": ("gauge", (JOB,), (
         "Open incidents whose evidence bundle could not be written yet (retried each tick; "
@@ -254,10 +258,14 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
     return rows
 
 
-def families(view: DaemonView | None, errors: int = 0) -> list[Metric]:
+def families(view: DaemonView | None, errors: int = 0,
+             http_stats: dict | None = None) -> list[Metric]:
     """The metric families for one view (None: the daemon has no view yet);
-    `errors` counts failures the caller already met."""
+    `errors` counts failures the caller already met; `http_stats` the HTTP
+    server's refusals (httpserve.BoundedServer.stats)."""
     rows: list[Row] = [("ddpwatch_up", (), 1.0), ("ddpwatch_build_info", (__version__,), 1.0)]
+    rows += [("ddpwatch_http_refused_total", (reason,), float(n))
+             for reason, n in sorted((http_stats or {}).items())]
     ready = view is not None and view.ready
     rows.append(("ddpwatch_ready", (), float(ready)))
     if ready:
@@ -287,8 +295,10 @@ def families(view: DaemonView | None, errors: int = 0) -> list[Metric]:
 class ViewCollector(Collector):
     """Collects from whatever view `get_view` returns at scrape time."""
 
-    def __init__(self, get_view: Callable[[], DaemonView | None]):
+    def __init__(self, get_view: Callable[[], DaemonView | None],
+                 get_http_stats: Callable[[], dict | None] = lambda: None):
         self._get_view = get_view
+        self._get_http_stats = get_http_stats
 
     def describe(self) -> list[Metric]:
         return []  # nothing at registration: the view may not exist yet
@@ -299,12 +309,19 @@ class ViewCollector(Collector):
         except Exception:  # a broken getter is reported, not raised
             log.exception("metrics: could not get the daemon view")
             view, errors = None, 1
-        yield from families(view, errors)
+        try:
+            http_stats = dict(self._get_http_stats() or {})
+        except Exception:
+            log.exception("metrics: could not get the HTTP server's counts")
+            http_stats, errors = None, errors + 1
+        yield from families(view, errors, http_stats)
 
 
-def make_registry(get_view: Callable[[], DaemonView | None]) -> CollectorRegistry:
+def make_registry(get_view: Callable[[], DaemonView | None],
+                  get_http_stats: Callable[[], dict | None] = lambda: None
+                  ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ViewCollector(get_view))
+    registry.register(ViewCollector(get_view, get_http_stats))
     return registry
 
 

@@ -109,6 +109,8 @@ def _banner(job, ranks, incident, history) -> str:
         line = "culprit: " + "; ".join(
             f"{_who(r)} (pid {r.get('pid')}" + (f" on {r.get('host')}" if r.get("host") else "")
             + f", {str(r.get('verdict', '')).replace('_', ' ')})" for r in culprits)
+    elif job.get("culprit_elsewhere"):  # victims here, their culprit where no view reaches
+        line = f"culprit: {job['culprit_elsewhere']} (not watched from this node)"
     else:
         line = "no culprit named on this node" if job.get("culprits") == [] else \
             "culprit: " + ", ".join(f"rank {c}" for c in job.get("culprits", []))

@@ -14,6 +14,7 @@ def as_json(judgement: Judgement, last: Snapshot) -> dict:
     job = judgement.job
     return {
         "job": {"verdict": job.verdict, "culprits": list(job.culprits), "summary": job.summary,
+                "culprit_elsewhere": job.elsewhere,
                 "launcher_pid": last.job.launcher_pid, "launcher_kind": last.job.launcher_kind,
                 "run_id": last.job.run_id},
         "ranks": [{
@@ -34,13 +35,17 @@ def _wrap(text: str, indent: str) -> str:
 def as_text(judgement: Judgement, last: Snapshot) -> str:
     job = judgement.job
     lines = []
-    culprits = ", ".join(f"rank {c}" for c in job.culprits) or "none found locally"
+    culprits = ", ".join(f"rank {c}" for c in job.culprits) or job.elsewhere or \
+        "none found locally"
     lines.append(f"JOB: {label(job.verdict)}   culprit: {culprits}")
     lines.append(_wrap(job.summary, "  "))
     launcher = (f"{last.job.launcher_kind} pid {last.job.launcher_pid}"
                 if last.job.launcher_pid > 0 else f"launched by {last.job.launcher_kind}"
                 if last.job.launcher_kind not in ("none", "") else "no launcher")
-    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es), {launcher})")
+    # ranks seen ending while watched (probes/exits.py): a held job has no process left
+    ended = (f", {len(last.job.departed_pids)} ended while watched"
+             if last.job.departed_pids else "")
+    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es){ended}, {launcher})")
     for r in judgement.ranks:
         # no record, environment or launch convention says its number: say so (issue 13)
         who = (f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid

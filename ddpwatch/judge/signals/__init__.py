@@ -7,11 +7,13 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     process     /proc over the window: state, CPU, run-queue wait, environment
     sockets     the rank's TCP connections: connects stuck, idle times
     heartbeat   the rank's own record: collective, step, phase, dtype, data
-    stack       what py-spy dumps say the main thread does
+    stack       what py-spy dumps say the main thread does (and, across ranks, who
+                left the common path when they wait in different collectives)
     interfaces  where the rank's Gloo listens against where it reaches the master
     inbound     peers' connects this node drops (the traffic probe)
     window      shares of a sampled window: stopped, running, asleep, throttled
     launch      its place in the job when its environment does not say it
+    exits       how its process ended (signal, exit code) and when, next to its peers'
     host        the node: cores, bf16, hostname resolution, crowding
     state       what the rank is doing, from the families above
     peers       the rank next to the other ranks of its job
@@ -25,13 +27,13 @@ conclude anything).
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
-from . import (heartbeat, host, inbound, interfaces, launch, peers, process, sockets, stack,
-               state, window)
+from . import (exits, heartbeat, host, inbound, interfaces, launch, peers, process, sockets,
+               stack, state, window)
 from .spec import Signal
 
 # measured per rank from the history, in this order (later families read earlier ones)
 PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound, window)
-FAMILIES = PER_RANK + (launch, host, state, peers)
+FAMILIES = PER_RANK + (launch, host, state, exits, peers)
 SIGNALS: dict[str, Signal] = {}
 for _family in FAMILIES:
     for _signal in _family.SIGNALS:
@@ -54,7 +56,7 @@ def local(history: tuple[Snapshot, ...]) -> list[dict]:
     last = history[-1]
     ranks = []
     pids = list(last.job.rank_pids)
-    if not pids and last.job.launcher_pid > 0:
+    if not pids and not last.job.departed_pids and last.job.launcher_pid > 0:
         pids = [last.job.launcher_pid]  # a launcher whose workers never started
     records = {r.pid: (r, alive) for r, alive in heartbeat.job_records(last)}
     for pid in pids:
@@ -73,11 +75,17 @@ def local(history: tuple[Snapshot, ...]) -> list[dict]:
              "launcher_only": False}
         s.update(heartbeat.measure(history, pid))
         ranks.append(s)
+    held = {s["pid"] for s in ranks}
+    for pid, rank in zip(last.job.departed_pids, last.job.departed_ranks):
+        if pid not in held:  # ranks seen ending while watched (the exits probe)
+            ranks.append({"pid": pid, "alive": False, "rank": rank,
+                          "world_size": last.job.world_size, "launcher_only": False})
     ranks += peers.missing(ranks)
     for s in ranks:
         host.measure(s, last)
         heartbeat.of_job_record(s, records.get(s["pid"], (None,))[0])
         state.measure(s, last)
+        exits.measure(s, last)
     return ranks
 
 
@@ -88,13 +96,16 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
         if s.get("rank") not in held:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
+    exits.link(ranks)
     peers.link(ranks)
+    stack.link(ranks)
     window.link(ranks)
-    stack.link(ranks)  # reads window's cpu_wanted
+    stack.link_start(ranks)  # reads window's cpu_wanted
     for s in ranks:
         s.update(launch.orphan(s))
     interfaces.link(ranks)
     inbound.link(ranks)
+    peers.blame_elsewhere(ranks)
     return ranks
 
 

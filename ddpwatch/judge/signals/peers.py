@@ -29,9 +29,32 @@ SIGNALS = declare(
     ("runqueue_wait_vs_peers", NUMBER, "this rank's run-queue wait over the peers' median (on "
                                        "a busy node every rank waits some; a starved one "
                                        "waits more)"),
+    ("peers_remote", int, "ranks of the job in this view that run on other nodes (the peer "
+                          "view, diagnose --peer)"),
+    ("ranks_unseen", int, "ranks of the job no view here holds: world size - ranks seen (they "
+                          "run on nodes whose daemons are not peers)"),
+    ("compute_s", NUMBER, "seconds of the rank's step outside collectives: its step time less "
+                          "its waiting share (clock-free: each rank's own durations)"),
+    ("compute_ratio", NUMBER, "its share of step time outside collectives over the peers' "
+                              "median share (floored at 5%): how many times longer it works "
+                              "per step than they do (a straggler arrives last because it "
+                              "works longer)"),
+    ("outworks_peers", bool, "works per step at least 2.5x as long as its peers "
+                             "(compute_ratio) while they wait half of each step or more: it "
+                             "arrives last at each collective"),
+    ("blamed_elsewhere", str, "where this rank's culprit is when no view here holds it: 'the "
+                              "node at ADDR' whose firewall drops its data connect, 'a rank "
+                              "on ADDR' for ranks on nodes no daemon here watches"),
     ("data_parity", bool, "this rank's data fingerprint differs from the peers' majority"),
     ("data_fps", str, "the fingerprints seen across the job, with counts"),
 )
+
+
+# A healthy pair of ranks works about as long per step (within 1.5x here, on a busy
+# 2-core host); a CPU quota of 0.15 cores on one made it 6-7x, its peer waiting 91%.
+OUTWORKS = 2.5
+PEERS_WAIT = 0.5
+MIN_WORK_SHARE = 0.05  # peers that wait (nearly) all the time: the ratio is "at least" this
 
 
 def missing(ranks: list[dict]) -> list[dict]:
@@ -45,6 +68,27 @@ def missing(ranks: list[dict]) -> list[dict]:
     seen = {s.get("rank") for s in ranks}
     return [{"pid": -1, "alive": False, "rank": r, "world_size": world, "missing": True,
              "launcher_only": False} for r in range(world) if r not in seen]
+
+
+def _compute_s(s: dict):
+    """A rank's step time outside collectives (heartbeats), None unknown."""
+    step, share = s.get("hb_step_s"), s.get("hb_comm_share")
+    if not s.get("alive") or not step or share is None:
+        return None
+    return round(step * (1.0 - share), 4)
+
+
+def blame_elsewhere(ranks: list[dict]) -> None:
+    """After the links (inbound ties a stuck connect to a peer's capture): the
+    culprit of a rank whose culprit is not in this view, by its address. A rank
+    whose data connect goes unanswered waits on the node it dials, not on itself
+    (issue 18: node 0's rank 0 was blamed for node 1's firewall)."""
+    for s in ranks:
+        target = s.get("syn_sent_to") or ""
+        if s.get("syn_sent_data") and s.get("syn_sent_dropped_by") is None and target:
+            s["blamed_elsewhere"] = f"the node at {target.rpartition(':')[0].strip('[]')}"
+        elif (s.get("ranks_unseen") or 0) >= 1 and s.get("remote_addrs"):
+            s["blamed_elsewhere"] = "a rank on " + " or ".join(s["remote_addrs"].split())
 
 
 class _PeerMedian:
@@ -89,9 +133,17 @@ def link(ranks: list[dict]) -> None:
     # (#N+1), and rank 0 was called a desync victim of a rank that was only stopped.
     stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in") and not is_stopped(p)]
     ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
+    for s in ranks:
+        s["compute_s"] = _compute_s(s)
     step, share, cpu, wait = (_PeerMedian(ranks, k) for k in (
         "hb_step_s", "hb_comm_share", "cpu_ratio", "runqueue_wait_ratio"))
+    remote = sum(1 for s in ranks if s.get("remote"))
+    worlds = [s["world_size"] for s in ranks if (s.get("world_size") or 0) > 0]
+    seen = len({s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0})
     for s in ranks:
+        # the ranks on the other side of the peer view from this one
+        s["peers_remote"] = len(ranks) - remote if s.get("remote") else remote
+        s["ranks_unseen"] = max(worlds) - seen if worlds else None
         me_alive, me_blocked = bool(s.get("alive")), bool(s.get("blocked"))
         me_dead = is_dead(s)
         s["peers_alive"] = alive - me_alive
@@ -116,6 +168,15 @@ def link(ranks: list[dict]) -> None:
         peer_wait = wait.of_peers(s)
         if s.get("runqueue_wait_ratio") is not None and peer_wait is not None:
             s["runqueue_wait_vs_peers"] = round(s["runqueue_wait_ratio"] / max(peer_wait, 0.02), 2)
+        if s.get("compute_s") is not None and peer_share is not None:
+            # Over a window every rank of a synchronous job completes the same steps,
+            # so the shares of step time outside collectives compare as the times do
+            # (one last step each would not: a throttled rank's steps vary 10x).
+            s["compute_ratio"] = round((1.0 - s["hb_comm_share"])
+                                       / max(1.0 - peer_share, MIN_WORK_SHARE), 2)
+        s["outworks_peers"] = bool((s.get("compute_ratio") or 0) >= OUTWORKS
+                                   and (s.get("peer_comm_share") or 0) >= PEERS_WAIT)
+    for s in ranks:
         if s.get("data_fp"):
             # With two ranks there is no majority to blame: every rank carries it.
             s["data_parity"] = len(fingerprints) > 1

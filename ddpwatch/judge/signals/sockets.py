@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
+from ...observe.probes.host import plain_addr
 from .lookup import proc_of, sockets_of
 from .spec import NUMBER, declare
 
@@ -15,6 +16,8 @@ SIGNALS = declare(
     ("peer_idle_s", NUMBER,
      "seconds since any established TCP socket of the rank sent or received"),
     ("retransmits", int, "retransmitted segments over the rank's sockets"),
+    ("remote_addrs", str, "other hosts the rank holds established TCP connections with (its "
+                          "peers and store on other nodes; None none)"),
 )
 
 
@@ -38,4 +41,23 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         s["peer_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
                                      for k in established) / 1000, 3)
         s["retransmits"] = sum(max(k.retransmits, 0) for k in established)
+    s["remote_addrs"] = remote_addrs(socks)
     return s
+
+
+def remote_addrs(socks) -> str:
+    """The far ends of established connections that are not this host: a connection
+    whose two ends differ, neither on loopback, reaches another node (issue 18: the
+    node a lone daemon's waiting rank waits for)."""
+    far = set()
+    for k in socks:
+        if k.state != "ESTABLISHED":
+            continue
+        here, there = plain_addr(k.local_addr), plain_addr(k.peer_addr)
+        if here != there and not _loopback(there):
+            far.add(there)
+    return " ".join(sorted(far)) or None
+
+
+def _loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"

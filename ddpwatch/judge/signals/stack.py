@@ -1,8 +1,11 @@
-"""Stack family: what py-spy dumps say a rank's main thread is doing. Pure."""
+"""Stack family: what py-spy dumps say a rank's main thread is doing, and what
+the ranks' stacks say next to each other (`link`). Pure."""
 from __future__ import annotations
 
+from collections import Counter
+
 from ...observe.snapshot import Snapshot
-from ..stackmatch import classify_stack, describe_top, main_thread
+from ..stackmatch import bf16_evidence, call_site, classify_stack, describe_top, main_thread
 from .lookup import stacks_of
 from .spec import declare
 
@@ -11,6 +14,15 @@ SIGNALS = declare(
                    "idle_user, active, mixed, stopped or unknown (py-spy)"),
     ("stack_top", str, "the innermost frames of the main thread"),
     ("stack_samples", int, "stack dumps taken in the window"),
+    ("stack_site", str, "the collective it waits in and the user's line that called it, the "
+                        "same in every sample of the window (py-spy)"),
+    ("stack_bf16", str, "what in its stacks says it computes in bf16 on the CPU: a known "
+                        "bf16 mixed-precision plugin's frames on a node without GPUs, or a "
+                        "bf16 kernel of libtorch_cpu (native dump)"),
+    ("stack_bf16_seen", int, "stack samples of the window showing stack_bf16"),
+    ("desync_deviant", bool, "its stacks wait in a collective none of the common path's ranks "
+                             "wait in (see link)"),
+    ("desync_others", str, "where the other stuck ranks wait, from their stacks"),
     ("ddp_setup", bool, "main thread in DistributedDataParallel's constructor at the last "
                         "dump: it meets its peers there (shapes, then parameters) before "
                         "its first step"),
@@ -39,8 +51,56 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     # sample of them says the rank compiled in the window (a 60-layer compile
     # caught once in its first second and once compiling: issue 13).
     kind = kinds[0] if len(set(kinds)) == 1 else "compile" if "compile" in kinds else "mixed"
-    return {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),
-            "ddp_setup": _in_ddp_init(dumps[-1])}
+    sites = {call_site(d) for d in dumps}
+    s = {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),
+         "stack_site": sites.pop() if len(sites) == 1 else None,
+         "ddp_setup": _in_ddp_init(dumps[-1])}
+    s.update(_bf16(history, dumps))
+    return s
+
+
+def _bf16(history: tuple[Snapshot, ...], dumps: list) -> dict:
+    """bf16 compute from any sample of the window: autocast's frames are on the stack
+    only while the step's forward (accelerate) or the step (Lightning) runs, so a
+    healthy rank shows them in some samples, not all. Python frames name a library
+    and not the device: taken as the CPU's only on a node where the host probe saw no
+    GPU (a GPU job's bf16 is no finding); a native bf16 kernel of libtorch_cpu is
+    the CPU's wherever it runs."""
+    host = history[-1].host
+    no_gpu = host is not None and getattr(host, "gpus", -1) == 0
+    seen = [e for e in (bf16_evidence(d) for d in dumps) if e and (e[1] or no_gpu)]
+    if not seen:
+        return {}
+    return {"stack_bf16": seen[-1][0], "stack_bf16_seen": len(seen)}
+
+
+def link(ranks: list[dict]) -> None:
+    """Which stuck rank left the common path, from stacks alone (no heartbeats to
+    say which collective is new to a rank). Ranks blocked in different collectives
+    are a desync; the culprit is the rank a person would look at first:
+    * the ranks outside the collective most stuck ranks wait in (of 4 ranks, 3 in
+      DDP's gradient all-reduce and 1 in a barrier: the barrier's rank took a branch
+      the others did not);
+    * on a tie (always so with 2 ranks), the ranks outside DDP's gradient all-reduce:
+      every training step of every rank goes through it, so a rank elsewhere (an
+      explicit broadcast or barrier, or the loop left early: fewer batches, the
+      field notes' uneven shards) is the one whose path differs;
+    * on a tie without it (a barrier against a broadcast, 2 ranks), no culprit: both
+      are named as victims with both call sites (a guess would be silent).
+    Stopped ranks wait in nothing (their stack is not read) and do not count."""
+    stuck = [s for s in ranks if s.get("blocked") and s.get("waiting_in")
+             and s.get("stack_site") and s.get("state") not in ("T", "t")]
+    ops = Counter(s["waiting_in"] for s in stuck)
+    if len(ops) < 2:
+        return
+    top = max(ops.values())
+    leaders = [op for op, n in ops.items() if n == top]
+    ddp = next((op for op in leaders if op == "ddp_bucket_all_reduce"), None)
+    common = leaders[0] if len(leaders) == 1 else ddp
+    for s in stuck:
+        s["desync_deviant"] = common is not None and s["waiting_in"] != common
+        s["desync_others"] = "; ".join(
+            f"{_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
 
 
 def _in_ddp_init(dump) -> bool:
@@ -50,7 +110,7 @@ def _in_ddp_init(dump) -> bool:
         for f in thread.frames)
 
 
-def link(ranks: list[dict]) -> None:
+def link_start(ranks: list[dict]) -> None:
     """After every rank's own signals and the window's (cpu_wanted): is the job
     still meeting before its first step."""
     def meets(o):
@@ -65,3 +125,11 @@ def link(ranks: list[dict]) -> None:
             (meets(s) and any(busy(o) for o in peers))
             or (not meets(s) and busy(s) and not s.get("in_collective")
                 and any(meets(o) for o in peers)))
+
+
+def _name(s: dict) -> str:
+    rank = s.get("rank")
+    return f"rank {rank}" if isinstance(rank, int) and rank >= 0 else f"pid {s.get('pid')}"
+
+
+__all__ = ["SIGNALS", "measure", "link", "link_start"]

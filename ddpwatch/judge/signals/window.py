@@ -25,16 +25,17 @@ SIGNALS = declare(
     ("cpu_wanted", NUMBER, "CPU used plus time its threads waited for a CPU over the window, "
                            "in cores: what it would use alone; ranks sharing a crowded node "
                            "get little CPU yet are busy"),
-    ("peers_starved", bool, "its peers wait for a CPU too (median >= 0.25 cores over the "
-                            "window): the node is crowded for the whole job, which is slowed "
-                            "alike, not held back by one rank"),
+    ("peers_starved", bool, "its peers on this node wait for a CPU too (median >= 0.25 cores "
+                            "over the window): the node is crowded for the whole job, which "
+                            "is slowed alike, not held back by one rank"),
     ("rank_age_s", NUMBER, "seconds since the rank's process started"),
     ("job_starting", bool, "the job's youngest rank started less than 30 s ago and no "
                            "heartbeat shows steps: imports and "
                            "set-up (Lightning's set-up collectives while the rank it "
                            "re-executed still imports) are no straggling"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
-                        "throttled by a CPU quota, or starved of CPU next to its peers"),
+                        "throttled by a CPU quota, starved of CPU next to its peers, or "
+                        "working far longer per step than its peers on other nodes"),
     ("peer_straggles", bool, "another rank of the job straggles"),
 )
 
@@ -97,12 +98,16 @@ def link(ranks: list[dict]) -> None:
     ages = [s["rank_age_s"] for s in ranks if s.get("rank_age_s") is not None]
     # heartbeats say how far it got: a job at step 118 four seconds in is no start
     stepped = any((s.get("hb_step") or 0) >= 2 for s in ranks)
+    # a rank on another node (the peer view) has its own start, seen by its daemon
+    remote = any(s.get("remote") for s in ranks)
     for s in ranks:
-        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not stepped
+        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not stepped and not remote
         if s.get("cpu_ratio") is not None:
             s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
+        # ranks of this node only: another node's run queue is another machine's
         waits = sorted(o["runqueue_wait_ratio"] for o in ranks
-                       if o is not s and o.get("runqueue_wait_ratio") is not None)
+                       if o is not s and o.get("runqueue_wait_ratio") is not None
+                       and not o.get("remote") and not s.get("remote"))
         # 4 jobs x 2 ranks on 2 cores: every rank waits for a CPU, one more than its
         # peer for a window now and then; no straggler (issue 13)
         s["peers_starved"] = bool(waits) and waits[len(waits) // 2] >= STARVED
@@ -111,6 +116,8 @@ def link(ranks: list[dict]) -> None:
             (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
              and s.get("duty_cycled") is not False)
             or (s.get("throttled_share") or 0) >= THROTTLED
+            # across nodes, by each rank's own durations (peers.py, issue 18)
+            or (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1)
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
                 and not s.get("blocked") and not s["peers_starved"] and not s["job_starting"]

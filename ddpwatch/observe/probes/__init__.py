@@ -7,10 +7,12 @@ Each registration says when the probe runs (observe/sampler.py honours it):
 `scope` "node" runs once per pass for every job, "job" per job; `look` is how
 closely a job must be looked at before it runs (expensive ones only at
 Look.STACKS: on suspicion or on request); `switchable` probes can be turned off
-by config (`probes: {name: false}`).
+by config (`probes: {name: false}`). A job probe's data goes into the Snapshot
+field its registration names (`field`); `sooner_if_silent`, `again_at`,
+`with_launcher` and `budgeted` tune when and on which pids it runs (ProbeSpec).
 
-A new probe is its module here with its `register` line (load_all finds it), and
-a field for its data in observe/snapshot.py.
+A new probe is its module here with its `register` line (load_all finds it; the
+sampler runs it by its policy), and a field for its data in observe/snapshot.py.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class ProbeContext:
     # traffic probe: the packet capture its caller opened and keeps across samples
     # (traffic.SynCapture; None when it could not be opened)
     syn_capture: Any = None
+    # exits probe: the process-events watch its caller opened and keeps across
+    # samples (exits.ExitWatch; NoWatch when it could not be opened)
+    exit_watch: Any = None
     # heartbeats probe: heartbeat/scan.py's ScanState (listings, refused files)
     # kept by a caller that reads every second
     scan_state: Any = None
@@ -77,6 +82,21 @@ class ProbeSpec:
     scope: str = "job"         # "node": once per pass for all jobs; "job": per job
     look: Look = Look.GLANCE   # the closest look a job needs before this runs
     switchable: bool = True    # config may turn it off
+    # --- job probes only (observe/sampler.py)
+    field: str = ""            # the Snapshot field its data fills ("" the name)
+    # runs from this look instead for a job without live heartbeats or with an
+    # orphan rank (what they do on the wire is then the evidence there is)
+    sooner_if_silent: Look | None = None
+    # runs again at this look, seeing more (ProbeContext.socket_info)
+    again_at: Look | None = None
+    with_launcher: bool = False  # the launcher's pid too, not only the ranks'
+    # costly to the ranks: run at most every stacks_min_interval_s per job and
+    # within a per-pass budget of pids (sampler MAX_DUMPS_PER_PASS)
+    budgeted: bool = False
+
+    @property
+    def snapshot_field(self) -> str:
+        return self.field or self.name
 
 
 @dataclass(frozen=True)
@@ -120,12 +140,17 @@ REGISTRY: dict[str, ProbeSpec] = {}
 
 def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
              privileged: bool = False, help: str = "", scope: str = "job",
-             look: Look = Look.GLANCE, switchable: bool = True):
+             look: Look = Look.GLANCE, switchable: bool = True, **job_policy):
     def decorate(fn):
         REGISTRY[name] = ProbeSpec(name, fn, default_enabled, expensive, privileged, help,
-                                   scope, look, switchable)
+                                   scope, look, switchable, **job_policy)
         return fn
     return decorate
+
+
+def job_probes() -> list[ProbeSpec]:
+    """The per-job probes, in a fixed order (by name)."""
+    return sorted((s for s in load_all().values() if s.scope == "job"), key=lambda s: s.name)
 
 
 def load_all() -> dict[str, ProbeSpec]:

@@ -11,6 +11,7 @@ READ: `run`, `read_interfaces`, `resolve`. PARSE (pure): `parse_cpuinfo`,
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ class Host:
     loadavg: LoadAvg
     interfaces: tuple[Interface, ...]
     errors: tuple[str, ...]  # parts that could not be read; the rest is still valid
+    # GPUs the node's drivers know (NVIDIA's /proc/driver/nvidia/gpus, AMD's /dev/kfd);
+    # -1: not looked (older snapshots). A rank on a node without any computes on its
+    # CPU: what a bf16 frame in its stack needs to mean bf16 on the CPU (issue 13)
+    gpus: int = -1
 
 
 # ---------------------------------------------------------------- PARSE (pure)
@@ -191,6 +196,14 @@ def resolve(hostname: str, timeout_s: float) -> tuple[str, ...] | None:
     return result[0] if result else None
 
 
+def read_gpus(procfs: str, dev: str = "/dev") -> int:
+    try:
+        nvidia = len(os.listdir(f"{procfs}/driver/nvidia/gpus"))
+    except FileNotFoundError:
+        nvidia = 0  # no NVIDIA driver loaded
+    return nvidia + os.path.exists(f"{dev}/kfd")  # ROCm: one node for all AMD GPUs
+
+
 @register("host", scope="node", help="cpu flags/cores, loadavg, hostname resolution, interfaces "
                        "(flags VPN/bridge/veth ones)")
 def run(ctx: ProbeContext, pids: tuple[int, ...] = ()) -> Host:
@@ -212,13 +225,18 @@ def run(ctx: ProbeContext, pids: tuple[int, ...] = ()) -> Host:
         interfaces = read_interfaces()
     except OSError as err:
         errors.append(f"interfaces: {err}")
+    gpus = -1
+    try:
+        gpus = read_gpus(ctx.procfs)
+    except OSError as err:
+        errors.append(f"gpus: {err}")
     hostname = socket.gethostname()
     addrs = resolve(hostname, ctx.timeout_s)
     if addrs is None:
         errors.append(f"resolving {hostname!r} timed out after {ctx.timeout_s}s")
         addrs = ()
     return Host(taken_at, hostname, addrs, any(is_loopback(a) for a in addrs), cpu,
-                load, interfaces, tuple(errors))
+                load, interfaces, tuple(errors), gpus)
 
 
 def from_json(obj) -> Host:

@@ -351,7 +351,7 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
         torchrun=torchrun_args(cmdline))
 
 
-@register("process", switchable=False, help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
+@register("process", switchable=False, field="processes", with_launcher=True, help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
     taken_at = ctx.clock()
     parents = ctx.parents if ctx.parents is not None else ppid_map(ctx.procfs)

@@ -315,7 +315,10 @@ def _ns(procfs: str, pid: int | str) -> str:
         return ""
 
 
-@register("sockets", look=Look.DETAIL, help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
+# Sooner for a job without heartbeats: its connections to its peers then say it
+# got past start-up (rules/default.yaml `starting`); again at STACKS with `ss -ti`.
+@register("sockets", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, again_at=Look.STACKS,
+          help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
     if ctx.socket_info:
         _tool("ss")  # blind without it

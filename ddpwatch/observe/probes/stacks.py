@@ -185,7 +185,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
     return tuple(results[pid] for pid in pids)
 
 
-@register("stacks", expensive=True, privileged=True, look=Look.STACKS,  # ptrace access to the ranks
+@register("stacks", expensive=True, privileged=True, look=Look.STACKS, budgeted=True,  # ptrace access to the ranks
           help="py-spy dump --nonblocking of each rank (--native on request); "
                "never dumps a stopped process")
 def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Stacks:

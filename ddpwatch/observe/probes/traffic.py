@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from ... import codec
+from ..netns import net_ns, run_in_net_ns
 from . import ProbeContext, register
 
 ETH_P_ALL = 0x0003
@@ -181,8 +182,14 @@ class SynCapture:
         self.lost, self.last_loss_s = 0, -1.0
 
     @classmethod
-    def open(cls, clock, procfs: str = "/proc") -> "SynCapture":
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+    def open(cls, clock, procfs: str = "/proc", pid: int | None = None) -> "SynCapture":
+        """`pid`: capture in that process's network namespace (observe/netns.py)
+        instead of ours."""
+        if pid is None:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+        else:
+            sock = run_in_net_ns(procfs, pid, lambda: socket.socket(
+                socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL)))
         try:
             # Packets queue from the moment the socket exists: let none in until the
             # real filter is attached, then throw away what came before.
@@ -197,11 +204,7 @@ class SynCapture:
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             # a burst of a job's connects (each pair of ranks) must fit between drains
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            try:
-                net_ns = os.readlink(f"{procfs}/self/ns/net")
-            except OSError:
-                net_ns = ""
-            return cls(sock, clock, net_ns)
+            return cls(sock, clock, net_ns(procfs, "self" if pid is None else pid))
         except BaseException:
             sock.close()
             raise
@@ -260,12 +263,14 @@ class NoCapture:
         pass
 
 
-def open_capture(clock, procfs: str = "/proc") -> SynCapture | NoCapture:
+def open_capture(clock, procfs: str = "/proc", pid: int | None = None) -> SynCapture | NoCapture:
+    """`pid`: in that process's network namespace (a rank on a namespace node)."""
     try:
-        return SynCapture.open(clock, procfs)
+        return SynCapture.open(clock, procfs, pid)
     except OSError as err:
         hint = " (needs CAP_NET_RAW: run as root)" if isinstance(err, PermissionError) else ""
-        return NoCapture(f"cannot open a packet socket: {err.strerror or err}{hint}")
+        where = "" if pid is None else f" in pid {pid}'s network namespace"
+        return NoCapture(f"cannot open a packet socket{where}: {err.strerror or err}{hint}")
 
 
 def _stamp(ancillary, default: float, wall_to_clock: float) -> float:

@@ -22,6 +22,31 @@ def maybe_hang(rank, step):
                 time.sleep(3600)
 
 
+def maybe_desync(rank, step):
+    """desync:RANK:STEP - at that step, that rank calls a broadcast its peers never
+    call; they go on to the step's backward and wait in DDP's gradient all-reduce.
+    Gloo keys each algorithm's messages by its own slot, so neither side receives
+    the other's: both wait until Gloo's timeout (30 min), a desync."""
+    for fault_rank, fault_step in _faults("desync"):
+        if rank == fault_rank and step == fault_step:
+            import torch
+            import torch.distributed as dist
+            print(f"thirdparty: rank {rank} desyncs at step {step}", flush=True)
+            dist.broadcast(torch.zeros(1), src=0)
+
+
+def autocast_forward(model):
+    """DDPWATCH_TEST_AUTOCAST=DEVICE - the model's forward under
+    torch.autocast(DEVICE, dtype=torch.bfloat16), as a decorator (its frame is on
+    the stack during forward). `cuda` on a CPU job is a bf16 flag with no effect:
+    autocast for another device leaves the CPU ops in float32."""
+    device = os.environ.get("DDPWATCH_TEST_AUTOCAST")
+    if device:
+        import torch
+        model.forward = torch.autocast(device, dtype=torch.bfloat16)(model.forward)
+    return model
+
+
 def extra_samples(rank):
     """data:RANK - one sample more for that rank (a node with other data)."""
     return sum(1 for (fault_rank,) in _faults("data") if fault_rank == rank)

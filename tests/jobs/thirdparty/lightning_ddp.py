@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faults import STEPS, announce, extra_samples, maybe_hang  # noqa: E402
+from faults import STEPS, announce, extra_samples, maybe_desync, maybe_hang  # noqa: E402
 
 
 class LitRegressor(L.LightningModule):
@@ -26,6 +26,7 @@ class LitRegressor(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         maybe_hang(self.global_rank, self.global_step)
+        maybe_desync(self.global_rank, self.global_step)
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         return loss

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faults import STEPS, announce, extra_samples, maybe_hang  # noqa: E402
+from faults import (STEPS, announce, autocast_forward, extra_samples, maybe_desync,  # noqa: E402
+                    maybe_hang)
 
 
 def setup(rank, world_size):
@@ -48,7 +49,7 @@ def demo_basic(rank, world_size):
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
 
     # create model and move it to GPU with id rank (here: CPU)
-    model = ToyModel()
+    model = autocast_forward(ToyModel())
     ddp_model = DDP(model)
 
     loss_fn = nn.MSELoss()
@@ -59,6 +60,7 @@ def demo_basic(rank, world_size):
         sampler.set_epoch(epoch)
         for inputs, labels in loader:
             maybe_hang(rank, step)
+            maybe_desync(rank, step)
             optimizer.zero_grad()
             outputs = ddp_model(inputs)
             loss_fn(outputs, labels).backward()

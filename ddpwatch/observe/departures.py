@@ -1,0 +1,91 @@
+"""Ranks that ended while their job was watched, and jobs held after a death.
+
+Discovery sees only live processes: a rank that died is no longer in its job,
+and a job whose ranks all ended (mp.spawn and Lightning end the whole job within
+a second of one rank's SIGKILL) is no longer on the node at all. With the exits
+probe the daemon knows how and when each ended. `Departures` keeps that in the
+jobs it judges:
+* a live job's ranks that ended since the last tick stay in it as departed
+  ranks (Job.departed_pids), judged dead with their exit;
+* a job that vanished because a rank (or its launcher) ended abnormally (a
+  signal, a non-zero code) is held as it was last seen, every rank departed,
+  for HOLD_S: long enough to be judged on a few ticks, open its incident, send
+  its webhook and write its bundle. A job whose ranks all exited 0 just ended;
+  one whose first abnormal end was a stop request (Ctrl-C's SIGINT to the
+  whole group, SIGTERM from `kill` or scancel) was stopped: neither is held.
+Bounded by the jobs the daemon watches. Pure: the daemon hands in each tick's
+jobs and exits.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .snapshot import Job
+
+HOLD_S = 30.0  # how long a job gone with a rank's death stays judged
+
+
+class Departures:
+    def __init__(self, hold_s: float = HOLD_S):
+        self.hold_s = hold_s
+        self._last: dict[str, tuple[Job, str]] = {}        # key -> (job, label) last tick
+        self._held: dict[str, tuple[Job, str, float]] = {}  # key -> (job, label, until)
+        self._since: dict[str, float] = {}  # key -> when first seen: older exits are of
+                                            # other processes that had the same pids
+
+    def update(self, live: list[tuple[str, str, Job]], exits, now: float,
+               ranks_of: dict[str, dict[int, int]] | None = None) -> list[tuple[str, str, Job]]:
+        """The jobs to judge this tick as (key, label, job): `live` ones with
+        their departed ranks, then the held ones. `exits`: the survey's
+        probes.exits.Exits (None: not watched, nothing departs). `ranks_of`: key
+        -> {pid: rank} as last judged (a rank number from any evidence)."""
+        every = exits.exits if exits is not None else ()
+        ranks_of = ranks_of or {}
+        out, keys = [], set()
+        for key, label, job in live:
+            keys.add(key)
+            self._held.pop(key, None)  # back (a pid's job found again): live wins
+            since = self._since.setdefault(key, now)
+            prev = self._last.get(key)
+            ended = {e.pid: e for e in every if e.at >= since}
+            if prev is not None and ended:
+                job = self._with_departed(job, prev[0], ended, ranks_of.get(key, {}))
+            out.append((key, label, job))
+        for key, (job, label) in self._last.items():
+            if key in keys or key in self._held:
+                continue
+            ended = {e.pid: e for e in every if e.at >= self._since.get(key, now)}
+            everyone = job.rank_pids + job.departed_pids + (
+                (job.launcher_pid,) if job.launcher_pid > 0 else ())
+            died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
+                          key=lambda e: e.at)
+            if died and not died[0].asked_to_stop:
+                gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
+                                           job, ended, ranks_of.get(key, {}), every=True)
+                self._held[key] = (gone, label, now + self.hold_s)
+        for key, (job, label, until) in list(self._held.items()):
+            if now > until:
+                del self._held[key]
+            elif key not in keys:
+                out.append((key, label, job))
+        self._last = {key: (job, label) for key, label, job in out if key not in self._held}
+        self._since = {key: at for key, at in self._since.items()
+                       if key in self._last or key in self._held}
+        return out
+
+    def held(self) -> set[str]:
+        return set(self._held)
+
+    @staticmethod
+    def _with_departed(job: Job, prev: Job, ended: dict, ranks: dict[int, int],
+                       every: bool = False) -> Job:
+        """`job` with `prev`'s ranks that ended (all of them when `every`, seen
+        ending or not: a held job is its last view) added to its departed ones."""
+        pids, numbers = list(prev.departed_pids), list(prev.departed_ranks)
+        for pid, rank in zip(prev.rank_pids, prev.ranks or (-1,) * len(prev.rank_pids)):
+            if pid in job.rank_pids or pid in pids or not (every or pid in ended):
+                continue
+            pids.append(pid)
+            judged = ranks.get(pid, -1)
+            numbers.append(judged if judged >= 0 else rank)
+        return dataclasses.replace(job, departed_pids=tuple(pids), departed_ranks=tuple(numbers))
