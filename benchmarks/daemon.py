@@ -148,21 +148,33 @@ def time_to_culprit(env, hb_dir, state) -> str:
 
 
 def cost_8_ranks(env, hb_dir, state, seconds) -> str:
+    """The same 8-rank job watched by a daemon reading no window evidence
+    (reading_s: 0) and then by one with the default readings between ticks."""
     job = start(trainer_cmd(8, "--steps=0"), env)
-    daemon, url = start_daemon(env, hb_dir, state)
+    figures = []
     try:
-        wait(lambda: (b := get(url + "/status")) and len(json.loads(b)["ranks"]) == 8, 300)
-        proc = psutil.Process(daemon.pid)
-        t0, c0 = time.monotonic(), sum(proc.cpu_times()[:2])
-        time.sleep(seconds)  # measuring over a fixed window is the point here
-        share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
-        rss = proc.memory_info().rss
-        verdict = json.loads(get(url + "/status"))["job"]["verdict"]
+        for name, extra in (("no readings between ticks", {"reading_s": 0}),
+                            ("readings between ticks (default)", {})):
+            daemon, url = start_daemon(env, hb_dir, state, extra)
+            try:
+                # measured once the job trains (a starting job is looked at in detail)
+                wait(lambda: (b := get(url + "/status")) and len(json.loads(b)["ranks"]) == 8
+                     and json.loads(b)["job"]["verdict"] == "healthy", 300,
+                     "a healthy 8-rank job in /status")
+                proc = psutil.Process(daemon.pid)
+                t0, c0 = time.monotonic(), sum(proc.cpu_times()[:2])
+                time.sleep(seconds)  # measuring over a fixed window is the point here
+                share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+                rss = proc.memory_info().rss
+                verdict = json.loads(get(url + "/status"))["job"]["verdict"]
+            finally:
+                stop(daemon)
+            figures.append(f"{name}: {share:.2%} of a core, RSS {rss / 2**20:.0f} MiB "
+                           f"(job verdict at the end: {verdict})")
     finally:
         stop(job)
-        stop(daemon)
-    return (f"daemon watching 8 ranks (job verdict at the end: {verdict}): {share:.2%} of a "
-            f"core, RSS {rss / 2**20:.0f} MiB over {seconds:.0f} s (target <= 1%, <= 80 MB)")
+    return (f"daemon watching 8 ranks over {seconds:.0f} s each (target <= 1%, <= 80 MB): "
+            + "; ".join(figures))
 
 
 RECORD_WRITER = """

@@ -15,6 +15,9 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
     state_dir: ""                # incident bundles; default /var/lib/ddpwatch (root)
                                  # or ~/.local/state/ddpwatch
     stacks_min_interval_s: 5.0   # py-spy at most this often per job (only on suspicion)
+    reading_s: 0.25              # between ticks, healthy jobs' ranks' main threads are
+                                 # read about this often (every thread each 0.1 s under
+                                 # suspicion): a rank stopped part of the time; 0: never
     probe_timeout_s: 2.0
     resolve_after_s: 5.0         # healthy this long before an incident resolves
     open_after_s: {}             # a job verdict opens an incident once it lasted this
@@ -68,6 +71,7 @@ class Config:
     heartbeat_dir: str = ""
     state_dir: str = ""
     stacks_min_interval_s: float = 5.0
+    reading_s: float = 0.25
     probe_timeout_s: float = 2.0
     resolve_after_s: float = 5.0
     open_after_s: dict[str, float] = field(default_factory=dict)
@@ -118,7 +122,7 @@ def find_file(flag: str | None) -> str | None:
 # Durations: (least, most) seconds. A NaN or inf tick was a busy loop or an
 # OverflowError; a too-small one burns a core (issue 14).
 BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
-          "stacks_min_interval_s": (1.0, 86400.0), "probe_timeout_s": (0.1, 600.0),
+          "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
           "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0)}
 # values never shown in an error or a log line
 SECRETS = ("token", "peer_token", "webhooks")

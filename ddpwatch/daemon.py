@@ -9,12 +9,15 @@ goes on (a watcher that dies at 3 a.m. is worse than one that misses a tick).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import socket
 import time
 
 from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery, helpers
+from .observe.between import BetweenTicks
+from .observe.duty import merge as merge_duties
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import rewrite_page, write_bundle
 from .config import Config
@@ -53,6 +56,10 @@ class Daemon:
         self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s)
         self.alert_route = AlertRoute(config.peer_max_age_s)
         self._history: dict[str, collections.deque] = {}
+        # the ranks' states read between ticks (observe/between.py): per job, what
+        # each tick took, (taken_at, Duty), merged over the window for judging
+        self.between = BetweenTicks(clock, glance_s=config.reading_s)
+        self._duties: dict[str, collections.deque] = {}
         self._requested_now = False
         self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
         self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
@@ -103,6 +110,7 @@ class Daemon:
         self.incidents.resolve_after_s = config.resolve_after_s
         self.incidents.open_after_s = config.open_after_s
         self.alert_route.grace_s = config.peer_max_age_s
+        self.between.glance_s = config.reading_s
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
                                  config.stacks_min_interval_s)
 
@@ -138,6 +146,8 @@ class Daemon:
         self._guard("bundle", self._retry_bundles, None)
         self._guard("persist", self._persist, None)
         self._tick += 1
+        if self.between.failures:  # counted by the reading thread, published here
+            self.stage_failures["between"] = self.between.failures
         views.sort(key=lambda v: (vocabulary.SEVERITY.index(v.judgement.job.verdict), v.key))
         self.view = DaemonView(
             node=self.node, tick=self._tick, wall_time=time.time(),
@@ -165,12 +175,31 @@ class Daemon:
         statuses.extend(self._survey.probes)
         return self._survey.jobs()
 
-    def _window(self, key: str, snap: Snapshot) -> tuple[Snapshot, Snapshot]:
+    def _window(self, key: str, snap: Snapshot, duty) -> tuple[Snapshot, Snapshot]:
         history = self._history.setdefault(key, collections.deque())
         history.append(snap)
         while len(history) > 2 and snap.taken_at - history[1].taken_at >= self.config.window_s:
             history.popleft()
+        # The readings between the first snapshot of the window and this one: the
+        # last snapshot holds them, so what is kept (bundles) replays as judged.
+        duties = self._duties.setdefault(key, collections.deque())
+        duties.append((snap.taken_at, duty))
+        while len(duties) > 1 and duties[0][0] <= history[0].taken_at:
+            duties.popleft()
+        merged = merge_duties([d for _, d in duties])
+        if merged is not None:
+            history[-1] = dataclasses.replace(snap, duty=merged)
         return history[0], history[-1]
+
+    def between_ticks(self, deadline: float, stop) -> None:
+        """Until the next tick; the ranks' states are read meanwhile (the window's
+        evidence) by a thread started on the first call (observe/between.py)."""
+        self.between.start(stop, self._between_failed)
+        stop.wait(max(0.0, deadline - self.clock()))
+
+    @staticmethod
+    def _between_failed() -> None:
+        log.exception("reading the ranks between ticks failed")
 
     def _judge_job(self, job, statuses, key: str, label: str) -> JobView:
         """Glance at a job that was healthy, look in detail at one that was not (or
@@ -186,11 +215,13 @@ class Daemon:
             snap = self.sampler.sample(job, self._survey, look, key)
             statuses.extend(snap.probes)
             return snap
-        first, last = self._window(key, sample(Look.DETAIL if detailed else Look.GLANCE))
+        duty = self.between.take(key, job.rank_pids)
+        first, last = self._window(key, sample(Look.DETAIL if detailed else Look.GLANCE), duty)
         judgement, remote = self._judge(key, (first, last), remote)
         if not detailed and judgement.job.verdict != "healthy":
             # Something changed since the last tick: look again, in detail.
-            last = self._history[key][-1] = sample(Look.DETAIL)
+            last = self._history[key][-1] = dataclasses.replace(sample(Look.DETAIL),
+                                                                duty=last.duty)
             judgement, remote = self._judge(key, (first, last), remote)
         self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in vocabulary.FINE
@@ -205,6 +236,9 @@ class Daemon:
             statuses.extend(closer.probes[len(last.probes):])
             last = self._history[key][-1] = closer
             judgement, remote = self._judge(key, (first, last), remote)
+        # read healthy jobs' main threads now and then, the others' every thread often
+        self.between.watch(key, closely=judgement.job.verdict != "healthy"
+                           or self._requested_now)
         return JobView(label, judgement, last)
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
@@ -230,9 +264,11 @@ class Daemon:
         gone = set(self._history) - keys
         for key in gone:
             del self._history[key]
+            self._duties.pop(key, None)
             self._verdicts.pop(key, None)
             self._first_seen.pop(key, None)
         self.sampler.forget(gone)
+        self.between.forget(gone)
 
     def _incidents(self, by_key: dict) -> None:
         """by_key: owner key -> this tick's JobView."""

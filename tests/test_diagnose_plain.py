@@ -82,10 +82,6 @@ def test_orphan_rank_holding_the_master_port(start_job):
 
 
 
-@pytest.mark.xfail(reason="flaky (1 run in 3 here): the first diagnose after DDP's set-up can "
-                          "catch no compile frame in either stack sample (stack 'mixed') and "
-                          "judge both ranks healthy-cpu, so warming_up is never seen; "
-                          "see the closing note", strict=False)
 def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
     # A fresh inductor cache, so the job really compiles while it is diagnosed.
     job = start_job(torchrun(2, PLAIN, "--compile", "--layers=60"),

@@ -145,12 +145,19 @@ EXPECTED.update({
     # children exist: one process, no peers known (rank unknown), busy: starting
     "thirdparty_lightning_starting_alone": (ALONE, [], {}),
     "thirdparty_spawn_starting_alone": (ALONE, [], {}),
-    # rank 1 busy and not yet connected while rank 0 waits in the store: no alarm
-    "thirdparty_lightning_starting": ({0: ("rendezvous_wait", "none", "rendezvous"),
-                                       1: STARTING}, [], {}),
+    # rank 1 busy and not yet connected while rank 0 waits in the store: both are
+    # starting (rank 0 waits for a peer that is on its way, not for one missing)
+    "thirdparty_lightning_starting": ({0: ("warming_up", "none", "starting-ddp-setup"),
+                                       1: ("warming_up", "none", "starting-ddp-setup")},
+                                      [], {}),
     # spawn children without WORLD_SIZE in their environment: the world from the
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
+    # both ranks in DDP's constructor (importing torch._dynamo), busy: not trained
+    # yet, so not healthy; nor is either a straggler (issue 13)
+    "thirdparty_spawn_starting_ddp_setup": ({0: ("warming_up", "none", "starting-ddp-setup"),
+                                             1: ("warming_up", "none", "starting-ddp-setup")},
+                                            [], {}),
 })
 # A rank killed under the daemon (tests/test_thirdparty_killed.py): the job was gone
 # within a second; held, it is judged from how each process ended (probes/exits.py)

@@ -82,7 +82,8 @@ def test_window_signals_shares_and_throttling():
                                                      D.Throttle(20, 8, 0.6)))))
     h = (snap(duty),)
     assert window_signals(h, 10) == {"duty_samples": 20, "stopped_share": 0.7,
-                                     "running_share": 0.3, "asleep_share": 0.0}
+                                     "running_share": 0.3, "asleep_share": 0.0,
+                                     "duty_cycled": True}
     s11 = window_signals(h, 11)
     assert s11["throttled_share"] == 0.8 and s11["throttled_s"] == 0.6
     assert s11["cpu_quota"] == 0.1 and s11["cgroup"] == "/cg"

@@ -112,7 +112,7 @@ def main(args) -> int:
         now = time.monotonic()
         if next_tick < now:  # a slow tick: start the next one now, don't pile up
             next_tick = now
-        stop.wait(next_tick - now)
+        daemon.between_ticks(next_tick, stop)  # reads the ranks' states meanwhile
     notify("STOPPING=1")
     if daemon.peers is not None:
         daemon.peers.stop()

@@ -55,7 +55,9 @@ def classify_stack(dump) -> str:
     frames = thread.frames
     files = [_file(f) for f in frames]
     names = [f.name for f in frames]
-    if any(f.endswith(COMPILE_FILES) for f in files):
+    # compiling: a compiler frame at work, not a compiler module being imported
+    # (DDP's constructor and the first optimizer step import torch._dynamo: issue 13)
+    if any(f.endswith(COMPILE_FILES) and n != "<module>" for f, n in zip(files, names)):
         return "compile"
     if any(f.endswith(RENDEZVOUS_FILES) for f in files) or any(
             n.split(".")[-1] in RENDEZVOUS_FUNCS for n in names):

@@ -36,6 +36,11 @@ class RankDuty:
     quota_cores: float = -1.0  # the cgroup's CPU limit in cores; -1 none or unknown
     throttle_first: Throttle | None = None
     throttle_last: Throttle | None = None
+    # changes between stopped and not stopped from one reading to the next: a rank
+    # duty-cycled by SIGSTOP/SIGCONT switches again and again, one stopped (or
+    # resumed) during the window once; -1: not counted (snapshots of older versions)
+    switches: int = -1
+    main_only: bool = False  # read its main thread only (the daemon's glance rate)
 
 
 @dataclass(frozen=True)
@@ -112,10 +117,14 @@ def _read(path: str) -> str:
         return f.read(65536)
 
 
-def read_states(procfs: str, pid: int) -> tuple[str, tuple[str, ...]] | None:
-    """(process state, its threads' states), None if gone."""
+def read_states(procfs: str, pid: int, threads: bool = True
+                ) -> tuple[str, tuple[str, ...]] | None:
+    """(process state, its threads' states), None if gone. Without `threads`, the
+    main thread's state stands for them (one read instead of one per thread)."""
     try:
         state = parse_state(_read(f"{procfs}/{pid}/stat"))
+        if not threads:
+            return state, (state,)
         tids = os.listdir(f"{procfs}/{pid}/task")[:MAX_THREADS]
     except OSError:
         return None
@@ -164,36 +173,81 @@ class DutyWatch:
     the snapshot."""
 
     def __init__(self, pids: tuple[int, ...], clock, procfs: str = "/proc",
-                 cgroot: str = "/sys/fs/cgroup"):
+                 cgroot: str = "/sys/fs/cgroup", cgroups: dict | None = None):
+        """`cgroups`: pid -> read_cgroup(...) already read (the daemon hands on
+        the last window's), else read now."""
         self.pids, self.clock, self.procfs, self.cgroot = pids, clock, procfs, cgroot
-        self.counts = {pid: [0, 0, 0, 0] for pid in pids}  # samples stopped running asleep
+        # samples stopped running asleep switches
+        self.counts = {pid: [0, 0, 0, 0, 0] for pid in pids}
+        self.was_stopped: dict[int, bool] = {}
+        self.main_only = True  # until a reading of every thread
         self.first_at = self.last_at = None
-        self.cgroups = {pid: read_cgroup(procfs, cgroot, pid) for pid in pids}
+        known = cgroups or {}
+        self.cgroups = {pid: known[pid] if pid in known else read_cgroup(procfs, cgroot, pid)
+                        for pid in pids}
 
-    def read(self) -> None:
+    @property
+    def readings(self) -> int:
+        return max((c[0] for c in self.counts.values()), default=0)
+
+    def read(self, threads: bool = True) -> None:
         now = self.clock()
         self.first_at = now if self.first_at is None else self.first_at
         self.last_at = now
+        self.main_only = self.main_only and not threads
         for pid in self.pids:
-            seen = read_states(self.procfs, pid)
+            seen = read_states(self.procfs, pid, threads)
             if seen is None:
                 continue
-            state, threads = seen
+            state, threads_seen = seen
             c = self.counts[pid]
             c[0] += 1
-            if state in ("T", "t"):
+            stopped = state in ("T", "t")
+            if pid in self.was_stopped and self.was_stopped[pid] != stopped:
+                c[4] += 1
+            self.was_stopped[pid] = stopped
+            if stopped:
                 c[1] += 1
-            elif "R" in threads or state == "R":
+            elif "R" in threads_seen or state == "R":
                 c[2] += 1
-            elif threads and all(t in ("S", "D", "I") for t in threads):
+            elif threads_seen and all(t in ("S", "D", "I") for t in threads_seen):
                 c[3] += 1
 
     def freeze(self) -> Duty:
         ranks = []
+        self.last_cgroups = {}  # pid -> (directory, quota, cpu.stat now): the next window's
         for pid in self.pids:
             directory, quota, first = self.cgroups[pid]
             last = read_cgroup(self.procfs, self.cgroot, pid)[2] if directory else None
-            ranks.append(RankDuty(pid, *self.counts[pid], cgroup=directory, quota_cores=quota,
-                                  throttle_first=first, throttle_last=last))
+            self.last_cgroups[pid] = (directory, quota, last)
+            samples, stopped, running, asleep, switches = self.counts[pid]
+            ranks.append(RankDuty(pid, samples, stopped, running, asleep, cgroup=directory,
+                                  quota_cores=quota, throttle_first=first, throttle_last=last,
+                                  switches=switches, main_only=self.main_only))
         seconds = (self.last_at - self.first_at) if self.first_at is not None else 0.0
         return Duty(round(seconds, 4), tuple(ranks))
+
+
+def merge(duties) -> Duty | None:
+    """The duties of consecutive windows (oldest first) as one: the daemon reads
+    between its ticks and judges over several. Pure."""
+    duties = [d for d in duties if d is not None]
+    if not duties:
+        return None
+    if len(duties) == 1:
+        return duties[0]
+    ranks = []
+    for pid in dict.fromkeys(r.pid for d in duties for r in d.ranks):
+        mine = [r for d in duties for r in d.ranks if r.pid == pid]
+        last = mine[-1]
+        switches = -1 if any(r.switches < 0 for r in mine) else sum(r.switches for r in mine)
+        ranks.append(RankDuty(
+            pid, sum(r.samples for r in mine), sum(r.stopped for r in mine),
+            sum(r.running for r in mine), sum(r.asleep for r in mine), cgroup=last.cgroup,
+            quota_cores=last.quota_cores,
+            # the throttling over the whole span, when one cgroup held it throughout
+            throttle_first=mine[0].throttle_first if all(
+                r.cgroup == last.cgroup for r in mine) else last.throttle_first,
+            throttle_last=last.throttle_last, switches=switches,
+            main_only=any(r.main_only for r in mine)))
+    return Duty(round(sum(d.seconds for d in duties), 4), tuple(ranks))

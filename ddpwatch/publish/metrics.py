@@ -35,7 +35,8 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
-STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals")
+STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
+          "between")
 _R = (JOB, "rank")
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")

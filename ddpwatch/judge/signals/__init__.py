@@ -100,6 +100,7 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
     peers.link(ranks)
     stack.link(ranks)
     window.link(ranks)
+    stack.link_start(ranks)  # reads window's cpu_wanted
     for s in ranks:
         s.update(launch.orphan(s))
     interfaces.link(ranks)

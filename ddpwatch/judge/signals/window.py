@@ -13,11 +13,26 @@ SIGNALS = declare(
     ("stopped_share", NUMBER, "share of those readings with the process stopped (state T)"),
     ("running_share", NUMBER, "share with a thread running or waiting for a CPU (R)"),
     ("asleep_share", NUMBER, "share with every thread asleep (S, D)"),
+    ("stop_switches", int, "changes between stopped and running from one reading to the next"),
+    ("duty_cycled", bool, "stopped and resumed over and over in the window (2+ switches; "
+                          "true when not counted, in snapshots of older versions): not a "
+                          "rank stopped, or resumed, once during it"),
     ("throttled_share", NUMBER, "share of its cgroup's CPU periods throttled over the window "
                                 "(cpu.stat)"),
     ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window"),
     ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)"),
     ("cgroup", str, "its CPU cgroup"),
+    ("cpu_wanted", NUMBER, "CPU used plus time its threads waited for a CPU over the window, "
+                           "in cores: what it would use alone; ranks sharing a crowded node "
+                           "get little CPU yet are busy"),
+    ("peers_starved", bool, "its peers on this node wait for a CPU too (median >= 0.25 cores "
+                            "over the window): the node is crowded for the whole job, which "
+                            "is slowed alike, not held back by one rank"),
+    ("rank_age_s", NUMBER, "seconds since the rank's process started"),
+    ("job_starting", bool, "the job's youngest rank started less than 30 s ago and no "
+                           "heartbeat shows steps: imports and "
+                           "set-up (Lightning's set-up collectives while the rank it "
+                           "re-executed still imports) are no straggling"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
                         "throttled by a CPU quota, starved of CPU next to its peers, or "
                         "working far longer per step than its peers on other nodes"),
@@ -26,10 +41,29 @@ SIGNALS = declare(
 
 DUTY_MIN_SAMPLES = 5      # fewer readings are no share
 PART_STOPPED = (0.2, 0.95)
+CYCLE_SWITCHES = 2
 THROTTLED = 0.2
+STARVED = 0.25  # cores waited for a CPU over the window
+STARTING_S = 30.0
 
 
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
+    age = _age(history[-1], pid)
+    s = _duty(history, pid)
+    if age is not None:
+        s["rank_age_s"] = age
+    return s
+
+
+def _age(snap: Snapshot, pid: int) -> float | None:
+    procs = snap.processes
+    if procs is None or procs.uptime_s < 0:
+        return None
+    mine = next((p for p in procs.procs if p.pid == pid and p.start_time_s >= 0), None)
+    return round(procs.uptime_s - mine.start_time_s, 1) if mine is not None else None
+
+
+def _duty(history: tuple[Snapshot, ...], pid: int) -> dict:
     duty = history[-1].duty
     if duty is None:
         return {}
@@ -38,7 +72,12 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         return {"duty_samples": mine.samples if mine else 0}
     n = mine.samples
     s = {"duty_samples": n, "stopped_share": round(mine.stopped / n, 3),
-         "running_share": round(mine.running / n, 3), "asleep_share": round(mine.asleep / n, 3)}
+         "running_share": round(mine.running / n, 3), "asleep_share": round(mine.asleep / n, 3),
+         # a SIGSTOP (or SIGCONT) during the window leaves it partly stopped too: that
+         # rank is stopped (or running), not duty-cycled (the daemon reads across ticks)
+         "duty_cycled": mine.switches < 0 or mine.switches >= CYCLE_SWITCHES}
+    if mine.switches >= 0:
+        s["stop_switches"] = mine.switches
     if mine.cgroup:
         s["cgroup"] = mine.cgroup
         s["cpu_quota"] = round(mine.quota_cores, 3) if mine.quota_cores > 0 else None
@@ -56,16 +95,34 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
 def link(ranks: list[dict]) -> None:
     """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
     whether a peer does."""
+    ages = [s["rank_age_s"] for s in ranks if s.get("rank_age_s") is not None]
+    # heartbeats say how far it got: a job at step 118 four seconds in is no start
+    stepped = any((s.get("hb_step") or 0) >= 2 for s in ranks)
+    # a rank on another node (the peer view) has its own start, seen by its daemon
+    remote = any(s.get("remote") for s in ranks)
     for s in ranks:
+        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not stepped and not remote
+        if s.get("cpu_ratio") is not None:
+            s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
+        # ranks of this node only: another node's run queue is another machine's
+        waits = sorted(o["runqueue_wait_ratio"] for o in ranks
+                       if o is not s and o.get("runqueue_wait_ratio") is not None
+                       and not o.get("remote") and not s.get("remote"))
+        # 4 jobs x 2 ranks on 2 cores: every rank waits for a CPU, one more than its
+        # peer for a window now and then; no straggler (issue 13)
+        s["peers_starved"] = bool(waits) and waits[len(waits) // 2] >= STARVED
         part = s.get("stopped_share")
         s["straggles"] = bool(s.get("alive") and (
-            (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1])
+            (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
+             and s.get("duty_cycled") is not False)
             or (s.get("throttled_share") or 0) >= THROTTLED
             # across nodes, by each rank's own durations (peers.py, issue 18)
             or (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1)
             or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
                 and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
-                and not s.get("blocked"))))
+                and not s.get("blocked") and not s["peers_starved"] and not s["job_starting"]
+                # a straggler is slow at training: one still connecting is starting
+                and (s.get("gloo_unconnected") or 0) == 0)))
     count = sum(s["straggles"] for s in ranks)
     for s in ranks:
         s["peer_straggles"] = count - s["straggles"] > 0

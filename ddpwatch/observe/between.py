@@ -1,0 +1,117 @@
+"""The daemon's window evidence: its jobs' ranks read between ticks (issue 13).
+
+`diagnose` reads every thread of every rank each 50 ms over its window
+(observe/duty.py); the daemon watches for days within 1% of a core, so it reads
+as closely as a job deserves: the ranks' main threads a few times a second while
+the job is healthy (enough to see a rank stopped most of the time, or a cgroup
+throttling it), every thread ten times a second while it is under suspicion.
+Each tick `take`s what was read since the last one and starts a new window; the
+cgroup's cpu.stat is read once per tick, not per reading. The readings go on in a
+thread of their own (`start`), during ticks too: on a crowded node a tick takes
+most of its second, and readings only between ticks were two or three a window.
+
+The readings are spaced at random within +-50% of the interval: a rank stopped
+and resumed with the period of the readings would otherwise be read in the same
+phase every time (all stopped, or never).
+"""
+from __future__ import annotations
+
+import random
+import threading
+
+from .duty import Duty, DutyWatch
+
+GLANCE_INTERVAL_S = 0.25  # healthy jobs: main threads, ~8 readings per 2 s window
+CLOSE_INTERVAL_S = 0.1    # jobs under suspicion: every thread
+JITTER = 0.5
+
+
+class BetweenTicks:
+    """Per job (the daemon's owner key): a DutyWatch over the current window and
+    how closely to read it. Used by the daemon's thread only."""
+
+    def __init__(self, clock, procfs: str = "/proc", cgroot: str = "/sys/fs/cgroup",
+                 rand=random.random, glance_s: float = GLANCE_INTERVAL_S):
+        """`glance_s`: the glance interval (config reading_s); 0 reads nothing."""
+        self.clock, self.procfs, self.cgroot, self.rand = clock, procfs, cgroot, rand
+        self.glance_s = glance_s
+        self._watches: dict[str, DutyWatch] = {}
+        self._closely: dict[str, bool] = {}
+        self._due: dict[str, float] = {}
+        self.readings = 0  # passes over a job's ranks since start (for the benchmark)
+        self._lock = threading.Lock()  # the reading thread against the tick's calls
+        self._thread: threading.Thread | None = None
+        self.failures = 0  # failed passes of the reading thread
+
+    def take(self, key: str, pids: tuple[int, ...]) -> Duty | None:
+        """What was read of the job since the last take (None: nothing, or its
+        ranks changed), and a new window from now."""
+        with self._lock:
+            watch = self._watches.pop(key, None)
+            duty, cgroups = None, None
+            if watch is not None and watch.pids == pids and watch.readings:
+                duty = watch.freeze()
+                cgroups = watch.last_cgroups  # the end of this window begins the next
+            self._watches[key] = DutyWatch(pids, self.clock, self.procfs, self.cgroot, cgroups)
+            self._due.setdefault(key, self.clock())
+            return duty
+
+    def watch(self, key: str, closely: bool) -> None:
+        """Read the job's every thread at the close rate from now on, or its main
+        threads at the glance rate."""
+        with self._lock:
+            if key not in self._watches:
+                return
+            if closely and not self._closely.get(key):
+                self._due[key] = self.clock()  # suspicion: read now, not a glance later
+            self._closely[key] = closely
+
+    def forget(self, keys) -> None:
+        with self._lock:
+            for key in keys:
+                self._watches.pop(key, None)
+                self._closely.pop(key, None)
+                self._due.pop(key, None)
+
+    def read_due(self) -> float:
+        """Read the jobs whose reading is due; the time the next one is."""
+        with self._lock:
+            now = self.clock()
+            for key, watch in self._watches.items():
+                if self._due.get(key, now) <= now:
+                    closely = self._closely.get(key, False)
+                    watch.read(threads=closely)
+                    self.readings += 1
+                    interval = min(CLOSE_INTERVAL_S, self.glance_s) if closely else self.glance_s
+                    self._due[key] = now + interval * (1 - JITTER + 2 * JITTER * self.rand())
+            return min(self._due.values(), default=now + self.glance_s)
+
+    def start(self, stop: threading.Event, on_error) -> None:
+        """Read in a thread of its own until `stop` (once; later calls do nothing).
+        A failed pass is counted (`failures`) and `on_error()` called (in the
+        reading thread: it must only log); the thread goes on."""
+        if self._thread is not None:
+            return
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    self.wait(float("inf"), stop)
+                except Exception:  # the loop never dies: the next pass may do
+                    self.failures += 1
+                    on_error()
+                    stop.wait(1.0)
+        self._thread = threading.Thread(target=loop, name="ddpwatch-readings", daemon=True)
+        self._thread.start()
+
+    def wait(self, deadline: float, stop: threading.Event) -> None:
+        """Until `deadline` (the next tick) or `stop`, read what is due."""
+        while not stop.is_set():
+            if self.glance_s <= 0:  # switched off: no window evidence, as before
+                stop.wait(max(0.0, deadline - self.clock()))
+                return
+            next_at = self.read_due()
+            now = self.clock()
+            if now >= deadline:
+                return
+            stop.wait(max(0.0, min(deadline, next_at) - now))
