@@ -153,10 +153,17 @@ def job_probes() -> list[ProbeSpec]:
     return sorted((s for s in load_all().values() if s.scope == "job"), key=lambda s: s.name)
 
 
+_LOADED = False
+
+
 def load_all() -> dict[str, ProbeSpec]:
-    """Every probe: each module of this package registers its own at import."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Every probe: each module of this package registers its own at import.
+    The package is listed once (the daemon asks on every probe run)."""
+    global _LOADED
+    if not _LOADED:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _LOADED = True
     return REGISTRY
 
 
