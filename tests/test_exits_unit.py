@@ -146,7 +146,9 @@ def test_a_job_gone_with_a_killed_rank_is_held_then_let_go():
 def test_jobs_that_ended_cleanly_or_were_stopped_are_not_held():
     for ends in ((_exit(12, 1.0, 0), _exit(11, 1.0, 0)),           # finished
                  (_exit(12, 1.0, 2), _exit(11, 1.01, 0x100)),       # Ctrl-C: SIGINT first
-                 (_exit(10, 1.0, 15), _exit(12, 1.1, 15))):         # kill / scancel
+                 (_exit(10, 1.0, 15), _exit(12, 1.1, 15)),          # kill / scancel
+                 # kill -9 of the whole process group: every one by SIGKILL at once
+                 (_exit(11, 1.0, 9), _exit(12, 1.001, 9), _exit(10, 1.002, 9))):
         book = Departures()
         book.update([("k", "job", SPAWN)], _exits(), 0.0)
         assert book.update([], _exits(*ends), 1.0) == [], ends

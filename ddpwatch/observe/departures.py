@@ -12,7 +12,9 @@ jobs it judges:
   for HOLD_S: long enough to be judged on a few ticks, open its incident, send
   its webhook and write its bundle. A job whose ranks all exited 0 just ended;
   one whose first abnormal end was a stop request (Ctrl-C's SIGINT to the
-  whole group, SIGTERM from `kill` or scancel) was stopped: neither is held.
+  whole group, SIGTERM from `kill` or scancel), or whose every rank ended by
+  one signal at once (a `kill -9` of its process group), was stopped: neither
+  is held.
 Bounded by the jobs the daemon watches. Pure: the daemon hands in each tick's
 jobs and exits.
 """
@@ -23,6 +25,19 @@ import dataclasses
 from .snapshot import Job
 
 HOLD_S = 30.0  # how long a job gone with a rank's death stays judged
+WHOLE_S = 0.5  # every rank ended by one signal within this: the job was killed whole
+
+
+def _killed_whole(job: Job, ended: dict, first) -> bool:
+    """Every rank of the job (and its launcher, if its end was seen) ended by the
+    first one's signal within WHOLE_S: a `kill -9` of the process group, a
+    scheduler's or a container's stop, not one rank's death that took the others
+    down (they then end by another signal or an exit code, later)."""
+    ranks = job.rank_pids + job.departed_pids
+    if not first.signal or not ranks or any(p not in ended for p in ranks):
+        return False
+    seen = [ended[p] for p in ranks + (job.launcher_pid,) if p in ended]
+    return all(e.signal == first.signal and e.at - first.at <= WHOLE_S for e in seen)
 
 
 class Departures:
@@ -59,7 +74,7 @@ class Departures:
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
             died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
                           key=lambda e: e.at)
-            if died and not died[0].asked_to_stop:
+            if died and not died[0].asked_to_stop and not _killed_whole(job, ended, died[0]):
                 gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
                                            job, ended, ranks_of.get(key, {}), every=True)
                 self._held[key] = (gone, label, now + self.hold_s)

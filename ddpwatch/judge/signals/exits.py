@@ -66,7 +66,15 @@ def link(ranks: list[dict]) -> None:
     # remote ranks' stamps are another node's clock: ordered on their own node only
     ended = sorted((s for s in ranks if s.get("exit_seen") and "_exit_at" in s
                     and not s.get("remote")), key=lambda s: s["_exit_at"][0])
-    first = next((s for s in ended if s.get("exit_abnormal")), None)
+    # a rank whose record says it went through the interpreter's exit at its start
+    # is judged by exited-at-start* (they know why: a peer it could not reach)
+    first = next((s for s in ended if s.get("exit_abnormal")
+                  and not (s.get("hb_phase") == "exited" and s.get("hb_step") == 0)), None)
+    # a rank already gone whose end was not seen (before the watch began) may have
+    # ended first: then no exit seen is known to be the first
+    if any(s.get("alive") is False and not s.get("exit_seen") and not s.get("remote")
+           for s in ranks):
+        first = None
     for order, s in enumerate(ended, 1):
         s["exit_order"] = order
         if first is not None and s["_exit_at"][0] >= first["_exit_at"][0]:
