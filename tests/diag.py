@@ -128,3 +128,15 @@ def cpu_has_bf16() -> bool:
             if line.startswith(("flags", "Features")):
                 flags |= set(line.split(":", 1)[1].split())
     return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def removed_dir(path: str) -> bool:
+    """Removes an empty directory (a test's cgroup); False while it is still busy
+    (a process leaving it): call under wait_until."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import REPO, Job, free_port, need, wait_until
-from diag import by_rank, until_verdict
+from diag import by_rank, removed_dir, until_verdict
 
 from ddpwatch.judge.vocabulary import VERDICTS
 
@@ -98,14 +98,6 @@ def _cgroup_dir() -> tuple[str, str]:
     if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
         return "v1", "/sys/fs/cgroup/cpu"
     return "", ""
-
-
-def _rmdir(path: str) -> bool:
-    try:
-        os.rmdir(path)
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("launcher", sorted(SCRIPTS))
@@ -275,5 +267,5 @@ def test_straggler_by_cgroup_cpu_quota(third, need_py_spy):
     finally:
         with open(os.path.join(root, "cgroup.procs"), "w") as f:
             f.write(str(pid))
-        wait_until(lambda: _rmdir(group), 30, what=f"{group} removed")
+        wait_until(lambda: removed_dir(group), 30, what=f"{group} removed")
     third.until("resumed", HEALTHY)

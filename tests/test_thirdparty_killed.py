@@ -13,11 +13,11 @@ import json
 import os
 import shutil
 import signal
-import sys
 
 import pytest
 
 from conftest import REPO, Job, free_port, need, wait_until
+from diag import removed_dir
 from test_daemon import DaemonRun
 from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, start
 
@@ -70,16 +70,6 @@ def _memory_cgroup() -> tuple[str, str]:
     if os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         return "v1", "/sys/fs/cgroup/memory"
     return "", ""
-
-
-def _rmdir(path: str) -> bool:
-    try:
-        os.rmdir(path)
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
 
 
 def _sigkill(pid: int, tmp_path) -> None:
@@ -146,7 +136,7 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
         tp.job.kill()
         group = tmp_path / "oom-cgroup"
         if group.exists():
-            wait_until(lambda: _rmdir(group.read_text()), 30, what="the test's cgroup removed")
+            wait_until(lambda: removed_dir(group.read_text()), 30, what="the test's cgroup removed")
     alert = firing[-1]
     assert alert["verdict"] == "dead" and alert["culprits"] == [1], alert
     assert "rank 1" in alert["summary"] and how in alert["summary"], alert

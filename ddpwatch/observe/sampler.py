@@ -174,14 +174,14 @@ class Sampler:
         # heartbeats has nothing but what the probes see: such jobs are "silent"
         silent = (any(ctx.parents.get(pid) == 1 for pid in job.rank_pids)
                   or not set(job.rank_pids) & survey.live_record_pids)
-        results = []
-        for spec in job_probes():
+        results, specs = [], job_probes()
+        for spec in specs:
             start = spec.sooner_if_silent if silent and spec.sooner_if_silent is not None \
                 else spec.look
             later = spec.budgeted or (spec.again_at is not None and look >= spec.again_at)
             if start <= look and not later and self.enabled(spec.name):
                 results.append(run_probe(spec.name, ctx, _pids_for(spec, job)))
-        data = {spec.snapshot_field: None for spec in job_probes()}
+        data = {spec.snapshot_field: None for spec in specs}
         data.update({REGISTRY[r.name].snapshot_field: (r.data if r.ok else None)
                      for r in results})
         snap = Snapshot(
