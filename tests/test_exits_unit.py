@@ -189,6 +189,9 @@ def test_first_to_die_is_the_culprit_the_rest_its_victims():
     assert "the launcher then exited with code 1" in by_rank[1].evidence
     assert (by_rank[0].rule, by_rank[0].role) == ("ended-after-peer", "victim")
     assert "exited with code 1 0.03s after rank 1 was killed by SIGKILL" in by_rank[0].evidence
+    from ddpwatch.publish.report import as_text
+    text = as_text(j, snap)  # a held job has no process left to count
+    assert "(no local rank process left, 2 ended while watched" in text, text
     oom = _exits(exits.to_exit(12, 9, 1, 50.0, oom_kills=1), _exit(11, 50.03, 0x100))
     snap = Snapshot(1, 100.0, 0.0, gone, None, None, None, None, None, (), exits=oom)
     j = classify.judge((snap, snap), rules)
