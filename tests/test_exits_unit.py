@@ -157,6 +157,24 @@ def test_jobs_that_ended_cleanly_or_were_stopped_are_not_held():
     assert book.update([], None, 1.0) == []
 
 
+def test_a_terminal_jobs_ctrl_c_is_a_stop_not_a_death():
+    """Lightning catches Ctrl-C's KeyboardInterrupt, SIGKILLs its other ranks and
+    exits 1: at a terminal, every rank ending within CTRL_C_S without a crash is
+    a stop. Off a terminal, with a crash signal, an OOM kill, or a rank ending
+    long after, the same ends are a death and held."""
+    lightning_ctrl_c = (_exit(12, 50.0, 9), _exit(11, 50.4, 0x100))
+    crash = (_exit(12, 50.0, 11), _exit(11, 50.4, 0x100))
+    oom = (exits.to_exit(12, 9, 11, 50.0, oom_kills=1), _exit(11, 50.4, 0x100))
+    late = (_exit(12, 50.0, 9), _exit(11, 58.0, 0x100))
+    for ends, at_terminal, held in ((lightning_ctrl_c, True, False),
+                                    (lightning_ctrl_c, False, True),
+                                    (crash, True, True), (oom, True, True), (late, True, True)):
+        book = Departures()
+        book.update([("k", "job", SPAWN)], _exits(), 0.0,
+                    foreground=frozenset({10, 11, 12}) if at_terminal else frozenset())
+        assert bool(book.update([], _exits(*ends), 60.0)) == held, (ends, at_terminal)
+
+
 def test_an_exit_from_before_the_job_is_another_process_with_that_pid():
     book = Departures()
     book.update([("k", "job", SPAWN)], _exits(), 10.0)
