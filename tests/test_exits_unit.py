@@ -13,6 +13,7 @@ import time
 from conftest import need, wait_until
 
 from ddpwatch.judge import signals
+from ddpwatch.observe import proc_events
 from ddpwatch.observe.departures import Departures
 from ddpwatch.observe.probes import exits
 from ddpwatch.observe.probes.exits import Exits, ProcessExit
@@ -34,29 +35,29 @@ ACK = HEADER + bytes.fromhex("00000000" "00000000" "0000000000000000" + "00" * 2
 
 
 def test_parse_exit_datagrams():
-    assert exits.parse_datagram(KILLED) == [(31792, 31792, 9, 31751, 123456)]
-    assert exits.parse_datagram(EXIT_1) == [(31795, 31795, 256, 31738, 50000000)]
-    assert exits.parse_datagram(THREAD)[0][:2] == (31797, 31796)
-    assert exits.parse_datagram(ACK) == []
-    assert exits.parse_ack(ACK) == 0 and exits.parse_ack(KILLED) is None
+    assert proc_events.parse_datagram(KILLED) == [(31792, 31792, 9, 31751, 123456)]
+    assert proc_events.parse_datagram(EXIT_1) == [(31795, 31795, 256, 31738, 50000000)]
+    assert proc_events.parse_datagram(THREAD)[0][:2] == (31797, 31796)
+    assert proc_events.parse_datagram(ACK) == []
+    assert proc_events.parse_ack(ACK) == 0 and proc_events.parse_ack(KILLED) is None
     # two messages in one datagram; the old kernels' exit data without the parent
     short = bytearray(KILLED[:-8])
     struct.pack_into("=I", short, 0, len(short))
     struct.pack_into("=H", short, 32, 32)
-    assert exits.parse_datagram(EXIT_1 + bytes(short)) == [
+    assert proc_events.parse_datagram(EXIT_1 + bytes(short)) == [
         (31795, 31795, 256, 31738, 50000000), (31792, 31792, 9, -1, 123456)]
 
 
 def test_parse_never_raises_on_garbage():
     for data in (b"", b"\x00" * 15, KILLED[:40], KILLED[:60], b"\xff" * 76,
                  struct.pack("=I", 8) + KILLED[4:], struct.pack("=I", 1 << 30) + KILLED[4:]):
-        assert exits.parse_datagram(data) == [] or len(data) == 76
+        assert proc_events.parse_datagram(data) == [] or len(data) == 76
     wrong_group = bytearray(KILLED)
     struct.pack_into("=I", wrong_group, 16, 2)
-    assert exits.parse_datagram(bytes(wrong_group)) == []
+    assert proc_events.parse_datagram(bytes(wrong_group)) == []
     too_short = bytearray(KILLED)
     struct.pack_into("=H", too_short, 32, 16)  # cn_msg says 16 bytes: no exit data
-    assert exits.parse_datagram(bytes(too_short)) == []
+    assert proc_events.parse_datagram(bytes(too_short)) == []
 
 
 def test_wait_status_decoded_as_waitpid_would():
@@ -97,8 +98,8 @@ def _watch(grams, procfs="/nonexistent"):
 
 def _gram(pid, status, stamp_ns=None):
     data = bytearray(KILLED)
-    struct.pack_into("=iiI", data, exits.EXIT_AT, pid, pid, status)
-    struct.pack_into("=Q", data, exits.EVENT_AT + 8,
+    struct.pack_into("=iiI", data, proc_events.EXIT_AT, pid, pid, status)
+    struct.pack_into("=Q", data, proc_events.EVENT_AT + 8,
                      time.monotonic_ns() if stamp_ns is None else stamp_ns)
     return bytes(data)
 
