@@ -16,8 +16,16 @@ hosts the TCPStore on rank 0); when the group is closed (every connection of eve
 member ends at a member) the world is the group, and in a world of two the other
 member is rank 1. Anything else stays "rank unknown" (-1), never guessed.
 
+The daemon, which looks at the whole node and not at one pid a person named,
+asks more before it calls processes a job (`ddp_groups`): two torch processes
+merely talking (an inference server and its client) must not be one. It wants
+the DDP shape: a TCPStore host every member is connected to, or a full mesh of
+at least three; and it carries groups and numbers across passes (`carry`;
+probes/wire_groups.py keeps them).
+
 READ is `read_wire` / `uses_torch` (impure, under a procfs root); `links`,
-`component`, `store_host`, `closed` are pure; `extend` puts them together.
+`component`, `store_host`, `closed`, `number`, `ddp_groups`, `carry` are pure;
+`extend` puts them together for `diagnose`.
 """
 from __future__ import annotations
 
