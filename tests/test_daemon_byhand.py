@@ -107,7 +107,7 @@ def test_ranks_started_by_hand_are_one_job_trained_and_healthy(watched):
         ranks = job["ranks"]
         return (doc["wall_time"] > watched["announced"] + 2
                 and {r["rank"]: r["pid"] for r in ranks} == pids
-                and all(r["verdict"] == "healthy" and r["signals"].get("progressing")
+                and all((r["verdict"], r["rule"]) == ("healthy", "healthy-cpu")
                         and r["signals"].get("gloo_unconnected") == 0 for r in ranks))
     doc, job = until(watched, trained, 150, "the by-hand job trained and healthy")
     assert job["job"]["launcher_kind"] == "wire", job["job"]
