@@ -50,18 +50,24 @@ def main() -> None:
         wire.uses_torch = counted
         for label, with_wire in (("without wire_groups", False), ("with wire_groups", True)):
             with Sampler(ctx, lambda name: name not in OFF) as sampler:
-                times, per_pass = [], []
+                times, per_pass, probe = [], [], []
                 for _ in range(args.passes):
                     before = reads[0]
                     start = time.perf_counter()
-                    sampler.survey(wire=with_wire).jobs()
+                    survey = sampler.survey(wire=with_wire)
+                    survey.jobs()
                     times.append(time.perf_counter() - start)
                     per_pass.append(reads[0] - before)
+                    probe += [p.duration_s for p in survey.probes if p.name == "wire_groups"]
                     now[0] += args.tick
             print(f"{label}: first pass {times[0] * 1e3:.1f} ms, median of the rest "
                   f"{statistics.median(times[1:]) * 1e3:.1f} ms, max {max(times[1:]) * 1e3:.1f} "
                   f"ms; maps read: first pass {per_pass[0]}, then {sum(per_pass[1:])} over "
                   f"{args.passes - 1} passes")
+            if probe:
+                print(f"  the wire_groups probe itself: first pass {probe[0] * 1e3:.1f} ms, "
+                      f"median of the rest {statistics.median(probe[1:]) * 1e3:.1f} ms, "
+                      f"max {max(probe[1:]) * 1e3:.1f} ms")
         print(f"({args.processes} idle Python processes started; "
               f"{sum(1 for _ in os.listdir('/proc') if _.isdigit())} processes on the node)")
     finally:

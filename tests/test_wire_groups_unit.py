@@ -132,13 +132,20 @@ def test_a_new_process_under_a_reused_pid_is_looked_at_again(tmp_path, counted):
     assert counted == [10]
 
 
-def test_processes_in_a_job_launchers_and_other_programs_are_not_looked_at(tmp_path, counted):
+def test_processes_in_a_job_and_other_programs_are_not_looked_at(tmp_path, counted):
     node = node_with(tmp_path, pair_job())
     node.add(30, (), cmdline=("/usr/bin/bash", "-c", "sleep 1"))
-    node.add(31, (), cmdline=("/usr/bin/python3", "-m", "torch.distributed.run",
-                              "--nproc_per_node=2", "t.py"))
     found = WireWatch().scan(node.root, node.table, frozenset({11}), 0.0)
     assert sorted(counted) == [10, 12] and found.jobs == ()
+
+
+def test_a_launcher_is_no_rank_of_a_wire_job(tmp_path):
+    """A torchrun agent discovery did not claim (it hosts its job's store, its
+    worker is a client): not grouped, though it maps torch."""
+    node = node_with(tmp_path, pair_job())
+    node.table[10] = dataclasses.replace(node.table[10], cmdline=(
+        "/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node=1", "t.py"))
+    assert WireWatch().scan(node.root, node.table, frozenset(), 0.0).jobs == ()
 
 
 def test_a_group_never_spans_two_users(tmp_path):

@@ -61,7 +61,7 @@ class WireWatch:
         by_uid: dict[int, list] = {}
         for info in table.values():
             if (info.pid not in claimed and info.pid != 1 and info.uid >= 0
-                    and is_python(info.cmdline) and not launcher_kind(info.cmdline)):
+                    and is_python(info.cmdline)):
                 by_uid.setdefault(info.uid, []).append(info)
         live = {(info.pid, info.start) for info in table.values()}
         self._torch = {m: v for m, v in self._torch.items() if m in live}
@@ -75,7 +75,10 @@ class WireWatch:
                 left_out.append((uid, len(infos) - wire.MAX_CANDIDATES))
                 infos = infos[:wire.MAX_CANDIDATES]
             looked += len(infos)
-            mine = [p for p in infos if self._maps_torch(procfs, p, now)]
+            # (a launcher is in its job, so claimed; one whose job discovery
+            # missed is still no rank; asked of torch processes only: it costs)
+            mine = [p for p in infos if self._maps_torch(procfs, p, now)
+                    and not launcher_kind(p.cmdline)]
             torch += len(mine)
             if len(mine) >= 2:  # one user's processes only: never another's job
                 found += self._groups_of(procfs, mine, table)
