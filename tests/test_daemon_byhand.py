@@ -144,3 +144,18 @@ def test_a_stopped_rank_started_by_hand_is_named_by_the_daemon(watched):
         assert {r["rank"]: r["pid"] for r in job["ranks"]} == pids
     finally:
         os.kill(pids[1], signal.SIGCONT)
+
+
+def test_a_killed_rank_started_by_hand_is_the_culprit(watched):
+    """Last in the module: it ends the job. Rank 0 is then connected to no one
+    (its peer's end closed, it soon fails too), and the job found on the wire is
+    still judged as the job it was: rank 1 dead, the culprit."""
+    pids = watched["pids"]
+    os.kill(pids[1], signal.SIGKILL)
+
+    def named(doc, job):
+        got = {r["rank"]: (r["verdict"], r["role"]) for r in job["ranks"]}
+        return got.get(1) == ("dead", "culprit") and job["job"]["culprits"] == [1]
+    _, job = until(watched, named, 60, "rank 1 dead, the culprit")
+    assert job["job"]["launcher_kind"] == "wire", job["job"]
+    assert {r["rank"]: r["pid"] for r in job["ranks"]} == pids
