@@ -172,7 +172,7 @@ class Daemon:
             return default
 
     def _discover(self, statuses: list) -> list:
-        self._survey = self.sampler.survey()
+        self._survey = self.sampler.survey(wire=True)  # ranks started by hand too
         statuses.extend(self._survey.probes)
         return self._survey.jobs()
 
