@@ -20,8 +20,11 @@ SIGNALS = declare(
     ("hb_advanced", bool, "seq or step moved within the window"),
     ("hb_op_novel", bool, "the current collective is one this rank did not call in its last 64"),
     ("hb_step_s", NUMBER, "duration of the last step"),
-    ("hb_comm_share", NUMBER, "share of step time in collectives over the window (all steps "
-                              "so far when no step ended in it)"),
+    ("hb_comm_share", NUMBER, "share of step time in collectives over the window; of the "
+                              "window's time when fewer than 2 steps ended in it (all steps "
+                              "so far when there is no window)"),
+    ("hb_comm_mbps", NUMBER, "MB/s its collectives moved while outstanding, over the window "
+                             "(all so far when none completed in it): bytes / time inside"),
     ("hb_stall_bound_s", NUMBER, "learned bound: max(2 s, 10x the slowest recent run of this op)"),
     ("hb_stalled", bool, "inside a collective for longer than hb_stall_bound_s"),
     ("hb_rank", int, "rank as the heartbeat record says"),
@@ -49,7 +52,8 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
          "hb_advanced": first is not None and (first.collective_seq, first.step) != (
              last.collective_seq, last.step),
          "hb_step_s": round(last.last_step_seconds, 4),
-         "hb_comm_share": _comm_share(first, last),
+         "hb_comm_share": _comm_share(first, last, history[0].taken_at, now, alive),
+         "hb_comm_mbps": _comm_mbps(first, last),
          "compute_dtype": last.compute_dtype or None,
          "hb_rank": last.rank, "hb_world_size": last.world_size,
          "data_fp": last.data_fingerprint or None}
@@ -74,16 +78,39 @@ def stall_bound(record: Record) -> float:
     return max(STALL_FLOOR_S, STALL_FACTOR * max(durations, default=0.0))
 
 
-def _comm_share(first: Record | None, last: Record) -> float | None:
+MIN_WINDOW_S = 0.5  # a window shorter than this says nothing of shares
+
+
+def _comm_share(first: Record | None, last: Record, first_at: float, last_at: float,
+                alive: bool) -> float | None:
     """Share of step time spent with a collective outstanding, over the window:
     the cumulative share drags the first steps along (one rank allocating or
     compiling while the other waits), which made a healthy job look like it had
-    a straggler for its first minute."""
-    if first is not None and last.step_seconds > first.step_seconds:
+    a straggler for its first minute. With steps as long as the window (a slow
+    link: 3 s steps), the steps ended in it are cut from their collectives (a
+    step counted whose all-reduce ended before the window: 4% for a rank
+    waiting 99%, a false straggler), so the window's own time is the measure:
+    time inside collectives, the one under way at either end counted to it."""
+    if first is not None and last.steps_completed - first.steps_completed >= 2 and \
+            last.step_seconds > first.step_seconds:
         window = (last.collective_seconds - first.collective_seconds) / (
             last.step_seconds - first.step_seconds)
         return round(min(max(window, 0.0), 1.0), 4)
+    if first is not None and last.step_seconds > first.step_seconds and \
+            last_at - first_at >= MIN_WINDOW_S:
+        inside = ((last.collective_seconds + last.inside_s(last_at, alive))
+                  - (first.collective_seconds + first.inside_s(first_at, alive)))
+        return round(min(max(inside / (last_at - first_at), 0.0), 1.0), 4)
     return round(last.collective_seconds / last.step_seconds, 4) if last.step_seconds > 0 else None
+
+
+def _comm_mbps(first: Record | None, last: Record) -> float | None:
+    if first is not None and last.collective_seconds - first.collective_seconds > 0.1:
+        moved = last.bytes_total - first.bytes_total
+        return round(moved / (last.collective_seconds - first.collective_seconds) / 1e6, 2)
+    if last.collective_seconds > 0:
+        return round(last.bytes_total / last.collective_seconds / 1e6, 2)
+    return None
 
 
 def job_records(snap: Snapshot) -> list[tuple[Record, bool]]:
