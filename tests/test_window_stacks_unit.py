@@ -120,3 +120,37 @@ def test_failed_dumps_are_left_out_and_no_pids_no_thread():
     now = time.monotonic()
     assert WindowStacks(ProbeContext(), (10,), (now,), run=failing).stop() == ()
     assert WindowStacks(ProbeContext(), (), (now,), run=failing).stop() == ()
+
+
+def test_a_job_seen_in_backward_with_every_rank_connected_is_no_longer_starting():
+    from ddpwatch.judge.signals.window import link
+
+    def ranks(backward, unconnected=0):
+        return [{"alive": True, "rank_age_s": 8.0, "gloo_unconnected": unconnected,
+                 "stack_backward": backward, "runqueue_wait_ratio": 0.6, "cpu_ratio": 0.2,
+                 "runqueue_wait_vs_peers": 12.0},
+                {"alive": True, "rank_age_s": 8.0, "gloo_unconnected": 0,
+                 "stack_backward": 0, "runqueue_wait_ratio": 0.05, "cpu_ratio": 0.1}]
+    young = ranks(0)
+    link(young)
+    assert young[0]["job_starting"] and not young[0]["straggles"]
+    trained = ranks(1)
+    link(trained)
+    assert not trained[0]["job_starting"] and trained[0]["straggles"]
+    # a rank still connecting to its peers: a backward elsewhere is no evidence yet
+    connecting = ranks(1, unconnected=1)
+    link(connecting)
+    assert connecting[0]["job_starting"]
+
+
+def test_stack_backward_counts_samples_in_autograds_backward():
+    from ddpwatch.observe.probes.stacks import Frame, ThreadStack
+    backward = (ThreadStack(1, 10, "MainThread", False, False, (
+        Frame("_engine_run_backward", "torch/autograd/graph.py", "", "graph.py", 829),
+        Frame("backward", "torch/autograd/__init__.py", "", "__init__.py", 347),
+        Frame("demo_basic", "spawn_ddp.py", "", "spawn_ddp.py", 66))),)
+    history = (snap(0.0, dump(10, 0.0, ELSEWHERE)),
+               snap(1.0, dump(10, 1.0, ELSEWHERE), (dump(10, 0.5, backward),)))
+    s = stack_signals(history, 10)
+    assert (s["stack_backward"], s["stack_samples"]) == (1, 3)
+    assert stack_signals(history[:1], 10)["stack_backward"] == 0

@@ -17,6 +17,9 @@ SIGNALS = declare(
     ("stack_waits", int, "stack dumps of the window with the main thread waiting in a "
                          "collective (collective or ddp_backward): all of stack_samples for "
                          "a stuck rank, some for a training one"),
+    ("stack_backward", int, "stack dumps of the window with the main thread in autograd's "
+                            "backward (computing, or waiting for DDP's gradient all-reduce): "
+                            "the rank trains, past the job's set-up"),
     ("stack_site", str, "the collective it waits in and the user's line that called it, the "
                         "same in every sample of the window (py-spy)"),
     ("stack_bf16", str, "what in its stacks says it computes in bf16 on the CPU: a known "
@@ -60,6 +63,7 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     sites = {call_site(d) for d in dumps}
     s = {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),
          "stack_waits": sum(k in WAITS for k in kinds),
+         "stack_backward": sum(_in_backward(d) for d in dumps),
          "stack_site": sites.pop() if len(sites) == 1 else None,
          "ddp_setup": _in_ddp_init(dumps[-1])}
     s.update(_bf16(history, dumps))
@@ -108,6 +112,14 @@ def link(ranks: list[dict]) -> None:
         s["desync_deviant"] = common is not None and s["waiting_in"] != common
         s["desync_others"] = "; ".join(
             f"{_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
+
+
+def _in_backward(dump) -> bool:
+    """Autograd's backward on the main thread: only a step that ran forward gets
+    there, so every rank is past rendezvous and DDP's constructor (a collective
+    of all ranks)."""
+    thread = main_thread(dump)
+    return thread is not None and any(f.name == "_engine_run_backward" for f in thread.frames)
 
 
 def _in_ddp_init(dump) -> bool:
