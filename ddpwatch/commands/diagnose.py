@@ -1,4 +1,5 @@
-"""`ddpwatch diagnose <pid>`: probe the job of <pid> twice over a short window,
+"""`ddpwatch diagnose <pid>`: probe the job of <pid> over a short window (a
+snapshot at each end; thread states every 50 ms and stack dumps in between),
 judge it, print the report. `--replay FILE` judges a saved snapshot history."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
 from ..observe.snapshot import Job, Snapshot, load, load_remote, save
+from ..observe.window_stacks import WindowStacks, dump_times
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -82,7 +84,8 @@ def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
             syn_wait_s: float = 0.0) -> tuple[Snapshot, ...]:
-    """Two samples `window_s` apart. With `syn_wait_s`, a job whose ranks wait for
+    """Two samples `window_s` apart, the window's readings and stack dumps in the
+    second (`_watched`). With `syn_wait_s`, a job whose ranks wait for
     peers on other nodes that should dial them is watched up to `syn_wait_s`
     longer for the peers' connection attempts, then sampled twice again."""
     enabled = (lambda name: True) if with_stacks else (lambda name: name != "stacks")
@@ -115,13 +118,20 @@ def _all_elsewhere(procfs: str, job: Job) -> bool:
 
 def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:
     """The second sample, the ranks' states read every DUTY_INTERVAL_S until then
-    (observe/duty.py): the window's evidence, not two points."""
+    (observe/duty.py) and their stacks dumped in between (observe/window_stacks.py):
+    the window's evidence, not two points."""
     watch = DutyWatch(job.rank_pids, ctx.clock, ctx.procfs)
+    dumps = WindowStacks(ctx, job.rank_pids, dump_times(ctx.clock(), deadline)
+                         if sampler.enabled("stacks") else ())
     watch.read()
-    while ctx.clock() < deadline:
-        time.sleep(min(DUTY_INTERVAL_S, max(deadline - ctx.clock(), 0)))
-        watch.read()
-    return dataclasses.replace(sample(sampler, job), duty=watch.freeze())
+    try:
+        while ctx.clock() < deadline:
+            time.sleep(min(DUTY_INTERVAL_S, max(deadline - ctx.clock(), 0)))
+            watch.read()
+    finally:
+        middle = dumps.stop()
+    return dataclasses.replace(sample(sampler, job), duty=watch.freeze(),
+                               window_stacks=middle)
 
 
 def _sleep_until(ctx: ProbeContext, deadline: float) -> None:

@@ -66,6 +66,9 @@ class Snapshot:
     duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
     exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
     competitors: Competitors | None = None  # others running on the ranks' CPUs (DETAIL)
+    # stack dumps taken inside the window this snapshot ends, before its own
+    # `stacks` (diagnose: observe/window_stacks.py); () in older snapshots
+    window_stacks: tuple[Stacks, ...] = ()
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

@@ -51,11 +51,13 @@ def owns(snap: Snapshot, record: Record) -> bool:
 
 
 def stacks_of(snaps: tuple[Snapshot, ...], pid: int) -> list:
+    """Every dump of `pid` in the history, oldest first: those taken inside a
+    snapshot's window (window_stacks), then the snapshot's own."""
     found = []
     for snap in snaps:
-        if snap.stacks is None:
-            continue
-        found += [p for p in snap.stacks.pids if p.pid == pid]
+        for stacks in (*snap.window_stacks, snap.stacks):
+            if stacks is not None:
+                found += [p for p in stacks.pids if p.pid == pid]
     return found
 
 

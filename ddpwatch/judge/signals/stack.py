@@ -14,6 +14,12 @@ SIGNALS = declare(
                    "idle_user, active, mixed, stopped or unknown (py-spy)"),
     ("stack_top", str, "the innermost frames of the main thread"),
     ("stack_samples", int, "stack dumps taken in the window"),
+    ("stack_waits", int, "stack dumps of the window with the main thread waiting in a "
+                         "collective (collective or ddp_backward): all of stack_samples for "
+                         "a stuck rank, some for a training one"),
+    ("stack_backward", int, "stack dumps of the window with the main thread in autograd's "
+                            "backward (computing, or waiting for DDP's gradient all-reduce): "
+                            "the rank trains, past the job's set-up"),
     ("stack_site", str, "the collective it waits in and the user's line that called it, the "
                         "same in every sample of the window (py-spy)"),
     ("stack_bf16", str, "what in its stacks says it computes in bf16 on the CPU: a known "
@@ -34,6 +40,7 @@ SIGNALS = declare(
 )
 
 BUSY = 0.3
+WAITS = ("collective", "ddp_backward")  # kinds of a main thread waiting in a collective
 
 # DDP's constructor: py-spy names frames by qualified name
 DDP_INIT = ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__")
@@ -46,13 +53,17 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         return {"stack": "stopped" if stopped else None, "stack_samples": 0}
     kinds = [classify_stack(d) for d in dumps]
     # One dump is not evidence (healthy ranks spend much time in the same wait):
-    # the stack signal is the kind seen in every sample, else "mixed". Compiler
+    # the stack signal is the kind seen in every sample, else "mixed" (diagnose
+    # takes 4 per window: a training rank waits in some, a stuck one in all;
+    # stack_waits counts them). Compiler
     # frames are the exception: they are on no stack but a compiling rank's, so one
     # sample of them says the rank compiled in the window (a 60-layer compile
     # caught once in its first second and once compiling: issue 13).
     kind = kinds[0] if len(set(kinds)) == 1 else "compile" if "compile" in kinds else "mixed"
     sites = {call_site(d) for d in dumps}
     s = {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),
+         "stack_waits": sum(k in WAITS for k in kinds),
+         "stack_backward": sum(_in_backward(d) for d in dumps),
          "stack_site": sites.pop() if len(sites) == 1 else None,
          "ddp_setup": _in_ddp_init(dumps[-1])}
     s.update(_bf16(history, dumps))
@@ -101,6 +112,14 @@ def link(ranks: list[dict]) -> None:
         s["desync_deviant"] = common is not None and s["waiting_in"] != common
         s["desync_others"] = "; ".join(
             f"{_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
+
+
+def _in_backward(dump) -> bool:
+    """Autograd's backward on the main thread: only a step that ran forward gets
+    there, so every rank is past rendezvous and DDP's constructor (a collective
+    of all ranks)."""
+    thread = main_thread(dump)
+    return thread is not None and any(f.name == "_engine_run_backward" for f in thread.frames)
 
 
 def _in_ddp_init(dump) -> bool:

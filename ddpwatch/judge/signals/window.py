@@ -29,8 +29,9 @@ SIGNALS = declare(
                             "over the window): the node is crowded for the whole job, which "
                             "is slowed alike, not held back by one rank"),
     ("rank_age_s", NUMBER, "seconds since the rank's process started"),
-    ("job_starting", bool, "the job's youngest rank started less than 30 s ago and no "
-                           "heartbeat shows steps: imports and "
+    ("job_starting", bool, "the job's youngest rank started less than 30 s ago, no "
+                           "heartbeat shows steps and no stack a backward pass with every "
+                           "rank connected: imports and "
                            "set-up (Lightning's set-up collectives while the rank it "
                            "re-executed still imports) are no straggling"),
     ("straggles", bool, "slowed but not stopped: stopped part of the window (20-95%), "
@@ -98,10 +99,15 @@ def link(ranks: list[dict]) -> None:
     ages = [s["rank_age_s"] for s in ranks if s.get("rank_age_s") is not None]
     # heartbeats say how far it got: a job at step 118 four seconds in is no start
     stepped = any((s.get("hb_step") or 0) >= 2 for s in ranks)
+    # without heartbeats, a rank's stack in backward with every rank connected:
+    # a step ran forward, so every rank got through DDP's constructor (issue 13)
+    trained = any((s.get("stack_backward") or 0) >= 1 for s in ranks) and all(
+        (s.get("gloo_unconnected") or 0) == 0 for s in ranks)
     # a rank on another node (the peer view) has its own start, seen by its daemon
     remote = any(s.get("remote") for s in ranks)
     for s in ranks:
-        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not stepped and not remote
+        s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not (
+            stepped or trained or remote)
         if s.get("cpu_ratio") is not None:
             s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
         # ranks of this node only: another node's run queue is another machine's
