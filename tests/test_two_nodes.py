@@ -226,6 +226,14 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
         report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token",
                                  TOKEN, save="two_nodes_thirdparty_node0")
         assert by_rank(report)[1]["rule"] in STARVED_ACROSS
+        # node 0's lone view (no --peer, no heartbeats): its rank waits on a rank on
+        # node 1's address, never itself the culprit
+        report = until_diagnosed(nodes[0], pid0, {0: ("waiting_on_peer", "victim")},
+                                 save="two_nodes_thirdparty_lone_node0")
+        assert [r["rank"] for r in report["ranks"]] == [0]
+        assert report["job"]["culprits"] == []
+        assert report["job"]["culprit_elsewhere"] == f"a rank on {net.addr[1]}"
+        assert report["job"]["summary"].startswith(f"The culprit is a rank on {net.addr[1]}")
     finally:
         start.kill()
         if quota:

@@ -16,6 +16,7 @@ from .probes.competitors import Competitors
 from .probes.exits import Exits
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
+from .probes.nshost import NsViews
 from .probes.process import Processes
 from .probes.sockets import Sockets
 from .probes.stacks import Stacks
@@ -66,6 +67,9 @@ class Snapshot:
     duty: Duty | None = None  # the ranks' states read many times over the window (duty.py)
     exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
     competitors: Competitors | None = None  # others running on the ranks' CPUs (DETAIL)
+    # the ranks' own hostname, hosts file and interfaces where their namespaces are
+    # not the watcher's (probes/nshost.py); None: not looked (older snapshots)
+    ns_hosts: NsViews | None = None
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:
