@@ -168,15 +168,17 @@ def _parents(pid: int):
 
 
 def start_pair(start_job, tmp_path, net: Net, rank_argv: list[str], extra_env=None,
-               ports=None, torchrun: str = ""):
+               ports=None, torchrun: str = "", node_env=({}, {})):
     """Both nodes, one rank each of a 2-rank job whose master is node 0, started
     by hand (the rank's variables in its environment), or with `torchrun` the
     script that torchrun starts on each node (--nnodes=2). `ports`: the
-    daemons' (picked here by default)."""
+    daemons' (picked here by default). `node_env`: each node's own additions
+    to the ranks' environment (a None value unsets)."""
     master_port, ports = free_port(), ports or (free_port(), free_port())
     nodes = []
     for i in (0, 1):
-        env = {"GLOO_SOCKET_IFNAME": net.ifname, **(extra_env or {})}
+        env = {"GLOO_SOCKET_IFNAME": net.ifname, **(extra_env or {}), **node_env[i]}
+        env = {k: v for k, v in env.items() if v is not None}
         argv = rank_argv
         if torchrun:
             argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",

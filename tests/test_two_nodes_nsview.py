@@ -1,0 +1,78 @@
+"""A rank judged with its own namespace's view (issue 18): node 1 of two
+namespace nodes (tests/twonodes.py: its own network, PID, mount and UTS
+namespaces) resolves its hostname to 127.0.1.1, as Debian's /etc/hosts does
+(/etc/netns/<ns>/hosts, which `ip netns exec` mounts as its /etc/hosts). Its
+rank, without GLOO_SOCKET_IFNAME, has Gloo listen there, and node 0's rank is
+sent to its own loopback. `diagnose` from the host namespace (hostname "vm",
+resolving to 127.0.0.1 here) says what `diagnose` inside node 1 says: node1
+resolves to 127.0.1.1 (probes/nshost.py), not the watcher's hostname."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+from conftest import wait_until
+from diag import by_rank, until_verdict
+from test_two_nodes import TRAINER, Starter, until_diagnosed
+from twonodes import Net, start_pair
+
+from ddpwatch.observe.probes.nshost import hosts_sources
+
+CULPRIT = {1: ("unreachable_peer", "culprit")}
+
+
+@pytest.fixture
+def loopback_node1(tmp_path):
+    net = Net()
+    start = Starter(tmp_path)
+    try:
+        with open(f"{net.hosts_dirs[1]}/hosts", "w") as f:
+            f.write(f"127.0.0.1 localhost\n127.0.1.1 node1\n{net.addr[0]} node0\n")
+        nodes, _ = start_pair(start, tmp_path, net, TRAINER,
+                              node_env=({}, {"GLOO_SOCKET_IFNAME": None}))
+        yield net, nodes
+    finally:
+        start.kill()
+        net.close()
+
+
+def wrong_interface(rank: dict) -> dict:
+    (finding,) = [f for f in rank["findings"] if f["id"] == "wrong_interface"]
+    return finding
+
+
+def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1):
+    net, nodes = loopback_node1
+    pid1 = _rank_pid(nodes[1])
+    # inside node 1: its own hostname and /etc/hosts, as the host probe reads them
+    inside = by_rank(until_diagnosed(nodes[1], pid1, CULPRIT, timeout=120))[1]
+    # from the host namespace, whose hostname is not node1
+    outside = by_rank(until_verdict(pid1, CULPRIT, timeout=60,
+                                    hb_dir=str(nodes[1].root / "hb")))[1]
+    assert socket.gethostname() != "node1"
+    for rank in (inside, outside):
+        assert rank["rule"] == "unreachable-loopback-address", rank
+        assert rank["signals"]["gloo_addr"] == "127.0.1.1"
+        assert rank["signals"]["node"] == "node1"
+        assert "node1 resolves to 127.0.1.1" in wrong_interface(rank)["evidence"]
+        assert rank["signals"]["master_route_iface"] == net.ifname  # its eth0, not ours
+    if files_first():  # the whole answer was seen there, the same words as inside
+        assert outside["signals"]["ns_unseen"] == ""
+        assert wrong_interface(outside)["evidence"] == wrong_interface(inside)["evidence"]
+    else:  # what its nsswitch asks before its hosts file was not looked up: said so
+        assert "before /etc/hosts" in outside["signals"]["ns_unseen"]
+
+
+def files_first() -> bool:
+    """The node's nsswitch.conf (its mount namespace's copy of ours) asks
+    /etc/hosts before anything else."""
+    try:
+        with open("/etc/nsswitch.conf") as f:
+            return (hosts_sources(f.read()) or ("dns",))[0] == "files"
+    except OSError:
+        return False
+
+
+def _rank_pid(node):
+    return wait_until(lambda: (node.rank_pids() or [None])[0], 120,
+                      what=f"{node.name}'s rank started\n{node.logs()}")
