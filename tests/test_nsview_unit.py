@@ -24,6 +24,9 @@ def test_hosts_file_answers_with_every_matching_line_in_order():
     assert hosts_addrs(HOSTS, "node1") == ("127.0.1.1",)
     assert hosts_addrs(HOSTS + "10.0.0.1 node1\n", "NODE1") == ("127.0.1.1", "10.0.0.1")
     assert hosts_addrs(HOSTS, "node9") == ()
+    assert hosts_addrs("not-an-address node1\n" + HOSTS, "node1") == ("127.0.1.1",)
+    many = "".join(f"10.1.{i // 256}.{i % 256} node1\n" for i in range(5000))
+    assert len(hosts_addrs(many, "node1")) == 16
 
 
 def test_nsswitch_sources_without_actions():
@@ -135,3 +138,13 @@ def test_interfaces_of_the_ranks_network_namespace():
                          None)])
     assert iface_signals._interfaces(snap, 7) == ()
     assert iface_signals._interfaces(_Snap([]), 7)[0].name == "lo"
+
+
+def test_the_page_says_what_was_not_seen_in_the_ranks_namespaces():
+    from ddpwatch.publish import page
+    unseen = "node1 is not in its /etc/hosts; what dns answer in its namespace <was> not looked up"
+    html = page._findings([{"rank": 1, "verdict": "healthy", "role": "none", "confidence": 1,
+                            "signals": {"ns_unseen": unseen}}])
+    assert "not seen in its namespaces: node1 is not in its /etc/hosts" in html
+    assert "&lt;was&gt;" in html  # the rank's hostname is its claim: text, not markup
+    assert "not seen" not in page._findings([{"rank": 1, "signals": {"ns_unseen": ""}}])

@@ -21,6 +21,7 @@ MAX_AGE_S. READ: `run`, `read_view`. PARSE (pure): `hosts_addrs`,
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 
@@ -57,15 +58,29 @@ class NsViews:
 
 # ---------------------------------------------------------------- PARSE (pure)
 
+MAX_ADDRS = 16  # the file is the rank owner's: a page shows a few, not thousands
+
+
 def hosts_addrs(text: str, hostname: str) -> tuple[str, ...]:
     """The addresses /etc/hosts `text` gives `hostname`, in file order (glibc's
-    files backend returns every matching line), names compared without case."""
-    name, out = hostname.lower(), []
+    files backend returns every matching line), names compared without case;
+    lines whose first field is no address are skipped, as glibc skips them."""
+    name, out = hostname.lower(), {}
     for line in text.splitlines():
         fields = line.partition("#")[0].split()
-        if len(fields) >= 2 and name in (f.lower() for f in fields[1:]):
-            out.append(fields[0])
-    return tuple(dict.fromkeys(out))
+        if len(fields) >= 2 and name in (f.lower() for f in fields[1:]) and _addr(fields[0]):
+            out[fields[0]] = None
+            if len(out) == MAX_ADDRS:
+                break
+    return tuple(out)
+
+
+def _addr(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.partition("%")[0])
+        return True
+    except ValueError:
+        return False
 
 
 def hosts_sources(text: str) -> tuple[str, ...] | None:
