@@ -8,12 +8,14 @@ resolving to 127.0.0.1 here) says what `diagnose` inside node 1 says: node1
 resolves to 127.0.1.1 (probes/nshost.py), not the watcher's hostname."""
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 
 import pytest
 from conftest import wait_until
 from diag import by_rank, until_verdict
-from test_two_nodes import TRAINER, Starter, until_diagnosed
+from test_two_nodes import SNAPSHOTS, TRAINER, Starter, until_diagnosed
 from twonodes import Net, start_pair
 
 from ddpwatch.observe.probes.nshost import hosts_sources
@@ -23,7 +25,7 @@ CULPRIT = {1: ("unreachable_peer", "culprit")}
 
 @pytest.fixture
 def loopback_node1(tmp_path):
-    net = Net()
+    net = Net("198.18")  # node 0's address above node 1's 127.0.1.1: node 0 dials it
     start = Starter(tmp_path)
     try:
         with open(f"{net.hosts_dirs[1]}/hosts", "w") as f:
@@ -47,8 +49,11 @@ def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1):
     # inside node 1: its own hostname and /etc/hosts, as the host probe reads them
     inside = by_rank(until_diagnosed(nodes[1], pid1, CULPRIT, timeout=120))[1]
     # from the host namespace, whose hostname is not node1
-    outside = by_rank(until_verdict(pid1, CULPRIT, timeout=60,
-                                    hb_dir=str(nodes[1].root / "hb")))[1]
+    saved = str(nodes[1].root / "two_nodes_nsview_outside.json")
+    outside = by_rank(until_verdict(pid1, CULPRIT, timeout=60, hb_dir=str(nodes[1].root / "hb"),
+                                    extra=("--save-snapshot", saved)))[1]
+    if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        shutil.copy(saved, os.path.join(SNAPSHOTS, "two_nodes_nsview_outside.json"))
     assert socket.gethostname() != "node1"
     for rank in (inside, outside):
         assert rank["rule"] == "unreachable-loopback-address", rank

@@ -33,16 +33,18 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
 class Net:
     """A bridge in the host namespace with two node namespaces on it."""
 
-    def __init__(self):
+    def __init__(self, prefix: str = "10.233"):
+        """`prefix`: the nodes' first two octets (above 127 to have node 0's Gloo
+        dial node 1's loopback address, as a 192.168 LAN's would)."""
         need(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "iptables", "unshare",
                                                                  "nsenter")),
              "needs root, ip, iptables, unshare and nsenter for namespace nodes")
         tag = uuid.uuid4().hex[:6]
         net = 1 + int(tag, 16) % 250
         self.bridge = f"dwbr{tag}"
-        self.host_addr = f"10.233.{net}.254"
+        self.host_addr = f"{prefix}.{net}.254"
         self.ns = [f"dwn0{tag}", f"dwn1{tag}"]
-        self.addr = [f"10.233.{net}.2", f"10.233.{net}.1"]
+        self.addr = [f"{prefix}.{net}.2", f"{prefix}.{net}.1"]
         self.ifname = "eth0"
         self.hosts_dirs = [f"/etc/netns/{ns}" for ns in self.ns]
         self.links = [f"dwv{i}{tag}" for i in range(2)]
