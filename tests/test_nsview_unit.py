@@ -1,6 +1,7 @@
 """A rank's own node as its namespaces show it (issue 18): the pure parts of
 probes/nshost.py, the safe reader of a rank's files (observe/rootfile.py) on a
 tree made here, and the host signals judging with the rank's view."""
+import dataclasses
 import os
 
 import pytest
@@ -12,6 +13,8 @@ from ddpwatch.observe.probes.nshost import (NsView, NsViews, hosts_addrs, hosts_
                                             resolution)
 from ddpwatch.observe import rootfile
 from ddpwatch.observe.rootfile import FileRefused, read_in_root
+from ddpwatch.observe.snapshot import load, save
+from ddpwatch.publish import page
 
 HOSTS = """127.0.0.1 localhost
 127.0.1.1   Node1 node1.lan # Debian's line
@@ -141,10 +144,21 @@ def test_interfaces_of_the_ranks_network_namespace():
 
 
 def test_the_page_says_what_was_not_seen_in_the_ranks_namespaces():
-    from ddpwatch.publish import page
     unseen = "node1 is not in its /etc/hosts; what dns answer in its namespace <was> not looked up"
     html = page._findings([{"rank": 1, "verdict": "healthy", "role": "none", "confidence": 1,
                             "signals": {"ns_unseen": unseen}}])
     assert "not seen in its namespaces: node1 is not in its /etc/hosts" in html
     assert "&lt;was&gt;" in html  # the rank's hostname is its claim: text, not markup
     assert "not seen" not in page._findings([{"rank": 1, "signals": {"ns_unseen": ""}}])
+
+
+def test_a_snapshot_keeps_the_ranks_view_and_older_ones_load_without_it(tmp_path):
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+                           "two_nodes_lone_node0.json")
+    history = load(fixture)  # saved before the nshost probe: not looked
+    assert all(s.ns_hosts is None for s in history)
+    view = NsViews(1.0, (NsView(7, "uts:[1] mnt:[3]", "node1", ("127.0.1.1",), True, "",
+                                (ETH,)),))
+    path = str(tmp_path / "h.json")
+    save([dataclasses.replace(history[-1], ns_hosts=view)], path)
+    assert load(path)[-1].ns_hosts == view
