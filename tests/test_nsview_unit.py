@@ -162,3 +162,17 @@ def test_a_snapshot_keeps_the_ranks_view_and_older_ones_load_without_it(tmp_path
     path = str(tmp_path / "h.json")
     save([dataclasses.replace(history[-1], ns_hosts=view)], path)
     assert load(path)[-1].ns_hosts == view
+
+
+def test_replayed_host_view_of_node1_is_node1s_and_without_it_the_watchers():
+    """The snapshot a host-namespace diagnose saved of node 1's rank: judged with
+    node 1's view; with that view taken out, the evidence falls back to the
+    watcher's own hostname, which is what the probe is for."""
+    from ddpwatch.judge import signals
+    history = load(os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+                                "two_nodes_nsview_outside.json"))
+    (rank1,) = signals.measure(history)
+    assert rank1["node"] == "node1" and rank1["hostname_addrs"] == "127.0.1.1"
+    blind = tuple(dataclasses.replace(s, ns_hosts=None) for s in history)
+    (rank1,) = signals.measure(blind)
+    assert rank1["node"] == history[-1].host.hostname != "node1"

@@ -123,6 +123,11 @@ EXPECTED = {
     "two_nodes_thirdparty_lone_healthy_node0": ({0: (H, N, "healthy-cpu")}, [], {}),
     "two_nodes_thirdparty_lone_node0": ({0: ("waiting_on_peer", "victim",
                                              "waiting-on-unseen-node-window")}, [], {}),
+    # node 1 resolves its hostname to 127.0.1.1 (its /etc/hosts); diagnosed from the
+    # host namespace: node 1's own view (probes/nshost.py, tests/test_two_nodes_nsview.py)
+    "two_nodes_nsview_outside": ({1: ("unreachable_peer", "culprit",
+                                      "unreachable-loopback-address")}, [1],
+                                 {1: ("wrong_interface",)}),
     # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
                                            "unreachable-peer-data")}, [], {}),
