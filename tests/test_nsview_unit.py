@@ -47,7 +47,8 @@ def test_resolution_is_whole_only_when_files_answer_first():
     assert unseen == ("node9 is not in its /etc/hosts; what myhostname, dns answer in its "
                       "namespace was not looked up")
     # no nsswitch.conf: glibc asks dns first
-    assert resolution("node1", HOSTS, None)[1] is False
+    addrs, whole, unseen = resolution("node1", HOSTS, None)
+    assert addrs == ("127.0.1.1",) and not whole and "glibc then asks dns" in unseen
     assert "could not be read (none there)" in resolution("node1", None, None, "none there")[2]
 
 

@@ -113,6 +113,9 @@ def resolution(hostname: str, hosts_text: str | None, nsswitch_text: str | None,
     if "files" not in order:
         return addrs, False, (f"its nsswitch.conf does not ask /etc/hosts ({' '.join(order)});"
                               " those were not looked up in its namespace")
+    if sources is None:
+        return addrs, False, ("no nsswitch.conf hosts line read there (glibc then asks dns "
+                              "before /etc/hosts); dns not looked up in its namespace")
     return addrs, False, (f"its nsswitch.conf asks {', '.join(before)} before /etc/hosts; "
                           "not looked up in its namespace")
 
