@@ -5,18 +5,20 @@ namespaces) resolves its hostname to 127.0.1.1, as Debian's /etc/hosts does
 rank, without GLOO_SOCKET_IFNAME, has Gloo listen there, and node 0's rank is
 sent to its own loopback. `diagnose` from the host namespace (hostname "vm",
 resolving to 127.0.0.1 here) says what `diagnose` inside node 1 says: node1
-resolves to 127.0.1.1 (probes/nshost.py), not the watcher's hostname."""
+resolves to 127.0.1.1 (probes/nshost.py), not the watcher's hostname; and so
+does a daemon in the host namespace."""
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import sys
 
 import pytest
-from conftest import wait_until
+from conftest import free_port, wait_until
 from diag import by_rank, until_verdict
 from test_two_nodes import SNAPSHOTS, TRAINER, Starter, until_diagnosed
-from twonodes import Net, start_pair
+from twonodes import TOKEN, Net, get_json, start_pair
 
 from ddpwatch.observe.probes.nshost import hosts_sources
 
@@ -32,7 +34,7 @@ def loopback_node1(tmp_path):
             f.write(f"127.0.0.1 localhost\n127.0.1.1 node1\n{net.addr[0]} node0\n")
         nodes, _ = start_pair(start, tmp_path, net, TRAINER,
                               node_env=({}, {"GLOO_SOCKET_IFNAME": None}))
-        yield net, nodes
+        yield net, nodes, start
     finally:
         start.kill()
         net.close()
@@ -43,8 +45,8 @@ def wrong_interface(rank: dict) -> dict:
     return finding
 
 
-def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1):
-    net, nodes = loopback_node1
+def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1, tmp_path):
+    net, nodes, start = loopback_node1
     pid1 = _rank_pid(nodes[1])
     # inside node 1: its own hostname and /etc/hosts, as the host probe reads them
     inside = by_rank(until_diagnosed(nodes[1], pid1, CULPRIT, timeout=120))[1]
@@ -66,6 +68,32 @@ def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1):
         assert wrong_interface(outside)["evidence"] == wrong_interface(inside)["evidence"]
     else:  # what its nsswitch asks before its hosts file was not looked up: said so
         assert "before /etc/hosts" in outside["signals"]["ns_unseen"]
+    # a daemon in the host namespace judges node 1's rank with node 1's view too
+    daemon = host_daemon(start, tmp_path, nodes[1])
+    rank = wait_until(lambda: rank_on(daemon, pid1, "unreachable-loopback-address"), 60,
+                      what=f"the host's daemon judging node 1's rank\n{nodes[1].logs()}")
+    assert rank["role"] == "culprit" and rank["signals"]["node"] == "node1"
+    assert "node1 resolves to 127.0.1.1" in wrong_interface(rank)["evidence"]
+
+
+def host_daemon(start, tmp_path, node) -> str:
+    """`ddpwatch run` in the host namespace, with node's heartbeat directory; its URL."""
+    port = free_port()
+    config = tmp_path / "host-daemon.yaml"
+    config.write_text(f"listen: 127.0.0.1:{port}\ntoken: {TOKEN}\ntick_s: 0.5\n"
+                      f"state_dir: {tmp_path / 'host-state'}\n"
+                      f"heartbeat_dir: {node.root / 'hb'}\n")
+    start([sys.executable, "-m", "ddpwatch", "run", "--config", str(config)], name="host-daemon")
+    return f"http://127.0.0.1:{port}"
+
+
+def rank_on(url: str, pid: int, rule: str):
+    """Rank `pid` (host pid) on the daemon's /status once judged by `rule`."""
+    for job in (get_json(url + "/status") or {}).get("jobs", []):
+        for r in job["ranks"]:
+            if r["pid"] == pid and r["rule"] == rule:
+                return r
+    return None
 
 
 def files_first() -> bool:
