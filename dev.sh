@@ -8,8 +8,9 @@ cd "$(dirname "$0")"
 
 # chromium: the incident page is opened headless (tests/test_incident_page.py);
 # systemd: systemd-analyze checks the unit; strace: the unit's syscall filter is
-# checked against what the probes really call (tests/test_hostile_surface.py)
-DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace
+# checked against what the probes really call (tests/test_hostile_surface.py);
+# openmpi-bin: a real mpirun job (tests/test_thirdparty_jobs.py)
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace openmpi-bin
                  util-linux)
 VENV=.venv
 

@@ -25,7 +25,8 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
                                  # straggler: 30, waiting_on_peer: 30, slow_collective: 30}
                                  # (any other problem: at once, on its second tick)
     probes: {stacks: true, sockets: true}   # switch probes off by name (also host,
-                                 # traffic: the packet socket that sees connects dropped)
+                                 # traffic: the packet socket that sees connects dropped;
+                                 # wire_groups: ranks started by hand, by their connections)
     rules: []                    # extra rule files (add or override by id)
     webhooks: []                 # [{type: generic|slack|alertmanager, url, secret, timeout_s}]
     log_format: text             # text | json

@@ -132,8 +132,9 @@ class Daemon:
         live = [(owner, labels.get(owner) or discovery.job_key(job), job)
                 for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
         exits = self._survey.exits if self._survey is not None else None
+        foreground = frozenset(pid for pid, info in table.items() if info.foreground)
         judged = self._guard("departures", lambda: self.departures.update(
-            live, exits, self.clock(), self._rank_numbers()), live)
+            live, exits, self.clock(), self._rank_numbers(), foreground), live)
         for owner, label, job in judged:
             view = self._guard("judge", lambda: self._judge_job(job, statuses, owner, label),
                                None)
@@ -171,7 +172,7 @@ class Daemon:
             return default
 
     def _discover(self, statuses: list) -> list:
-        self._survey = self.sampler.survey()
+        self._survey = self.sampler.survey(wire=True)  # ranks started by hand too
         statuses.extend(self._survey.probes)
         return self._survey.jobs()
 

@@ -129,9 +129,12 @@ def test_readings_are_spread_not_in_step_with_a_duty_cycle(tmp_path):
     between = BetweenTicks(clock, str(proc), str(tmp_path / "cg"))
     between.take("job", (7,))
     period = GLANCE_INTERVAL_S
+    state = "R"
     for _ in range(4000):  # 40 s, stopped 70% of each period of the glance interval
         phase = (clock.now % period) / period
-        set_state(proc, 7, "T" if phase < 0.7 else "R")
+        if ("T" if phase < 0.7 else "R") != state:  # rewritten only when it changes
+            state = "T" if phase < 0.7 else "R"
+            set_state(proc, 7, state)
         between.read_due()
         clock.now += 0.01
     r = between.take("job", (7,)).ranks[0]

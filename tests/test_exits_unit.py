@@ -13,6 +13,7 @@ import time
 from conftest import need, wait_until
 
 from ddpwatch.judge import signals
+from ddpwatch.observe import proc_events
 from ddpwatch.observe.departures import Departures
 from ddpwatch.observe.probes import exits
 from ddpwatch.observe.probes.exits import Exits, ProcessExit
@@ -34,29 +35,29 @@ ACK = HEADER + bytes.fromhex("00000000" "00000000" "0000000000000000" + "00" * 2
 
 
 def test_parse_exit_datagrams():
-    assert exits.parse_datagram(KILLED) == [(31792, 31792, 9, 31751, 123456)]
-    assert exits.parse_datagram(EXIT_1) == [(31795, 31795, 256, 31738, 50000000)]
-    assert exits.parse_datagram(THREAD)[0][:2] == (31797, 31796)
-    assert exits.parse_datagram(ACK) == []
-    assert exits.parse_ack(ACK) == 0 and exits.parse_ack(KILLED) is None
+    assert proc_events.parse_datagram(KILLED) == [(31792, 31792, 9, 31751, 123456)]
+    assert proc_events.parse_datagram(EXIT_1) == [(31795, 31795, 256, 31738, 50000000)]
+    assert proc_events.parse_datagram(THREAD)[0][:2] == (31797, 31796)
+    assert proc_events.parse_datagram(ACK) == []
+    assert proc_events.parse_ack(ACK) == 0 and proc_events.parse_ack(KILLED) is None
     # two messages in one datagram; the old kernels' exit data without the parent
     short = bytearray(KILLED[:-8])
     struct.pack_into("=I", short, 0, len(short))
     struct.pack_into("=H", short, 32, 32)
-    assert exits.parse_datagram(EXIT_1 + bytes(short)) == [
+    assert proc_events.parse_datagram(EXIT_1 + bytes(short)) == [
         (31795, 31795, 256, 31738, 50000000), (31792, 31792, 9, -1, 123456)]
 
 
 def test_parse_never_raises_on_garbage():
     for data in (b"", b"\x00" * 15, KILLED[:40], KILLED[:60], b"\xff" * 76,
                  struct.pack("=I", 8) + KILLED[4:], struct.pack("=I", 1 << 30) + KILLED[4:]):
-        assert exits.parse_datagram(data) == [] or len(data) == 76
+        assert proc_events.parse_datagram(data) == [] or len(data) == 76
     wrong_group = bytearray(KILLED)
     struct.pack_into("=I", wrong_group, 16, 2)
-    assert exits.parse_datagram(bytes(wrong_group)) == []
+    assert proc_events.parse_datagram(bytes(wrong_group)) == []
     too_short = bytearray(KILLED)
     struct.pack_into("=H", too_short, 32, 16)  # cn_msg says 16 bytes: no exit data
-    assert exits.parse_datagram(bytes(too_short)) == []
+    assert proc_events.parse_datagram(bytes(too_short)) == []
 
 
 def test_wait_status_decoded_as_waitpid_would():
@@ -97,8 +98,8 @@ def _watch(grams, procfs="/nonexistent"):
 
 def _gram(pid, status, stamp_ns=None):
     data = bytearray(KILLED)
-    struct.pack_into("=iiI", data, exits.EXIT_AT, pid, pid, status)
-    struct.pack_into("=Q", data, exits.EVENT_AT + 8,
+    struct.pack_into("=iiI", data, proc_events.EXIT_AT, pid, pid, status)
+    struct.pack_into("=Q", data, proc_events.EVENT_AT + 8,
                      time.monotonic_ns() if stamp_ns is None else stamp_ns)
     return bytes(data)
 
@@ -157,6 +158,24 @@ def test_jobs_that_ended_cleanly_or_were_stopped_are_not_held():
     assert book.update([], None, 1.0) == []
 
 
+def test_a_terminal_jobs_ctrl_c_is_a_stop_not_a_death():
+    """Lightning catches Ctrl-C's KeyboardInterrupt, SIGKILLs its other ranks and
+    exits 1: at a terminal, every rank ending within CTRL_C_S without a crash is
+    a stop. Off a terminal, with a crash signal, an OOM kill, or a rank ending
+    long after, the same ends are a death and held."""
+    lightning_ctrl_c = (_exit(12, 50.0, 9), _exit(11, 50.4, 0x100))
+    crash = (_exit(12, 50.0, 11), _exit(11, 50.4, 0x100))
+    oom = (exits.to_exit(12, 9, 11, 50.0, oom_kills=1), _exit(11, 50.4, 0x100))
+    late = (_exit(12, 50.0, 9), _exit(11, 58.0, 0x100))
+    for ends, at_terminal, held in ((lightning_ctrl_c, True, False),
+                                    (lightning_ctrl_c, False, True),
+                                    (crash, True, True), (oom, True, True), (late, True, True)):
+        book = Departures()
+        book.update([("k", "job", SPAWN)], _exits(), 0.0,
+                    foreground=frozenset({10, 11, 12}) if at_terminal else frozenset())
+        assert bool(book.update([], _exits(*ends), 60.0)) == held, (ends, at_terminal)
+
+
 def test_an_exit_from_before_the_job_is_another_process_with_that_pid():
     book = Departures()
     book.update([("k", "job", SPAWN)], _exits(), 10.0)
@@ -189,6 +208,9 @@ def test_first_to_die_is_the_culprit_the_rest_its_victims():
     assert "the launcher then exited with code 1" in by_rank[1].evidence
     assert (by_rank[0].rule, by_rank[0].role) == ("ended-after-peer", "victim")
     assert "exited with code 1 0.03s after rank 1 was killed by SIGKILL" in by_rank[0].evidence
+    from ddpwatch.publish.report import as_text
+    text = as_text(j, snap)  # a held job has no process left to count
+    assert "(no local rank process left, 2 ended while watched" in text, text
     oom = _exits(exits.to_exit(12, 9, 1, 50.0, oom_kills=1), _exit(11, 50.03, 0x100))
     snap = Snapshot(1, 100.0, 0.0, gone, None, None, None, None, None, (), exits=oom)
     j = classify.judge((snap, snap), rules)

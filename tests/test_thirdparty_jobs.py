@@ -119,14 +119,24 @@ LAUNCH = {
     "torchrun": lambda port, script: [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         "--master_addr=127.0.0.1", f"--master_port={port}", script],
+    # Open MPI refuses root without the flag; two ranks on a 2-core machine need no
+    # slots from a hostfile
+    "mpirun": lambda port, script: [
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+        "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={port}", "-x", "OMP_NUM_THREADS",
+        "-x", "PYTHONUNBUFFERED", sys.executable, script],
 }
 
 
-def test_torchrun_workers_are_one_job_with_the_agent_their_launcher(tmp_path, need_py_spy):
-    """torchrun's agent is the launcher, its workers the job, numbered as the script
-    itself says; a stopped worker is the culprit there as under the other
-    launchers (accelerate runs the same agent: test_healthy_without_heartbeats)."""
-    launcher = "torchrun"
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, need_py_spy):
+    """torchrun's agent, or mpirun, is the launcher, its workers the job, numbered
+    as the script itself says (mpirun: OMPI_COMM_WORLD_RANK, no RANK); a stopped
+    worker is the culprit there as under the other launchers (accelerate runs
+    torchrun's agent: test_healthy_without_heartbeats)."""
+    if launcher == "mpirun":
+        need(shutil.which("mpirun") is not None,
+             "needs Open MPI's mpirun (Debian package openmpi-bin)")
     script = os.path.join(THIRDPARTY, f"{launcher}_ddp.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("DDPWATCH_DIR", None)

@@ -9,17 +9,23 @@ incident's snapshots into tests/fixtures/snapshots (thirdparty_<launcher>_killed
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import termios
+import threading
+import uuid
 
 import pytest
 
-from conftest import REPO, Job, free_port, need, wait_until
+from conftest import JOB_TAG, REPO, Job, free_port, need, wait_until
 from diag import removed_dir
 from test_daemon import DaemonRun
-from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, start
+from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, need_package, start
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 
@@ -162,3 +168,78 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
         name = case.replace("-", "_")
         shutil.copy(os.path.join(incident["bundle"], "snapshots.json"),
                     os.path.join(SNAPSHOTS, f"thirdparty_{name}_killed.json"))
+
+
+class TerminalJob(Job):
+    """A command run in the foreground of a terminal of its own (a pty), as a
+    person types it: `ctrl_c()` is their Ctrl-C (the line discipline sends SIGINT
+    to the terminal's foreground process group, every rank of the job)."""
+
+    def __init__(self, argv, env, log_path):
+        self.tag = uuid.uuid4().hex
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.master, slave = os.openpty()
+        self.proc = subprocess.Popen(
+            argv, env=dict(env, **{JOB_TAG: self.tag}), stdin=slave, stdout=slave,
+            stderr=slave, start_new_session=True, cwd=REPO,
+            # the new session's terminal: its foreground group is the job's
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.pgid = self.proc.pid
+        # a terminal nobody reads fills up and blocks the job's prints
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            self.log.write(data)
+            self.log.flush()
+
+    def ctrl_c(self) -> None:
+        os.write(self.master, b"\x03")
+
+    def kill(self) -> None:
+        super().kill()
+        self._reader.join(timeout=10)
+        os.close(self.master)
+
+
+def test_ctrl_c_of_a_lightning_job_at_a_terminal_is_no_incident(start_job, tmp_path, hb_dir,
+                                                                  receivers):
+    """Lightning catches Ctrl-C: rank 0 says "Detected KeyboardInterrupt", SIGKILLs
+    the rank it started and exits 1, so no rank ends by SIGINT and the ends look
+    like a death. At a terminal they are the person's stop: no held job, no page."""
+    need(os.geteuid() == 0, "the kernel's process events need root (CAP_NET_ADMIN)")
+    need_package("lightning")
+    hook = receivers()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir,
+                       {"webhooks": [{"type": "generic", "url": hook.url}]})
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
+    env.pop("DDPWATCH_DIR", None)
+    job = TerminalJob([sys.executable, os.path.join(THIRDPARTY, "lightning_ddp.py")], env,
+                      str(tmp_path / "lightning-tty.log"))
+    try:
+        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+            240, interval=0.5, what="lightning's 2 ranks")
+        key = wait_until(lambda: _trains(daemon, set(pids.values())), 150, interval=0.5,
+                         what="the lightning job judged healthy by the daemon")["key"]
+        job.ctrl_c()
+        assert job.wait(timeout=60) == 1, job.output()[-3000:]  # Lightning's sys.exit(1)
+        assert "Detected KeyboardInterrupt" in job.output()
+        # the daemon has seen the job go (ticks every second): five reads without it
+        ticks = []
+        wait_until(lambda: ticks.append(_job_of(daemon.status(), set(pids.values())))
+                   or ticks[-5:] == [None] * 5, 60, interval=1.0,
+                   what="five reads of /status without the job")
+        assert not [i for i in daemon.status()["incidents"] if i["job"] == key]
+        assert not [b for b in hook.bodies() if b["job"] == key], hook.bodies()
+    finally:
+        job.kill()

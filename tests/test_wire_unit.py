@@ -71,3 +71,125 @@ def test_component_goes_through_members_only():
     sockets = pair_job()
     members = wire.component(11, wire.links(sockets), member=lambda pid: pid != 10)
     assert members == {11}
+
+
+# ---- the daemon's rule: which lone torch processes have the shape of one DDP job
+
+def server_and_client():
+    """An inference server (pid 20, port 8000) and its client (21), both torch
+    processes of one user: one connection, nobody dials their own port."""
+    return {20: (NS, (listen(30, 8000), est(31, 8000, 52000))),
+            21: (NS, (est(32, 52000, 8000),))}
+
+
+def test_a_store_host_and_its_clients_are_a_ddp_group():
+    assert wire.ddp_groups(pair_job()) == [(10, frozenset({10, 11}))]
+
+
+def test_a_server_and_its_client_are_no_job():
+    """Linked, and a pair is trivially a full mesh: yet no store (the server is
+    no client of its own port), and a pair alone is what any client and server
+    look like."""
+    sockets = server_and_client()
+    assert wire.links(sockets) == {20: {21}, 21: {20}}
+    assert wire.ddp_groups(sockets) == []
+
+
+def test_a_torch_client_of_rank_0_is_left_out_of_the_job():
+    """Rank 0 also serves something (a metrics endpoint on 8000) that another
+    torch process of the user reads: the job is the store's clients only, and
+    not closed (rank 0 talks to a non-member), so rank 1 is not guessed."""
+    sockets = pair_job()
+    sockets[10] = (NS, sockets[10][1] + (listen(40, 8000), est(41, 8000, 53000)))
+    sockets[13] = (NS, (est(42, 53000, 8000),))
+    ((host, members),) = wire.ddp_groups(sockets)
+    assert (host, members) == (10, frozenset({10, 11}))
+    assert wire.number(set(members), host, wire.closed(members, sockets), {}) == ({10: 0}, -1)
+
+
+def test_the_store_is_where_the_members_are_connected_not_any_port_number():
+    """A client connected to port 29500 of some other process (another node's
+    store, say) is no client of this one."""
+    sockets = pair_job()
+    sockets[13] = (NS, (est(43, 54000, 29500, paddr="10.0.0.2"),))
+    assert wire.ddp_groups(sockets) == [(10, frozenset({10, 11}))]
+
+
+def mesh(n, base=100):
+    """`n` processes, each pair connected once (the lower pid dials the higher
+    one's Gloo port), no store: a file:// init."""
+    sockets = {base + i: (NS, (listen(1000 + i, 41000 + i),)) for i in range(n)}
+    ino = 2000
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = base + i, base + j
+            eph = 60000 + 100 * i + j
+            sockets[a] = (NS, sockets[a][1] + (est(ino, eph, 41000 + j),))
+            sockets[b] = (NS, sockets[b][1] + (est(ino + 1, 41000 + j, eph),))
+            ino += 2
+    return sockets
+
+
+def test_a_full_mesh_of_three_is_a_job_without_ranks():
+    sockets = mesh(3)
+    assert wire.ddp_groups(sockets) == [(-1, frozenset({100, 101, 102}))]
+    members = {100, 101, 102}
+    assert wire.number(members, -1, wire.closed(members, sockets), {}) == ({}, 3)
+
+
+def test_a_chain_of_three_is_no_mesh_and_a_mesh_of_two_no_job():
+    chain = mesh(3)
+    # 100 and 102 not connected: a client that talks to two servers
+    chain = {pid: (ns, tuple(e for e in entries if not (
+        (pid == 100 and e.peer_port == 41002) or (pid == 102 and e.local_port == 41002
+                                                  and e.peer_port == 60002))))
+             for pid, (ns, entries) in chain.items()}
+    assert wire.links(chain)[100] == {101}
+    assert wire.ddp_groups(chain) == []
+    assert wire.ddp_groups(mesh(2)) == []
+
+
+def test_two_jobs_of_one_user_are_two_groups():
+    sockets = {**pair_job(), **{pid + 100: (NS, tuple(
+        TableEntry(e.inode + 100, e.family, e.state, e.local_addr, e.local_port + 1,
+                   e.peer_addr, e.peer_port + 1 if e.peer_port else 0, 0, 0, 0)
+        for e in entries)) for pid, (ns, entries) in pair_job().items() if pid != 12}}
+    assert wire.ddp_groups(sockets) == [(10, frozenset({10, 11})), (110, frozenset({110, 111}))]
+
+
+# ---- what the daemon carries from one pass to the next (wire.carry)
+
+A, B, C = (10, 500), (11, 501), (12, 502)
+
+
+def test_carry_keeps_a_number_later_evidence_lacks():
+    before = [(((A, 0), (B, 1)), 2)]
+    found = [(((A, 0), (B, -1)), -1)]  # rank 1 opened a connection elsewhere: open group
+    assert wire.carry(before, found, {A, B}) == [(((A, 0), (B, 1)), 2)]
+
+
+def test_carry_never_gives_one_number_twice():
+    before = [(((A, 0), (B, 1)), 2)]
+    found = [(((A, 1), (B, -1)), -1)]  # new evidence says A is 1: B is not 1 too
+    assert wire.carry(before, found, {A, B}) == [(((A, 1), (B, -1)), 2)]
+
+
+def test_carry_keeps_the_survivors_of_a_group_no_longer_on_the_wire():
+    """Rank 1 died: rank 0 is connected to nobody, and still that job's rank 0."""
+    before = [(((A, 0), (B, 1)), 2)]
+    assert wire.carry(before, [], {A}) == [(((A, 0),), 2)]
+    assert wire.carry(before, [], set()) == []
+
+
+def test_carry_drops_an_earlier_group_a_new_one_took_a_member_of():
+    before = [(((A, 0), (B, 1)), 2)]
+    found = [(((B, 0), (C, 1)), 2)]
+    assert wire.carry(before, found, {A, B, C}) == found
+
+
+def test_carry_does_not_take_a_reused_pid_for_the_rank():
+    """pid 11 again, another process (another start time): not rank 1."""
+    before = [(((A, 0), (B, 1)), 2)]
+    other = (11, 999)
+    assert wire.carry(before, [(((A, 0), (other, -1)), -1)], {A, other}) == \
+        [(((A, 0), (other, -1)), 2)]

@@ -14,7 +14,12 @@ jobs it judges:
   one whose first abnormal end was a stop request (Ctrl-C's SIGINT to the
   whole group, SIGTERM from `kill` or scancel), or whose every rank ended by
   one signal at once (a `kill -9` of its process group), was stopped: neither
-  is held.
+  is held. Nor is a job run in a terminal's foreground whose ranks all ended
+  within CTRL_C_S without a crash or an OOM kill: Ctrl-C there reaches every
+  rank, and a trainer that handles it (Lightning: "Detected KeyboardInterrupt,
+  attempting graceful shutdown", then SIGKILL to its other ranks and exit 1)
+  ends no differently from one whose rank died. The person at that terminal
+  saw either happen.
 Bounded by the jobs the daemon watches. Pure: the daemon hands in each tick's
 jobs and exits.
 """
@@ -26,6 +31,9 @@ from .snapshot import Job
 
 HOLD_S = 30.0  # how long a job gone with a rank's death stays judged
 WHOLE_S = 0.5  # every rank ended by one signal within this: the job was killed whole
+CTRL_C_S = 3.0  # a terminal job's ranks all ended within this: stopped there
+# signals of a crash, never of a person's stop
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
 
 
 def _killed_whole(job: Job, ended: dict, first) -> bool:
@@ -40,6 +48,20 @@ def _killed_whole(job: Job, ended: dict, first) -> bool:
     return all(e.signal == first.signal and e.at - first.at <= WHOLE_S for e in seen)
 
 
+def _stopped_at_terminal(job: Job, ended: dict, died: list) -> bool:
+    """Every rank of a job in a terminal's foreground ended within CTRL_C_S of
+    the first end, none by a crash signal or the OOM killer: how Ctrl-C ends a
+    trainer that catches KeyboardInterrupt."""
+    ranks = job.rank_pids + job.departed_pids
+    if not ranks or any(p not in ended for p in ranks):
+        return False
+    ends = [ended[p] for p in ranks]
+    first = min(e.at for e in ends)
+    return (all(e.at - first <= CTRL_C_S for e in ends)
+            and not any(e.signal in CRASH_SIGNALS or (e.signal == 9 and e.oom_kills)
+                        for e in died))
+
+
 class Departures:
     def __init__(self, hold_s: float = HOLD_S):
         self.hold_s = hold_s
@@ -47,13 +69,17 @@ class Departures:
         self._held: dict[str, tuple[Job, str, float]] = {}  # key -> (job, label, until)
         self._since: dict[str, float] = {}  # key -> when first seen: older exits are of
                                             # other processes that had the same pids
+        self._at_terminal: set[str] = set()  # keys of jobs last seen in a terminal's
+                                             # foreground
 
     def update(self, live: list[tuple[str, str, Job]], exits, now: float,
-               ranks_of: dict[str, dict[int, int]] | None = None) -> list[tuple[str, str, Job]]:
+               ranks_of: dict[str, dict[int, int]] | None = None,
+               foreground: frozenset[int] = frozenset()) -> list[tuple[str, str, Job]]:
         """The jobs to judge this tick as (key, label, job): `live` ones with
         their departed ranks, then the held ones. `exits`: the survey's
         probes.exits.Exits (None: not watched, nothing departs). `ranks_of`: key
-        -> {pid: rank} as last judged (a rank number from any evidence)."""
+        -> {pid: rank} as last judged (a rank number from any evidence).
+        `foreground`: pids in their terminal's foreground process group."""
         every = exits.exits if exits is not None else ()
         ranks_of = ranks_of or {}
         out, keys = [], set()
@@ -74,7 +100,9 @@ class Departures:
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
             died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
                           key=lambda e: e.at)
-            if died and not died[0].asked_to_stop and not _killed_whole(job, ended, died[0]):
+            if (died and not died[0].asked_to_stop and not _killed_whole(job, ended, died[0])
+                    and not (key in self._at_terminal
+                             and _stopped_at_terminal(job, ended, died))):
                 gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
                                            job, ended, ranks_of.get(key, {}), every=True)
                 self._held[key] = (gone, label, now + self.hold_s)
@@ -84,6 +112,8 @@ class Departures:
             elif key not in keys:
                 out.append((key, label, job))
         self._last = {key: (job, label) for key, label, job in out if key not in self._held}
+        self._at_terminal = {key for key, _, job in live if any(
+            p in foreground for p in job.rank_pids + (job.launcher_pid,))}
         self._since = {key: at for key, at in self._since.items()
                        if key in self._last or key in self._held}
         return out

@@ -25,6 +25,7 @@ class ProcInfo:
     start: int = -1   # clock ticks after boot (/proc/PID/stat field 22): spawn order,
                       # and with the pid who it is
     uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
+    foreground: bool = False  # in its terminal's foreground group: Ctrl-C reaches it
 
 
 def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
@@ -60,7 +61,9 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
         if key is not None:
             seen.add(key)
         table[pid] = ProcInfo(pid, ppid, cmdline, env, start=round(stat_fields.start_time_s
-                                                                    * CLK_TCK), uid=uid)
+                                                                    * CLK_TCK), uid=uid,
+                              foreground=stat_fields.tty_nr != 0
+                              and stat_fields.tpgid == stat_fields.pgrp > 0)
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]

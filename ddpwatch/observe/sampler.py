@@ -21,6 +21,7 @@ from .netns import net_ns
 from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
 from .probes.exits import for_pids, open_watch
 from .probes.traffic import for_ports, local_ports, open_capture
+from .probes.wire_groups import WireWatch
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
 HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
@@ -42,6 +43,9 @@ class Survey:
     probes: tuple[ProbeStatus, ...]
     exits: object = None           # probes.exits.Exits (the watched pids' ends), or None
     procfs: str = "/proc"
+    # every job on the node when the pass grouped lone ranks on the wire too
+    # (survey(wire=True), the daemon's); None: discovery's alone, on demand
+    found: tuple[Job, ...] | None = None
 
     @property
     def live_record_pids(self) -> frozenset[int]:
@@ -51,6 +55,8 @@ class Survey:
                                                    self.heartbeats.alive) if alive)
 
     def jobs(self) -> list[Job]:
+        if self.found is not None:
+            return list(self.found)
         return discovery.all_jobs(self.table, self.live_record_pids)
 
     def job_of(self, pid: int) -> Job | None:
@@ -74,6 +80,7 @@ class Sampler:
         self.stacks_min_interval_s = stacks_min_interval_s
         self._exec_cache: dict | None = {} if keep_caches else None
         self._dead_records: dict | None = {} if keep_caches else None
+        self._wire = WireWatch() if keep_caches else None  # lone ranks' torch and groups
         self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
         # the kernel's process events: how watched ranks end (probes/exits.py)
         self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
@@ -131,7 +138,9 @@ class Sampler:
         self._capture = open_capture(self.ctx.clock, self.ctx.procfs, pid)
 
     # --- the node --------------------------------------------------------------------
-    def survey(self) -> Survey:
+    def survey(self, wire: bool = False) -> Survey:
+        """The node as it is now; with `wire`, every job on it, lone ranks started
+        by hand grouped by their connections too (the wire_groups probe)."""
         ctx, statuses = self.ctx, []
         self._dumps_left = MAX_DUMPS_PER_PASS
         table = discovery.read_table(ctx.procfs, self._exec_cache)
@@ -159,8 +168,24 @@ class Sampler:
             statuses.append(status_of(result))
             if result.ok:
                 self._host, self._host_at = result.data, ctx.clock()
-        return Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
-                      tuple(statuses), exits, ctx.procfs)
+        survey = Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
+                        tuple(statuses), exits, ctx.procfs)
+        return self._with_wire_jobs(survey) if wire else survey
+
+    def _with_wire_jobs(self, survey: Survey) -> Survey:
+        jobs = tuple(survey.jobs())
+        if not self.enabled("wire_groups"):
+            return dataclasses.replace(survey, found=jobs)
+        claimed = {pid for job in jobs for pid in job.rank_pids + (job.launcher_pid,
+                                                                    job.target_pid)}
+        result = run_probe("wire_groups", dataclasses.replace(
+            self.ctx, procs=survey.table, wire_watch=self._wire or WireWatch()),
+            tuple(sorted(claimed)))
+        status = status_of(result)
+        if result.ok and result.data.note:  # a bound left processes out: partly blind
+            status = dataclasses.replace(status, ok=False, error=result.data.note)
+        return dataclasses.replace(survey, probes=survey.probes + (status,),
+                                   found=jobs + (result.data.jobs if result.ok else ()))
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",

@@ -16,8 +16,16 @@ hosts the TCPStore on rank 0); when the group is closed (every connection of eve
 member ends at a member) the world is the group, and in a world of two the other
 member is rank 1. Anything else stays "rank unknown" (-1), never guessed.
 
+The daemon, which looks at the whole node and not at one pid a person named,
+asks more before it calls processes a job (`ddp_groups`): two torch processes
+merely talking (an inference server and its client) must not be one. It wants
+the DDP shape: a TCPStore host every member is connected to, or a full mesh of
+at least three; and it carries groups and numbers across passes (`carry`;
+probes/wire_groups.py keeps them).
+
 READ is `read_wire` / `uses_torch` (impure, under a procfs root); `links`,
-`component`, `store_host`, `closed` are pure; `extend` puts them together.
+`component`, `store_host`, `closed`, `number`, `ddp_groups`, `carry` are pure;
+`extend` puts them together for `diagnose`.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from .snapshot import Job
 
 MAX_CANDIDATES = 256   # Python processes of the target's user whose sockets are read
 MAPS_LIMIT = 8 << 20   # bytes of /proc/PID/maps read looking for libtorch
+FD_LIMIT = 4096        # a candidate with more open files is left out (the daemon's scan)
 LOOPBACK = ("127.", "::1", "::ffff:127.")
 
 Key = tuple[str, str, int, str, int]
@@ -47,14 +56,20 @@ def _key(ns: str, e: TableEntry, reverse: bool = False) -> Key:
     return (scope, local[0], local[1], peer[0], peer[1])
 
 
-def links(sockets: dict[int, tuple[str, tuple[TableEntry, ...]]]) -> dict[int, set[int]]:
-    """pid -> the pids at the other end of its established TCP connections.
-    `sockets`: pid -> (its network namespace, its own table entries)."""
+def _owners(sockets) -> dict[Key, int]:
+    """The owner of each established connection's local end."""
     owner: dict[Key, int] = {}
     for pid, (ns, entries) in sockets.items():
         for e in entries:
             if e.state == "ESTABLISHED":
                 owner[_key(ns, e)] = pid
+    return owner
+
+
+def links(sockets: dict[int, tuple[str, tuple[TableEntry, ...]]]) -> dict[int, set[int]]:
+    """pid -> the pids at the other end of its established TCP connections.
+    `sockets`: pid -> (its network namespace, its own table entries)."""
+    owner = _owners(sockets)
     out: dict[int, set[int]] = {pid: set() for pid in sockets}
     for pid, (ns, entries) in sockets.items():
         for e in entries:
@@ -115,6 +130,96 @@ def number(members: set[int], host: int, is_closed: bool, env_ranks: dict[int, i
     return ranks, world
 
 
+def store_groups(sockets) -> list[tuple[int, frozenset[int]]]:
+    """(host, members) of each TCPStore among `sockets`' processes: one listens on
+    a port it is itself connected to (init_process_group hosts the store on rank 0,
+    and rank 0 is a client of its own store) and others are connected to; the
+    members are the host and those clients. An inference server and its clients
+    are no such thing: a server does not dial its own port. A process is in one
+    group only (the first host by pid keeps it)."""
+    owner = _owners(sockets)
+    dialled: dict[tuple[int, int], set[int]] = {}  # (pid, its port) -> who is connected there
+    for pid, (ns, entries) in sockets.items():
+        for e in entries:
+            if e.state == "ESTABLISHED":
+                other = owner.get(_key(ns, e, reverse=True))
+                if other is not None:
+                    dialled.setdefault((other, e.peer_port), set()).add(pid)
+    out, taken = [], set()
+    for host in sorted(sockets):
+        listening = sorted({e.local_port for e in sockets[host][1] if e.state == "LISTEN"})
+        for port in listening:
+            clients = dialled.get((host, port), set()) - taken
+            if host in clients and len(clients) >= 2:
+                out.append((host, frozenset(clients)))
+                taken |= clients
+                break
+    return out
+
+
+MESH_MIN = 3  # a pair linked once is what any client and server look like
+
+
+def mesh_groups(sockets, taken=frozenset()) -> list[frozenset[int]]:
+    """Groups of at least MESH_MIN processes (none in `taken`) each connected to
+    every other: Gloo connects every pair of ranks, with no store among them (a
+    `file://` init)."""
+    linked = links(sockets)
+    out, seen = [], set(taken)
+    for pid in sorted(sockets):
+        if pid in seen:
+            continue
+        members = component(pid, linked, lambda other: other not in taken)
+        seen |= members
+        if len(members) >= MESH_MIN and all(members - {m} <= linked[m] for m in members):
+            out.append(frozenset(members))
+    return out
+
+
+def ddp_groups(sockets) -> list[tuple[int, frozenset[int]]]:
+    """(store host or -1, members): the processes of `sockets` that have the
+    shape of one DDP job on the wire, a TCPStore host every member is connected
+    to or a full mesh of connections. Two torch processes merely talking (a
+    server and its client) are no job."""
+    stores = store_groups(sockets)
+    taken = frozenset().union(*(members for _, members in stores))
+    return stores + [(-1, members) for members in mesh_groups(sockets, taken)]
+
+
+Member = tuple[int, int]                     # (pid, start): a process, not a reused pid
+Group = tuple[tuple[tuple[Member, int], ...], int]  # ((member, rank)..., world size)
+
+
+def carry(before: list, found: list, alive: set[Member]) -> list:
+    """This pass's groups (Group values): those `found` on the wire, each keeping
+    a rank number an earlier pass had evidence for when this pass has none (a
+    rank that later opens a connection elsewhere leaves the group open, not
+    renumbered); then the earlier groups no member of which was found again,
+    with their members still `alive` (and in no other job): a rank whose peer
+    died is no longer connected to anyone, and is still that job's rank."""
+    out, claimed = [], set()
+    for ranks, world in found:
+        members = dict(ranks)
+        earlier = {m: r for group, w in before for m, r in group if m in members}
+        worlds = {w for group, w in before if any(m in members for m, _ in group)}
+        used = {r for r in members.values() if r >= 0}
+        for m, r in sorted(members.items()):
+            if r < 0 and earlier.get(m, -1) >= 0 and earlier[m] not in used:
+                members[m] = earlier[m]
+                used.add(earlier[m])
+        if world < 0 and len(worlds) == 1:
+            world = worlds.pop()
+        out.append((tuple(sorted(members.items())), world))
+        claimed |= set(members)
+    for ranks, world in before:
+        if any(m in claimed for m, _ in ranks):
+            continue
+        kept = tuple((m, r) for m, r in ranks if m in alive)
+        if kept:
+            out.append((kept, world))
+    return out
+
+
 # ---------------------------------------------------------------- READ (impure)
 
 def _ns(procfs: str, pid: int) -> str:
@@ -124,14 +229,16 @@ def _ns(procfs: str, pid: int) -> str:
         return ""
 
 
-def read_wire(procfs: str, pids) -> dict[int, tuple[str, tuple[TableEntry, ...]]]:
+def read_wire(procfs: str, pids, fd_limit: int = 0
+              ) -> dict[int, tuple[str, tuple[TableEntry, ...]]]:
     """pid -> (network namespace, its TCP sockets); processes that are gone or
-    unreadable are left out. Each namespace's table is read once."""
+    unreadable (or hold more than `fd_limit` files) are left out. Each
+    namespace's table is read once."""
     tables: dict[str, tuple[TableEntry, ...]] = {}
     out = {}
     for pid in pids:
         try:
-            inodes = socket_inodes(procfs, pid)
+            inodes = socket_inodes(procfs, pid, fd_limit)
             if not inodes:
                 continue
             ns = _ns(procfs, pid)

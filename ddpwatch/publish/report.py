@@ -47,7 +47,9 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
     # ranks seen ending while watched (probes/exits.py): a held job has no process left
     ended = (f", {len(last.job.departed_pids)} ended while watched"
              if last.job.departed_pids else "")
-    lines.append(f"  ({len(last.job.rank_pids)} local rank process(es){ended}, {launcher})")
+    alive = (f"{len(last.job.rank_pids)} local rank process(es)" if last.job.rank_pids
+             or not ended else "no local rank process left")
+    lines.append(f"  ({alive}{ended}, {launcher})")
     for r in judgement.ranks:
         # no record, environment or launch convention says its number: say so (issue 13)
         who = (f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid

@@ -55,6 +55,8 @@ class StatFields:
     num_threads: int
     start_time_s: float
     processor: int
+    tty_nr: int = 0    # its controlling terminal (0: none)
+    tpgid: int = -1    # that terminal's foreground process group
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def parse_stat(text: str, clk_tck: int = CLK_TCK) -> StatFields:
         pid=int(pid_s), comm=comm, state=f[0], ppid=int(f[1]), pgrp=int(f[2]),
         session=int(f[3]), cpu_seconds=(int(f[11]) + int(f[12])) / clk_tck,
         num_threads=int(f[17]), start_time_s=int(f[19]) / clk_tck,
-        processor=int(f[36]) if len(f) > 36 else -1)
+        processor=int(f[36]) if len(f) > 36 else -1, tty_nr=int(f[4]), tpgid=int(f[5]))
 
 
 def parse_status(text: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ Unknown numbers are -1: a socket ss did not describe must not look freshly activ
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import subprocess
@@ -231,11 +232,17 @@ def match(entries, infos) -> dict[int, SsInfo]:
 
 # ---------------------------------------------------------------- READ (impure)
 
-def socket_inodes(procfs: str, pid: int) -> set[int]:
-    """Inodes of the pid's sockets; raises OSError if the fd table is unreadable."""
+def socket_inodes(procfs: str, pid: int, limit: int = 0) -> set[int]:
+    """Inodes of the pid's sockets; raises OSError if the fd table is unreadable,
+    or (with `limit`) holds more than `limit` files: a reader of every user's
+    processes bounds what one of them costs it."""
     inodes = set()
     fd_dir = f"{procfs}/{pid}/fd"
-    for fd in os.listdir(fd_dir):
+    with os.scandir(fd_dir) as entries:
+        fds = [e.name for _, e in zip(range(limit + 1 if limit else sys.maxsize), entries)]
+    if limit and len(fds) > limit:
+        raise OSError(errno.EMFILE, f"more than {limit} open files", fd_dir)
+    for fd in fds:
         try:
             target = os.readlink(f"{fd_dir}/{fd}")
         except OSError:

@@ -1,0 +1,128 @@
+"""Wire-groups probe: ranks started by hand, for the daemon (issue 13). A lone
+Python process that no launcher, environment or record claims is no rank to
+discovery; those that imported torch and have the shape of one DDP job on the
+wire (observe/wire.py `ddp_groups`: a TCPStore host every member is connected
+to, or a full mesh) become one job, launcher kind "wire", numbered from the
+evidence only (wire.number). `diagnose` does the same for the one pid a person
+names (wire.extend).
+
+The daemon runs this every pass over the whole node, so what is learned is kept
+in a WireWatch (the sampler keeps it across passes):
+* whether a process maps libtorch, per (pid, start time): once mapped it stays
+  mapped; one not mapping it yet is looked at again after TORCH_RECHECK_S at the
+  earliest (importing torch takes seconds), so /proc/PID/maps of every Python
+  process is not read every tick;
+* the groups found, so that a rank whose peer died (no longer connected to
+  anyone) stays its job's rank while it lives, and a rank number found once is
+  kept when later evidence is missing (wire.carry).
+Only unclaimed Python processes are looked at, at most wire.MAX_CANDIDATES per
+user (the probe reports the rest as left out); sockets are read only of those
+that map libtorch, each with at most wire.FD_LIMIT open files; a group never
+spans two users. Nothing read is used as a path.
+
+`pids`: the processes already in a job (not looked at).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import wire
+from ..launchers import env_rank, is_python, launcher_kind
+from ..snapshot import Job
+from . import register
+
+TORCH_RECHECK_S = 10.0
+
+
+@dataclass(frozen=True)
+class WireGroups:
+    jobs: tuple[Job, ...]
+    candidates: int                            # unclaimed Python processes looked at
+    torch: int                                 # of which map libtorch
+    left_out: tuple[tuple[int, int], ...] = ()  # (uid, processes past the bound)
+
+    @property
+    def note(self) -> str:
+        """Why the probe may have missed a job ("" if it saw everything)."""
+        return "; ".join(f"{n} Python process(es) of uid {uid} not looked at (more than "
+                         f"{wire.MAX_CANDIDATES} per user)" for uid, n in self.left_out)
+
+
+class WireWatch:
+    """What the wire-groups probe keeps between passes (see the module's doc)."""
+
+    def __init__(self, recheck_s: float = TORCH_RECHECK_S):
+        self.recheck_s = recheck_s
+        self._torch: dict[wire.Member, tuple[bool, float]] = {}  # -> (mapped, read at)
+        self._groups: list = []  # wire.Group values of the last pass
+        self.maps_reads = 0      # /proc/PID/maps read since start (cost, for benchmarks)
+
+    def scan(self, procfs: str, table: dict, claimed: frozenset[int], now: float) -> WireGroups:
+        by_uid: dict[int, list] = {}
+        for info in table.values():
+            if (info.pid not in claimed and info.pid != 1 and info.uid >= 0
+                    and is_python(info.cmdline)):
+                by_uid.setdefault(info.uid, []).append(info)
+        live = {(info.pid, info.start) for info in table.values()}
+        self._torch = {m: v for m, v in self._torch.items() if m in live}
+        found, left_out, looked, torch = [], [], 0, 0
+        for uid, infos in sorted(by_uid.items()):
+            # torch processes known first, then the oldest: a burst of new
+            # processes does not push a running job's ranks out
+            infos.sort(key=lambda p: (not self._torch.get((p.pid, p.start), (False,))[0],
+                                      p.start, p.pid))
+            if len(infos) > wire.MAX_CANDIDATES:
+                left_out.append((uid, len(infos) - wire.MAX_CANDIDATES))
+                infos = infos[:wire.MAX_CANDIDATES]
+            looked += len(infos)
+            # (a launcher is in its job, so claimed; one whose job discovery
+            # missed is still no rank; asked of torch processes only: it costs)
+            mine = [p for p in infos if self._maps_torch(procfs, p, now)
+                    and not launcher_kind(p.cmdline)]
+            torch += len(mine)
+            if len(mine) >= 2:  # one user's processes only: never another's job
+                found += self._groups_of(procfs, mine, table)
+        alive = {(p.pid, p.start) for infos in by_uid.values() for p in infos}
+        self._groups = wire.carry(self._groups, found, alive)
+        return WireGroups(tuple(_job(group) for group in self._groups), looked, torch,
+                          tuple(left_out))
+
+    def _maps_torch(self, procfs: str, info, now: float) -> bool:
+        key = (info.pid, info.start)
+        mapped, at = self._torch.get(key, (False, -1e18))
+        if mapped or now - at < self.recheck_s:
+            return mapped
+        mapped = wire.uses_torch(procfs, info.pid)
+        self.maps_reads += 1
+        self._torch[key] = (mapped, now)
+        return mapped
+
+    @staticmethod
+    def _groups_of(procfs: str, infos: list, table: dict) -> list:
+        sockets = wire.read_wire(procfs, [p.pid for p in infos], wire.FD_LIMIT)
+        out = []
+        for host, members in wire.ddp_groups(sockets):
+            env_ranks = {pid: env_rank(table[pid].env)[0] for pid in members}
+            ranks, world = wire.number(set(members), host, wire.closed(members, sockets),
+                                       env_ranks)
+            out.append((tuple(sorted(((pid, table[pid].start), ranks.get(pid, -1))
+                                     for pid in members)), world))
+        return out
+
+
+def _job(group) -> Job:
+    members, world = group
+    ranks = dict(sorted((pid, rank) for (pid, _), rank in members))
+    pids = tuple(ranks)
+    return Job(target_pid=pids[0], launcher_pid=-1, launcher_kind="wire", rank_pids=pids,
+               run_id="", ranks=tuple(ranks.values()), world_size=world)
+
+
+@register("wire_groups", scope="node",
+          help="ranks started by hand: lone torch processes of one user grouped into a job "
+               "by their TCP connections (a TCPStore or a full mesh); reads /proc/PID/maps "
+               "and the sockets of unclaimed Python processes")
+def run(ctx, pids: tuple[int, ...]) -> WireGroups:
+    if ctx.wire_watch is None or ctx.procs is None:
+        raise ValueError("needs the caller's WireWatch and process table")
+    return ctx.wire_watch.scan(ctx.procfs, ctx.procs, frozenset(pids), ctx.clock())
