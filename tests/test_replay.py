@@ -118,6 +118,16 @@ EXPECTED = {
                                     1: ("straggler", "culprit",
                                         "straggler-starved-across-nodes")}, [1], {}),
     "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
+    # node 0 alone with the plain torchrun script (no heartbeats): healthy, then, with
+    # node 1's rank under the quota, a victim of a rank on node 1's address
+    "two_nodes_thirdparty_lone_healthy_node0": ({0: (H, N, "healthy-cpu")}, [], {}),
+    "two_nodes_thirdparty_lone_node0": ({0: ("waiting_on_peer", "victim",
+                                             "waiting-on-unseen-node-window")}, [], {}),
+    # node 1 resolves its hostname to 127.0.1.1 (its /etc/hosts); diagnosed from the
+    # host namespace: node 1's own view (probes/nshost.py, tests/test_two_nodes_nsview.py)
+    "two_nodes_nsview_outside": ({1: ("unreachable_peer", "culprit",
+                                      "unreachable-loopback-address")}, [1],
+                                 {1: ("wrong_interface",)}),
     # node 1 drops node 0's new connections; node 0 alone: its rank a victim of node 1
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
                                            "unreachable-peer-data")}, [], {}),
@@ -349,6 +359,8 @@ def test_a_lone_view_names_where_the_culprit_is(default_rules):
     """Issue 18: victims whose culprit no view here holds name it by address."""
     lone = judged("two_nodes_lone_node0", default_rules).job
     assert lone.culprits == () and lone.elsewhere.startswith("a rank on 10.233.")
+    plain = judged("two_nodes_thirdparty_lone_node0", default_rules).job
+    assert plain.culprits == () and plain.elsewhere.startswith("a rank on 10.233.")
     firewall = judged("two_nodes_firewall_lone_node0", default_rules).job
     assert firewall.culprits == () and firewall.elsewhere.startswith("the node at 10.233.")
     assert firewall.summary.startswith(f"The culprit is {firewall.elsewhere}: rank 0 waits")

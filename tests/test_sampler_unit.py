@@ -47,18 +47,21 @@ def test_a_healthy_job_at_a_glance_reads_only_its_processes(calls):
 
 def test_a_job_without_heartbeats_has_its_sockets_read_at_a_glance(calls):
     snap = sample(Look.GLANCE, live_pids=())
-    assert calls == [("process", (11, 12, 10), False), ("sockets", (11, 12), False)]
+    assert calls == [("nshost", (11, 12), False), ("process", (11, 12, 10), False),
+                     ("sockets", (11, 12), False)]
     assert snap.sockets.probe == "sockets"
 
 
 def test_detail_adds_sockets_and_stacks_look_again_closer(calls):
     sample(Look.DETAIL)
     # competitors: who else runs on the ranks' CPUs (probes/competitors.py)
-    assert [c[0] for c in calls] == ["competitors", "process", "sockets"]
+    # nshost: the ranks' own hostname and hosts file, in their namespaces
+    assert [c[0] for c in calls] == ["competitors", "nshost", "process", "sockets"]
     calls.clear()
     snap = sample(Look.STACKS)
     # sockets once, with `ss -ti`; the budgeted stacks probe on the ranks only
-    assert calls == [("competitors", (11, 12), True), ("process", (11, 12, 10), True),
+    assert calls == [("competitors", (11, 12), True), ("nshost", (11, 12), True),
+                     ("process", (11, 12, 10), True),
                      ("sockets", (11, 12), True), ("stacks", (11, 12), True)]
     assert snap.sockets.probe == "sockets" and snap.stacks.probe == "stacks"
 

@@ -210,6 +210,11 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
         for node in nodes:
             wait_until(lambda: seen(node, None) == HEALTHY, 180,
                        what=f"both ranks healthy on {node.name}\n{node.logs()}")
+        # node 0's lone view (no --peer, no heartbeats) of the healthy job: no alarm
+        pid0 = nodes[0].rank_pids()[0]
+        report = until_diagnosed(nodes[0], pid0, {0: ("healthy", "none")}, timeout=30,
+                                 save="two_nodes_thirdparty_lone_healthy_node0")
+        assert report["job"]["culprits"] == [] and not report["job"]["culprit_elsewhere"]
         quota = CpuQuota(0.15)
         quota.add(nodes[1].rank_pids()[0])
         for node in nodes:
@@ -222,10 +227,18 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
             assert ("x its peers on other nodes" in ranks[1]["evidence"]
                     or "throttled" in ranks[1]["evidence"])
         # node 0's diagnose with the peer view judges the same
-        pid0 = nodes[0].rank_pids()[0]
         report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token",
                                  TOKEN, save="two_nodes_thirdparty_node0")
         assert by_rank(report)[1]["rule"] in STARVED_ACROSS
+        # node 0's lone view (no --peer, no heartbeats): its rank waits on a rank on
+        # node 1's address, never itself the culprit
+        report = until_diagnosed(nodes[0], pid0, {0: ("waiting_on_peer", "victim")},
+                                 save="two_nodes_thirdparty_lone_node0")
+        assert [r["rank"] for r in report["ranks"]] == [0]
+        assert by_rank(report)[0]["rule"] == "waiting-on-unseen-node-window"
+        assert report["job"]["culprits"] == []
+        assert report["job"]["culprit_elsewhere"] == f"a rank on {net.addr[1]}"
+        assert report["job"]["summary"].startswith(f"The culprit is a rank on {net.addr[1]}")
     finally:
         start.kill()
         if quota:

@@ -33,16 +33,18 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
 class Net:
     """A bridge in the host namespace with two node namespaces on it."""
 
-    def __init__(self):
+    def __init__(self, prefix: str = "10.233"):
+        """`prefix`: the nodes' first two octets (above 127 to have node 0's Gloo
+        dial node 1's loopback address, as a 192.168 LAN's would)."""
         need(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "iptables", "unshare",
                                                                  "nsenter")),
              "needs root, ip, iptables, unshare and nsenter for namespace nodes")
         tag = uuid.uuid4().hex[:6]
         net = 1 + int(tag, 16) % 250
         self.bridge = f"dwbr{tag}"
-        self.host_addr = f"10.233.{net}.254"
+        self.host_addr = f"{prefix}.{net}.254"
         self.ns = [f"dwn0{tag}", f"dwn1{tag}"]
-        self.addr = [f"10.233.{net}.2", f"10.233.{net}.1"]
+        self.addr = [f"{prefix}.{net}.2", f"{prefix}.{net}.1"]
         self.ifname = "eth0"
         self.hosts_dirs = [f"/etc/netns/{ns}" for ns in self.ns]
         self.links = [f"dwv{i}{tag}" for i in range(2)]
@@ -168,15 +170,17 @@ def _parents(pid: int):
 
 
 def start_pair(start_job, tmp_path, net: Net, rank_argv: list[str], extra_env=None,
-               ports=None, torchrun: str = ""):
+               ports=None, torchrun: str = "", node_env=({}, {})):
     """Both nodes, one rank each of a 2-rank job whose master is node 0, started
     by hand (the rank's variables in its environment), or with `torchrun` the
     script that torchrun starts on each node (--nnodes=2). `ports`: the
-    daemons' (picked here by default)."""
+    daemons' (picked here by default). `node_env`: each node's own additions
+    to the ranks' environment (a None value unsets)."""
     master_port, ports = free_port(), ports or (free_port(), free_port())
     nodes = []
     for i in (0, 1):
-        env = {"GLOO_SOCKET_IFNAME": net.ifname, **(extra_env or {})}
+        env = {"GLOO_SOCKET_IFNAME": net.ifname, **(extra_env or {}), **node_env[i]}
+        env = {k: v for k, v in env.items() if v is not None}
         argv = rank_argv
         if torchrun:
             argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",

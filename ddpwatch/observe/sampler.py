@@ -89,6 +89,7 @@ class Sampler:
         self._watched: set[int] = set()
         self._watched_before: set[int] = set()
         self._host, self._host_at = None, -1e18
+        self._ns_cache: dict = {}  # the ranks' namespaces' views (probes/nshost.py)
         self._scan_state = ScanState()  # record directories' listings, refused files
         self._dumps_left = MAX_DUMPS_PER_PASS
         self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
@@ -250,7 +251,8 @@ class Sampler:
         return dataclasses.replace(
             self.ctx, parents={pid: info.ppid for pid, info in survey.table.items()},
             exec_info={pid: (info.cmdline, info.env) for pid, info in survey.table.items()},
-            thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS)
+            thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS,
+            ns_cache=self._ns_cache)
 
     def _budgeted(self, spec, ctx, pids, survey, key, force, results):
         now = progress_of(survey.heartbeats)

@@ -16,6 +16,7 @@ from .probes.competitors import Competitors
 from .probes.exits import Exits
 from .probes.heartbeats import HeartbeatObs
 from .probes.host import Host
+from .probes.nshost import NsViews
 from .probes.process import Processes
 from .probes.sockets import Sockets
 from .probes.stacks import Stacks
@@ -69,6 +70,9 @@ class Snapshot:
     # stack dumps taken inside the window this snapshot ends, before its own
     # `stacks` (diagnose: observe/window_stacks.py); () in older snapshots
     window_stacks: tuple[Stacks, ...] = ()
+    # the ranks' own hostname, hosts file and interfaces where their namespaces are
+    # not the watcher's (probes/nshost.py); None: not looked (older snapshots)
+    ns_hosts: NsViews | None = None
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

@@ -64,6 +64,8 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
             lines.append(_wrap(f"stack:    {r.stack}", "  "))
         for f in r.findings:
             lines.append(_wrap(f"finding {f.id} ({f.severity}): {f.evidence} -> {f.remedy}", "  "))
+        if r.signals.get("ns_unseen"):  # its own namespace, judged from outside (issue 18)
+            lines.append(_wrap(f"not seen in its namespaces: {r.signals['ns_unseen']}", "  "))
     failed = [p for p in last.probes if not p.ok]
     if failed:
         lines.append("")

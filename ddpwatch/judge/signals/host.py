@@ -8,7 +8,12 @@ SIGNALS = declare(
     ("cpu_bf16", bool, "this CPU has avx512_bf16 or amx_bf16"),
     ("cores", int, "logical CPUs"),
     ("node", str, "the hostname of the rank's node"),
-    ("hostname_addrs", str, "what resolving it gives there"),
+    ("hostname_addrs", str, "what resolving it gives there (for a rank in another "
+                            "namespace: what its own /etc/hosts gives, and what was not "
+                            "looked up there)"),
+    ("ns_unseen", str, "what of the rank's own namespace (hostname, hosts file, DNS, "
+                       "interfaces) the watcher could not see ('' all seen, or its "
+                       "namespaces are the watcher's)"),
     ("local_ranks", int, "ranks of the job on this node"),
     ("oversubscription", NUMBER, "intra-op threads x local ranks / cores"),
 )
@@ -27,3 +32,22 @@ def measure(s: dict, last: Snapshot) -> None:
     s["node"] = last.host.hostname if last.host else ""
     if last.host:
         s["hostname_addrs"] = ", ".join(last.host.hostname_addrs) or "nothing"
+    view = ns_view(last, s.get("pid"))
+    if view is None:
+        return
+    # the rank's own node: never the watcher's answer in its place (issue 18)
+    s["ns_unseen"] = view.unseen
+    if view.hostname:
+        s["node"] = view.hostname
+        addrs = ", ".join(view.hostname_addrs)
+        s["hostname_addrs"] = addrs if view.resolved else (
+            f"{addrs or 'nothing'} by its /etc/hosts ({view.unseen})" if view.unseen
+            else addrs or "nothing")
+
+
+def ns_view(snap: Snapshot, pid):
+    """The nshost probe's view of `pid` (None: its namespaces are the watcher's,
+    or not looked)."""
+    if snap.ns_hosts is None:
+        return None
+    return next((v for v in snap.ns_hosts.pids if v.pid == pid), None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ...observe.probes.host import (SUSPECT_KINDS, Interface, interface_of, is_loopback,
                                     plain_addr)
 from ...observe.snapshot import Snapshot
+from .host import ns_view
 from .lookup import proc_of, socket_entry, sockets_of
 from .spec import declare
 
@@ -93,10 +94,14 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
 
 def _interfaces(snap: Snapshot, pid: int) -> tuple[Interface, ...]:
     """The interfaces of the rank's network namespace: read there by the sockets
-    probe when it is not the watcher's (a container's), else the host probe's."""
+    or the nshost probe when it is not the watcher's (a container's), else the
+    host probe's."""
     entry = socket_entry(snap, pid)
     if entry is not None and entry.interfaces is not None:
         return entry.interfaces
+    view = ns_view(snap, pid)
+    if view is not None and "net:" in view.namespaces:
+        return view.interfaces or ()  # unread there: unknown, never the watcher's
     return snap.host.interfaces if snap.host else ()
 
 

@@ -59,6 +59,9 @@ class ProbeContext:
     # heartbeats probe: heartbeat/scan.py's ScanState (listings, refused files)
     # kept by a caller that reads every second
     scan_state: Any = None
+    # nshost probe: namespaces -> (read at, view) kept by a caller that reads every
+    # second (a namespace's hostname and hosts file change rarely)
+    ns_cache: dict | None = None
     # wire_groups probe: the node's process table (pid -> discovery.ProcInfo) just
     # read, and the wire_groups.WireWatch its caller keeps across passes
     procs: dict | None = None
