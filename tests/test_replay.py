@@ -117,6 +117,9 @@ EXPECTED = {
     "two_nodes_thirdparty_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                                     1: ("straggler", "culprit",
                                         "straggler-starved-across-nodes")}, [1], {}),
+    # both directions of node 1's link shaped to 8 Mbit/s (tests/test_two_nodes_link.py)
+    "two_nodes_slow_link_node0": ({0: ("slow_collective", "none", "slow-link"),
+                                   1: ("slow_collective", "none", "slow-link")}, [], {}),
     "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
     # node 0 alone with the plain torchrun script (no heartbeats): healthy, then, with
     # node 1's rank under the quota, a victim of a rank on node 1's address

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import need, wait_until
-from test_two_nodes import HEALTHY, TRAINER, Starter, job_on, seen
-from twonodes import Net, run, start_pair
+from test_two_nodes import HEALTHY, TRAINER, Starter, job_on, seen, until_diagnosed
+from twonodes import TOKEN, Net, run, start_pair
 
 SLOW = {0: ("slow_collective", "none"), 1: ("slow_collective", "none")}
 RATE = ("rate", "8mbit", "burst", "32kbit", "latency", "400ms")
@@ -70,3 +70,8 @@ def test_a_slow_link_is_named_on_both_pages_and_no_rank_is_blamed(shaped):
             job = job_on(node, key)
             assert job is not None and job["job"]["culprits"] == [], job["job"]["summary"]
         time.sleep(0.5)
+    # diagnose in node 0 with the peer view says the same (a window longer than a
+    # 3 s step, so that one ends in it); its snapshot is the replay fixture
+    report = until_diagnosed(nodes[0], nodes[0].rank_pids()[0], SLOW, "--peer", nodes[1].url,
+                             "--token", TOKEN, "--window", "4", save="two_nodes_slow_link_node0")
+    assert report["job"]["culprits"] == []
