@@ -122,6 +122,30 @@ def test_libtorch_is_looked_for_once_per_process_and_rechecked_at_most_every_10s
     assert sorted(counted) == [11, 12] and job.rank_pids == (10, 11)
 
 
+def test_a_process_that_never_imports_torch_is_looked_at_less_and_less_often(
+        tmp_path, counted):
+    """10 s, 20 s, 40 s ... up to 5 min between reads of an idle Python process's
+    maps: a user's hundreds of them cost a read each every few minutes."""
+    node = node_with(tmp_path, pair_job(), torch=(99,))  # none of them maps it
+    watch = WireWatch()
+    reads = []
+    for second in range(0, 1500):
+        counted.clear()
+        watch.scan(node.root, node.table, frozenset(), float(second))
+        if 10 in counted:
+            reads.append(second)
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert gaps[:5] == [10, 20, 40, 80, 160] and set(gaps[5:]) == {300}, gaps
+    node.set_torch(10, True)
+    node.set_torch(11, True)
+    found = []
+    for second in range(1500, 1801):  # imports torch late: found within 5 min
+        if watch.scan(node.root, node.table, frozenset(), float(second)).jobs:
+            found.append(second)
+            break
+    assert found, "never found"
+
+
 def test_a_new_process_under_a_reused_pid_is_looked_at_again(tmp_path, counted):
     node = node_with(tmp_path, pair_job(), torch=(10, 11))
     watch = WireWatch()

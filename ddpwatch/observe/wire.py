@@ -38,7 +38,8 @@ from .probes.sockets import TableEntry, read_table, socket_inodes
 from .snapshot import Job
 
 MAX_CANDIDATES = 256   # Python processes of the target's user whose sockets are read
-MAPS_LIMIT = 8 << 20   # bytes of /proc/PID/maps read looking for libtorch
+MAPS_LIMIT = 2 << 20   # bytes of /proc/PID/maps read looking for libtorch (a torch
+# process's whole maps: 100-300 KiB)
 FD_LIMIT = 4096        # a candidate with more open files is left out (the daemon's scan)
 LOOPBACK = ("127.", "::1", "::ffff:127.")
 

@@ -10,8 +10,10 @@ The daemon runs this every pass over the whole node, so what is learned is kept
 in a WireWatch (the sampler keeps it across passes):
 * whether a process maps libtorch, per (pid, start time): once mapped it stays
   mapped; one not mapping it yet is looked at again after TORCH_RECHECK_S at the
-  earliest (importing torch takes seconds), so /proc/PID/maps of every Python
-  process is not read every tick;
+  earliest (importing torch takes seconds), then twice as long after each miss
+  up to TORCH_RECHECK_MAX_S, so /proc/PID/maps of every Python process is not
+  read every tick, and a user's hundreds of idle Python processes cost a read
+  each every few minutes, not every 10 s;
 * the groups found, so that a rank whose peer died (no longer connected to
   anyone) stays its job's rank while it lives, and a rank number found once is
   kept when later evidence is missing (wire.carry).
@@ -32,6 +34,7 @@ from ..snapshot import Job
 from . import register
 
 TORCH_RECHECK_S = 10.0
+TORCH_RECHECK_MAX_S = 300.0  # a notebook that imports torch late is found within this
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class WireWatch:
 
     def __init__(self, recheck_s: float = TORCH_RECHECK_S):
         self.recheck_s = recheck_s
-        self._torch: dict[wire.Member, tuple[bool, float]] = {}  # -> (mapped, read at)
+        # -> (mapped, read at, wait before the next read)
+        self._torch: dict[wire.Member, tuple[bool, float, float]] = {}
         self._groups: list = []  # wire.Group values of the last pass
         self.maps_reads = 0      # /proc/PID/maps read since start (cost, for benchmarks)
 
@@ -89,12 +93,13 @@ class WireWatch:
 
     def _maps_torch(self, procfs: str, info, now: float) -> bool:
         key = (info.pid, info.start)
-        mapped, at = self._torch.get(key, (False, -1e18))
-        if mapped or now - at < self.recheck_s:
+        mapped, at, wait = self._torch.get(key, (False, -1e18, 0.0))
+        if mapped or now - at < wait:
             return mapped
         mapped = wire.uses_torch(procfs, info.pid)
         self.maps_reads += 1
-        self._torch[key] = (mapped, now)
+        backoff = min(max(wait * 2, self.recheck_s), max(TORCH_RECHECK_MAX_S, self.recheck_s))
+        self._torch[key] = (mapped, now, backoff)
         return mapped
 
     @staticmethod
