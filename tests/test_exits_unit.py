@@ -176,6 +176,25 @@ def test_a_terminal_jobs_ctrl_c_is_a_stop_not_a_death():
         assert bool(book.update([], _exits(*ends), 60.0)) == held, (ends, at_terminal)
 
 
+def test_a_terminal_job_gone_before_its_last_rank_ended_is_decided_when_it_ends():
+    """Lightning's rank 0 alone is no job to discovery: the job is gone from a tick
+    while rank 0 still tears down. At a terminal the decision waits for it (up to
+    CTRL_C_S after the first end): a Ctrl-C is then no death; a rank that never
+    ends after its peer's SIGKILL is held."""
+    terminal = frozenset({10, 11, 12})
+    book = Departures()
+    book.update([("k", "job", SPAWN)], _exits(), 0.0, foreground=terminal)
+    assert book.update([], _exits(_exit(12, 50.0, 9)), 50.2) == []  # rank 0 still ending
+    both = _exits(_exit(12, 50.0, 9), _exit(11, 50.8, 0x100))
+    assert book.update([], both, 51.0) == [] and book.held() == set()
+    assert book.update([], both, 60.0) == []
+    book = Departures()
+    book.update([("k", "job", SPAWN)], _exits(), 0.0, foreground=terminal)
+    assert book.update([], _exits(_exit(12, 50.0, 9)), 50.2) == []
+    (key, _, held), = book.update([], _exits(_exit(12, 50.0, 9)), 53.5)
+    assert key == "k" and held.departed_pids == (11, 12)
+
+
 def test_an_exit_from_before_the_job_is_another_process_with_that_pid():
     book = Departures()
     book.update([("k", "job", SPAWN)], _exits(), 10.0)

@@ -71,6 +71,10 @@ class Departures:
                                             # other processes that had the same pids
         self._at_terminal: set[str] = set()  # keys of jobs last seen in a terminal's
                                              # foreground
+        # key -> (job, label): a terminal job gone from discovery with some ranks not
+        # yet ended (Lightning's rank 0 alone is no job to discovery): decided once
+        # they end, or CTRL_C_S after the first end
+        self._pending: dict[str, tuple[Job, str]] = {}
 
     def update(self, live: list[tuple[str, str, Job]], exits, now: float,
                ranks_of: dict[str, dict[int, int]] | None = None,
@@ -92,7 +96,9 @@ class Departures:
             if prev is not None and ended:
                 job = self._with_departed(job, prev[0], ended, ranks_of.get(key, {}))
             out.append((key, label, job))
-        for key, (job, label) in self._last.items():
+        pending = {}
+        gone_jobs = {**self._pending, **self._last}
+        for key, (job, label) in gone_jobs.items():
             if key in keys or key in self._held:
                 continue
             ended = {e.pid: e for e in every if e.at >= self._since.get(key, now)}
@@ -100,22 +106,29 @@ class Departures:
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
             died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
                           key=lambda e: e.at)
-            if (died and not died[0].asked_to_stop and not _killed_whole(job, ended, died[0])
-                    and not (key in self._at_terminal
-                             and _stopped_at_terminal(job, ended, died))):
-                gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
-                                           job, ended, ranks_of.get(key, {}), every=True)
-                self._held[key] = (gone, label, now + self.hold_s)
+            if not died or died[0].asked_to_stop or _killed_whole(job, ended, died[0]):
+                continue
+            if key in self._at_terminal:
+                if any(p not in ended for p in job.rank_pids + job.departed_pids) and \
+                        now - died[0].at <= CTRL_C_S:
+                    pending[key] = (job, label)  # the rest may still be ending
+                    continue
+                if _stopped_at_terminal(job, ended, died):
+                    continue
+            gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
+                                       job, ended, ranks_of.get(key, {}), every=True)
+            self._held[key] = (gone, label, now + self.hold_s)
         for key, (job, label, until) in list(self._held.items()):
             if now > until:
                 del self._held[key]
             elif key not in keys:
                 out.append((key, label, job))
         self._last = {key: (job, label) for key, label, job in out if key not in self._held}
+        self._pending = pending
         self._at_terminal = {key for key, _, job in live if any(
-            p in foreground for p in job.rank_pids + (job.launcher_pid,))}
+            p in foreground for p in job.rank_pids + (job.launcher_pid,))} | set(pending)
         self._since = {key: at for key, at in self._since.items()
-                       if key in self._last or key in self._held}
+                       if key in self._last or key in self._held or key in pending}
         return out
 
     def held(self) -> set[str]:
