@@ -95,3 +95,28 @@ def test_the_incident_page_names_a_culprit_elsewhere():
     html = page.render(doc, history)
     assert "culprit: a rank on 10.233." in html and "(not watched from this node)" in html
     assert "no culprit named on this node" not in html
+
+
+def test_a_straggler_on_a_slower_cpu_names_both_cpu_models():
+    """Node 1's rank (a remote straggler in node 0's view, tests/test_two_nodes.py)
+    on another CPU model than its peer: the page states both models beside the
+    measured ratio. One host has one CPU, so node 1's model is set in its saved
+    signals; with the same model (as measured) nothing is said."""
+    import os
+
+    from ddpwatch.judge import classify, rules as rules_mod
+    from ddpwatch.observe.snapshot import load, load_remote
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+                        "two_nodes_throttled_node0.json")
+    history, remote = load(path), load_remote(path)
+    rules = rules_mod.load_default(None)
+    same = {v.rank: v for v in classify.judge(history, rules, remote).ranks}
+    assert same[1].rule == "straggler-across-nodes" and "its CPU:" not in same[1].evidence
+    laptop = "Intel(R) Core(TM) i5-8250U CPU @ 1.60GHz"
+    slower = tuple(dict(r, cpu_model=laptop) if r.get("rank") == 1 else r for r in remote)
+    ranks = {v.rank: v for v in classify.judge(history, rules, slower).ranks}
+    here = history[-1].host.cpu.model_name
+    assert ranks[1].rule == "straggler-across-nodes", ranks[1]
+    assert f"its CPU: {laptop}, its peers': {here}" in ranks[1].evidence, ranks[1].evidence
+    assert ranks[0].signals["peer_cpu_model"] == laptop  # node 0's rank knows its peer's
+    assert f"{ranks[1].signals['compute_ratio']}x" in ranks[1].evidence

@@ -7,6 +7,7 @@ from .spec import NUMBER, declare
 SIGNALS = declare(
     ("cpu_bf16", bool, "this CPU has avx512_bf16 or amx_bf16"),
     ("cores", int, "logical CPUs"),
+    ("cpu_model", str, "the CPU's model name (/proc/cpuinfo) on the rank's node"),
     ("node", str, "the hostname of the rank's node"),
     ("hostname_addrs", str, "what resolving it gives there (for a rank in another "
                             "namespace: what its own /etc/hosts gives, and what was not "
@@ -24,6 +25,7 @@ def measure(s: dict, last: Snapshot) -> None:
     cores = last.host.cpu.logical_cores if last.host else None
     flags = set(last.host.cpu.flags) if last.host else None
     s["cores"] = cores
+    s["cpu_model"] = (last.host.cpu.model_name or None) if last.host else None
     s["cpu_bf16"] = None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
     s["local_ranks"] = len(last.job.rank_pids)
     threads = s.get("intra_op_threads") or cores

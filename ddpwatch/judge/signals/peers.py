@@ -42,6 +42,9 @@ SIGNALS = declare(
     ("outworks_peers", bool, "works per step at least 2.5x as long as its peers "
                              "(compute_ratio) while they wait half of each step or more: it "
                              "arrives last at each collective"),
+    ("peer_cpu_model", str, "the CPU model of its peers on other nodes where it is not this "
+                            "rank's (a slower CPU is a straggler's cause: its model beside "
+                            "the measured step-time ratio)"),
     ("blamed_elsewhere", str, "where this rank's culprit is when no view here holds it: 'the "
                               "node at ADDR' whose firewall drops its data connect, 'a rank "
                               "on ADDR' for ranks on nodes no daemon here watches"),
@@ -176,6 +179,10 @@ def link(ranks: list[dict]) -> None:
                                        / max(1.0 - peer_share, MIN_WORK_SHARE), 2)
         s["outworks_peers"] = bool((s.get("compute_ratio") or 0) >= OUTWORKS
                                    and (s.get("peer_comm_share") or 0) >= PEERS_WAIT)
+        others = {p.get("cpu_model") for p in ranks if p is not s and p.get("cpu_model")
+                  and p.get("node") != s.get("node")} - {s.get("cpu_model")}
+        s["peer_cpu_model"] = ", ".join(sorted(others)) if others and s.get("cpu_model") \
+            else None
     for s in ranks:
         if s.get("data_fp"):
             # With two ranks there is no majority to blame: every rank carries it.
