@@ -114,7 +114,7 @@ def _signals(view):
 
 
 class _Cpu:
-    logical_cores, flags = 2, ()
+    logical_cores, flags, model_name = 2, (), "AMD EPYC"
 
 
 ETH = Interface("eth0", ("10.0.0.1",), True, 1500, 0, "regular", False)
