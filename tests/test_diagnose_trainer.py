@@ -171,8 +171,11 @@ def test_compile_is_warm_up_not_a_hang(start_job, hb_dir, tmp_path):
         reports.append((code, report))
         return verdicts(report) == HEALTHY
     wait_until(trained, TIMEOUT, interval=0.2, what="the compiled job to train")
+    # (a rank still in init_process_group as the job starts waits at rendezvous:
+    # start-up too, though diagnose reports it; the daemon pages it after 60 s)
     for code, report in reports:
-        assert report["job"]["culprits"] == [] and code == 0, report["job"]["summary"]
+        assert report["job"]["culprits"] == [] and (
+            code == 0 or report["job"]["verdict"] == "rendezvous_wait"), report["job"]["summary"]
         assert all(r["role"] == "none" for r in report["ranks"])
     compiling = [report for _, report in reports
                  if verdicts(report) == {0: ("warming_up", "none"), 1: ("warming_up", "none")}
