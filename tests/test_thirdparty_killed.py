@@ -221,25 +221,38 @@ def test_ctrl_c_of_a_lightning_job_at_a_terminal_is_no_incident(start_job, tmp_p
     hook = receivers()
     daemon = DaemonRun(start_job, tmp_path, hb_dir,
                        {"webhooks": [{"type": "generic", "url": hook.url}]})
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
-    env.pop("DDPWATCH_DIR", None)
-    job = TerminalJob([sys.executable, os.path.join(THIRDPARTY, "lightning_ddp.py")], env,
-                      str(tmp_path / "lightning-tty.log"))
-    try:
-        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
-            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
-            240, interval=0.5, what="lightning's 2 ranks")
-        key = wait_until(lambda: _trains(daemon, set(pids.values())), 150, interval=0.5,
-                         what="the lightning job judged healthy by the daemon")["key"]
-        job.ctrl_c()
-        assert job.wait(timeout=60) == 1, job.output()[-3000:]  # Lightning's sys.exit(1)
-        assert "Detected KeyboardInterrupt" in job.output()
-        # the daemon has seen the job go (ticks every second): five reads without it
-        ticks = []
-        wait_until(lambda: ticks.append(_job_of(daemon.status(), set(pids.values())))
-                   or ticks[-5:] == [None] * 5, 60, interval=1.0,
-                   what="five reads of /status without the job")
-        assert not [i for i in daemon.status()["incidents"] if i["job"] == key]
-        assert not [b for b in hook.bodies() if b["job"] == key], hook.bodies()
-    finally:
-        job.kill()
+    # Lightning's shutdown can itself hang: a rank inside a Gloo collective sees the
+    # KeyboardInterrupt only when the collective returns, and its peer is already
+    # tearing down. That job never ends (Gloo's 30 min), so it proves nothing here:
+    # another job is tried.
+    for attempt in range(3):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   MASTER_PORT=str(free_port()))
+        env.pop("DDPWATCH_DIR", None)
+        job = TerminalJob([sys.executable, os.path.join(THIRDPARTY, "lightning_ddp.py")], env,
+                          str(tmp_path / f"lightning-tty-{attempt}.log"))
+        try:
+            pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+                {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+                240, interval=0.5, what="lightning's 2 ranks")
+            key = wait_until(lambda: _trains(daemon, set(pids.values())), 150, interval=0.5,
+                             what="the lightning job judged healthy by the daemon")["key"]
+            job.ctrl_c()
+            try:
+                code = job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                print(f"attempt {attempt}: Lightning's shutdown hung; another job")
+                continue
+            assert code == 1, job.output()[-3000:]  # Lightning's sys.exit(1)
+            assert "Detected KeyboardInterrupt" in job.output()
+            # the daemon has seen the job go (ticks every second): five reads without it
+            ticks = []
+            wait_until(lambda: ticks.append(_job_of(daemon.status(), set(pids.values())))
+                       or ticks[-5:] == [None] * 5, 60, interval=1.0,
+                       what="five reads of /status without the job")
+            assert not [i for i in daemon.status()["incidents"] if i["job"] == key]
+            assert not [b for b in hook.bodies() if b["job"] == key], hook.bodies()
+            return
+        finally:
+            job.kill()
+    pytest.fail("Lightning's shutdown after Ctrl-C hung in 3 jobs of 3")

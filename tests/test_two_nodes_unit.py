@@ -120,3 +120,25 @@ def test_a_straggler_on_a_slower_cpu_names_both_cpu_models():
     assert f"its CPU: {laptop}, its peers': {here}" in ranks[1].evidence, ranks[1].evidence
     assert ranks[0].signals["peer_cpu_model"] == laptop  # node 0's rank knows its peer's
     assert f"{ranks[1].signals['compute_ratio']}x" in ranks[1].evidence
+
+
+def test_a_rank_idle_outside_collectives_on_a_slow_link_does_not_outwork_its_peer():
+    """The shares of a 2.4 s step on a link shaped to 8 Mbit/s (seen in a full run):
+    rank 0 outside the collectives' accounting 32% of the step at 3% CPU, its peer
+    inside 100%. By the shares alone it works 6x as long; it uses no CPU for it, so
+    it is no straggler. The same shares with the CPU busy, or held back by a quota,
+    are one."""
+    from ddpwatch.judge.signals import peers
+
+    def pair(**mine):
+        me = {"rank": 0, "alive": True, "hb_comm_share": 0.68, "hb_step_s": 2.375,
+              "cpu_ratio": 0.03, "runqueue_wait_ratio": 0.0, **mine}
+        other = {"rank": 1, "alive": True, "remote": True, "hb_comm_share": 1.0,
+                 "hb_step_s": 2.37, "cpu_ratio": 0.02, "runqueue_wait_ratio": 0.0}
+        ranks = [me, other]
+        peers.link(ranks)
+        return me
+    idle = pair()
+    assert idle["compute_ratio"] >= 2.5 and not idle["outworks_peers"]
+    assert pair(cpu_ratio=0.4)["outworks_peers"]
+    assert pair(cpu_ratio=0.05, throttled_share=0.6)["outworks_peers"]
