@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 # systemd: systemd-analyze checks the unit; strace: the unit's syscall filter is
 # checked against what the probes really call (tests/test_hostile_surface.py);
 # openmpi-bin: a real mpirun job (tests/test_thirdparty_jobs.py)
-DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace openmpi-bin
+DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace openmpi-bin slurm-wlm
                  util-linux)
 VENV=.venv
 

@@ -1,9 +1,11 @@
 """Real third-party trainers, no heartbeats, no ddpwatch inside (issue 13):
 Lightning's subprocess launcher, torch.multiprocessing.spawn and `accelerate
-launch` on 2 CPU ranks (tests/jobs/thirdparty); torchrun in the launcher test. One job per launcher is shared by the states asserted
-on it (a job per fault is expensive on 2 cores); each state is undone before
-the next. `DDPWATCH_SAVE_FIXTURES=1` copies the snapshots the assertions were
-made on into tests/fixtures/snapshots (thirdparty_<launcher>_<state>.json).
+launch` on 2 CPU ranks (tests/jobs/thirdparty); torchrun, mpirun and srun (a
+one-node SLURM cluster, tests/slurm.py) in the launcher test. One job per
+launcher is shared by the states asserted on it (a job per fault is expensive
+on 2 cores); each state is undone before the next. `DDPWATCH_SAVE_FIXTURES=1`
+copies the snapshots the assertions were made on into tests/fixtures/snapshots
+(thirdparty_<launcher>_<state>.json).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import REPO, Job, free_port, need, wait_until
 from diag import by_rank, removed_dir, until_verdict
@@ -125,22 +128,39 @@ LAUNCH = {
         "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
         "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={port}", "-x", "OMP_NUM_THREADS",
         "-x", "PYTHONUNBUFFERED", sys.executable, script],
+    # srun passes its whole environment on (--export=ALL): MASTER_PORT among it
+    "srun": lambda port, script: ["srun", "-n", "2", sys.executable, script],
 }
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
-def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, need_py_spy):
-    """torchrun's agent, or mpirun, is the launcher, its workers the job, numbered
-    as the script itself says (mpirun: OMPI_COMM_WORLD_RANK, no RANK); a stopped
-    worker is the culprit there as under the other launchers (accelerate runs
-    torchrun's agent: test_healthy_without_heartbeats)."""
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """One SLURM cluster for the module's srun jobs (tests/slurm.py)."""
+    from slurm import Slurm
+    cluster = Slurm(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "srun"])
+def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, request,
+                                                          need_py_spy):
+    """torchrun's agent, mpirun, or SLURM's slurmstepd under srun starts the
+    workers, which are one job, numbered as the script itself says (mpirun:
+    OMPI_COMM_WORLD_RANK, srun: SLURM_PROCID, no RANK); a stopped worker is the
+    culprit there as under the other launchers (accelerate runs torchrun's
+    agent: test_healthy_without_heartbeats)."""
+    env = dict(os.environ)
     if launcher == "mpirun":
         need(shutil.which("mpirun") is not None,
              "needs Open MPI's mpirun (Debian package openmpi-bin)")
+    if launcher == "srun":
+        env = request.getfixturevalue("slurm_cluster").srun_env()
+    port = free_port()
     script = os.path.join(THIRDPARTY, f"{launcher}_ddp.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_PORT=str(port))
     env.pop("DDPWATCH_DIR", None)
-    job = Job(LAUNCH[launcher](free_port(), script), env, str(tmp_path / f"{launcher}.log"))
+    job = Job(LAUNCH[launcher](port, script), env, str(tmp_path / f"{launcher}.log"))
     try:
         pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
             {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
@@ -148,8 +168,17 @@ def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, ne
         tp = ThirdParty(launcher, job, pids, str(tmp_path))
         report = tp.until("healthy", HEALTHY)
         assert {r["rank"]: r["pid"] for r in report["ranks"]} == pids
-        assert report["job"]["launcher_kind"] == launcher
-        assert report["job"]["launcher_pid"] == job.proc.pid
+        # torchrun sets RANK; the others' numbers are their launcher's convention
+        source = "env" if launcher == "torchrun" else "launch"
+        assert {r["rank"]: r["signals"]["rank_source"] for r in report["ranks"]} == {
+            0: source, 1: source}
+        if launcher == "srun":
+            # srun itself is a client of slurmd: the tasks are slurmstepd's children
+            parents = {psutil.Process(pid).parent().name() for pid in pids.values()}
+            assert parents == {"slurmstepd"} and report["job"]["launcher_kind"] == "slurm"
+        else:
+            assert report["job"]["launcher_kind"] == launcher
+            assert report["job"]["launcher_pid"] == job.proc.pid
         os.kill(pids[1], signal.SIGSTOP)
         report = tp.until("stopped", {1: ("stopped", "culprit"),
                                       0: ("blocked_in_collective", "victim")})
