@@ -17,13 +17,13 @@ import psutil
 
 from conftest import free_port, need, wait_until
 
-DAEMONS = ("slurmctld", "slurmd", "srun", "sinfo", "scancel")
+TOOLS = ("slurmctld", "slurmd", "srun", "sinfo", "scancel")
 NODE = "dwnode"
 
 
 class Slurm:
     def __init__(self, root):
-        need(os.geteuid() == 0 and all(shutil.which(t) for t in DAEMONS),
+        need(os.geteuid() == 0 and all(shutil.which(t) for t in TOOLS),
              "needs root and SLURM's slurmctld, slurmd and srun (Debian package slurm-wlm)")
         self.root = str(root)
         for sub in ("state", "spool"):
@@ -68,9 +68,6 @@ class Slurm:
         out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True,
                              text=True, timeout=30, check=False).stdout.split()
         return out == ["idle"]
-
-    def srun_env(self, **extra: str) -> dict:
-        return dict(self.env, **extra)
 
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--full", "--user=root"], env=self.env,

@@ -155,7 +155,7 @@ def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, re
         need(shutil.which("mpirun") is not None,
              "needs Open MPI's mpirun (Debian package openmpi-bin)")
     if launcher == "srun":
-        env = request.getfixturevalue("slurm_cluster").srun_env()
+        env = dict(request.getfixturevalue("slurm_cluster").env)  # its SLURM_CONF
     port = free_port()
     script = os.path.join(THIRDPARTY, f"{launcher}_ddp.py")
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_PORT=str(port))

@@ -8,6 +8,7 @@ import statistics
 from collections import Counter
 
 from .spec import NUMBER, declare
+from .window import THROTTLED, cpu_wanted
 
 SIGNALS = declare(
     ("missing", bool, "a rank of an all-local job with no process and no record on this node"),
@@ -62,17 +63,17 @@ MIN_WORK_SHARE = 0.05  # peers that wait (nearly) all the time: the ratio is "at
 
 
 # A rank that works outside collectives works on a CPU: it wants one (CPU used
-# plus run-queue wait) for a good part of that time, or its quota holds it back.
-# On a link shaped to 8 Mbit/s a rank idled 0.76 s of a 2.4 s step outside the
-# collectives' accounting at 3% CPU, 6x its peers by the shares: no straggler.
+# plus run-queue wait) for a good part of that time, or its quota holds it back
+# (as much as makes it straggle: window.THROTTLED). On a link shaped to 8 Mbit/s
+# a rank idled 0.76 s of a 2.4 s step outside the collectives' accounting at 3%
+# CPU, 6x its peers by the shares: no straggler.
 BUSY_OUTSIDE = 0.3
-THROTTLED = 0.2
 
 
 def _works_on_a_cpu(s: dict) -> bool:
-    if s.get("cpu_ratio") is None or s.get("hb_comm_share") is None:
+    wanted = cpu_wanted(s)
+    if wanted is None or s.get("hb_comm_share") is None:
         return True  # not measured: the shares alone decide, as before
-    wanted = s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0)
     return (wanted >= BUSY_OUTSIDE * (1.0 - s["hb_comm_share"])
             or (s.get("throttled_share") or 0) >= THROTTLED)
 

@@ -48,6 +48,13 @@ STARVED = 0.25  # cores waited for a CPU over the window
 STARTING_S = 30.0
 
 
+def cpu_wanted(s: dict) -> float | None:
+    """CPU used plus run-queue wait over the window, in cores (None: unmeasured)."""
+    if s.get("cpu_ratio") is None:
+        return None
+    return round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
+
+
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     age = _age(history[-1], pid)
     s = _duty(history, pid)
@@ -109,7 +116,7 @@ def link(ranks: list[dict]) -> None:
         s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not (
             stepped or trained or remote)
         if s.get("cpu_ratio") is not None:
-            s["cpu_wanted"] = round(s["cpu_ratio"] + max(s.get("runqueue_wait_ratio") or 0, 0), 3)
+            s["cpu_wanted"] = cpu_wanted(s)
         # ranks of this node only: another node's run queue is another machine's
         waits = sorted(o["runqueue_wait_ratio"] for o in ranks
                        if o is not s and o.get("runqueue_wait_ratio") is not None

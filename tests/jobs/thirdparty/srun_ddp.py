@@ -26,7 +26,8 @@ def main():
     torch.manual_seed(1234 + rank)
     model = DDP(nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for step in range(STEPS) if STEPS > 0 else iter(int, 1):
+    step = 0
+    while STEPS <= 0 or step < STEPS:
         maybe_hang(rank, step)
         maybe_desync(rank, step)
         x = torch.randn(32, 32)
@@ -34,6 +35,7 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        step += 1
     dist.destroy_process_group()
 
 
