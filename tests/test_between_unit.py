@@ -178,6 +178,24 @@ def test_a_crowded_node_slows_every_rank_alike_no_straggler():
     assert [s["straggles"] for s in alone] == [False, True]
 
 
+def test_a_rank_compiling_while_its_peer_waits_is_no_straggler():
+    """torch.compile on 2 cores (a CI run, 40 s in): rank 0 compiles with every
+    thread wanting a CPU, 2.5x the run-queue wait of rank 1, which already waits
+    at the first collective. Rank 0 is warming up, so rank 1 waits for no
+    straggler; once past its first steps, the same wait makes rank 0 one."""
+    def ranks(warming):
+        return [{"alive": True, "rank_age_s": 40.0, "warming_up": warming, "hb_step": 0,
+                 "runqueue_wait_ratio": 0.6, "runqueue_wait_vs_peers": 6.0},
+                {"alive": True, "rank_age_s": 40.0, "warming_up": warming, "hb_step": 0,
+                 "runqueue_wait_ratio": 0.1, "runqueue_wait_vs_peers": 0.17}]
+    compiling = ranks(True)
+    straggle_signals(compiling)
+    assert not compiling[0]["straggles"] and not compiling[1]["peer_straggles"]
+    trained = ranks(False)
+    straggle_signals(trained)
+    assert trained[0]["straggles"] and trained[1]["peer_straggles"]
+
+
 def test_a_job_in_its_first_seconds_without_steps_has_no_starved_straggler():
     """Lightning's rank 0 in a set-up collective while the rank it re-executed
     still imports, 17 s after launch (seen in the 2-minute watch)."""
