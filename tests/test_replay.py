@@ -55,6 +55,10 @@ EXPECTED = {
     "trainer_compiling": ({0: ("warming_up", N, "warming-up"), 1: ("warming_up", N, "warming-up")},
                           [], {}),
     "trainer_compiled": ({0: OK, 1: OK}, [], {}),
+    # a cache per rank: rank 0 waits in the first collective past its bound while
+    # rank 1 compiles (once judged blocked, and rank 1 hung-outside-idle)
+    "trainer_compile_apart": ({0: ("warming_up", N, "waits-for-compiling-peer"),
+                               1: ("warming_up", N, "compiling-while-peers-wait")}, [], {}),
     "trainer_oversubscribed": ({0: OK, 1: OK}, [], {0: {"oversubscribed"}, 1: {"oversubscribed"}}),
     # healthy ranks whose launcher died are no leftovers (issue 13): no orphan finding
     "trainer_orphan": ({0: OK, 1: OK}, [], {}),

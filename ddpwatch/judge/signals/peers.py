@@ -13,6 +13,8 @@ from .window import THROTTLED, cpu_wanted
 SIGNALS = declare(
     ("missing", bool, "a rank of an all-local job with no process and no record on this node"),
     ("peers_blocked", int, "other ranks that are blocked"),
+    ("peers_compiling", int, "other ranks, alive and not stopped, that compile (warming up "
+                             "with dynamo/inductor frames on their stacks)"),
     ("peers_alive", int, "other ranks that are alive"),
     ("peers_in_rendezvous", int, "other ranks still in init_process_group (stack or heartbeat)"),
     ("seq_behind", int, "collectives this rank is behind the furthest peer"),
@@ -146,6 +148,9 @@ def link(ranks: list[dict]) -> None:
     dead = sum(1 for s in ranks if is_dead(s))
     exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
     stopped = sum(1 for s in ranks if is_stopped(s))
+    # a stopped rank's stack still shows where it was stopped: it compiles nothing
+    compiling = [p for p in ranks if p.get("alive") and not is_stopped(p)
+                 and p.get("warming_up") and p.get("stack") == "compile"]
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
     # rank caught between two different collectives is not one.
@@ -169,6 +174,7 @@ def link(ranks: list[dict]) -> None:
         me_dead = is_dead(s)
         s["peers_alive"] = alive - me_alive
         s["peers_blocked"] = blocked - me_blocked
+        s["peers_compiling"] = sum(1 for p in compiling if p is not s)
         s["peers_in_rendezvous"] = joining - bool(s.get("alive") and (
             s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
         s["peer_dead"] = dead - me_dead > 0

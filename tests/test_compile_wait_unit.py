@@ -1,0 +1,50 @@
+"""torch.compile on each rank alone: the faster rank waits in the first
+collective, past its stall bound, for a peer that still compiles. Both are
+warming up; a peer stopped or dead, or hung without compile frames, is still
+a hang (judge/signals/peers.py `peers_compiling`; issue 13)."""
+from ddpwatch.judge import rules as rules_mod
+from ddpwatch.judge.signals.peers import link
+
+RULES = sorted((r for r in rules_mod.load_default() if r.verdict), key=lambda r: -r.priority)
+
+
+def judged(ranks):
+    link(ranks)
+    return [next((r.id for r in RULES if r.matches(s)), "") for s in ranks]
+
+
+def waiting(pid=1):
+    """Blocked in its first all-reduce (heartbeat inside, past the 2 s bound)."""
+    return {"pid": pid, "alive": True, "hb": True, "hb_step": 0, "hb_phase": "inside",
+            "in_collective": True, "blocked": True, "warming_up": False, "cpu_ratio": 0.01,
+            "waiting_in": "all_reduce", "stack": "collective", "state": "S"}
+
+
+def compiling(pid=2, **more):
+    return {"pid": pid, "alive": True, "hb": True, "hb_step": 0, "hb_phase": "outside",
+            "in_collective": False, "blocked": False, "warming_up": True, "cpu_ratio": 0.4,
+            "stack": "compile", "state": "R", **more}
+
+
+def test_a_rank_waiting_for_a_compiling_peer_and_the_peer_are_warming_up():
+    assert judged([waiting(), compiling()]) == ["waits-for-compiling-peer",
+                                                "compiling-while-peers-wait"]
+
+
+def test_a_stopped_compiling_peer_is_the_culprit_of_a_blocked_rank():
+    w, c = waiting(), compiling(state="T")
+    got = judged([w, c])
+    assert w["peers_compiling"] == 0 and got[0] == "blocked"
+    assert got[1] != "compiling-while-peers-wait"
+
+
+def test_a_peer_hung_outside_compile_frames_is_still_the_culprit():
+    hung = compiling(stack="idle_user", warming_up=True, cpu_ratio=0.01)
+    assert judged([waiting(), hung]) == ["blocked", "hung-outside-idle"]
+
+
+def test_a_dead_peer_is_no_warm_up():
+    gone = compiling(alive=False)
+    w = waiting()
+    got = judged([w, gone])
+    assert w["peers_compiling"] == 0 and got[0] != "waits-for-compiling-peer"
