@@ -50,3 +50,12 @@ def test_a_rank_at_rendezvous_beside_a_starting_peer_is_starting():
     # its peer gone quiet instead: a rendezvous wait
     quiet = rank(2, 0.01, 0.01, False, stack="idle_user", gloo_unconnected=None)
     assert judged([rank(1, 0.01, 0.01, False, stack="rendezvous"), quiet])[0] == "rendezvous"
+
+
+def test_a_rank_still_importing_inside_ddp_setup_beside_a_waiting_peer_is_starting():
+    # DDP's constructor imports torch._dynamo and inductor's config lazily: seconds
+    # of CPU. The rank that finished first waits in the constructor's collective;
+    # the other, busy in that same constructor, once read as hung-outside-busy
+    waiting = rank(1, 0.02, 0.9, True, in_collective=True, blocked=True, stack="collective")
+    importing = rank(2, 0.9, 0.02, True, stack="active", peers_blocked=1)
+    assert judged([waiting, importing]) == ["starting-ddp-setup", "starting-ddp-setup"]

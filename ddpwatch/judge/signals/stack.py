@@ -35,8 +35,8 @@ SIGNALS = declare(
     ("peer_ddp_setup", bool, "another rank of the job is in DDP's constructor"),
     ("ddp_starting", bool, "the job has not begun training: this rank meets its peers (at "
                            "rendezvous or in DDP's constructor) while a peer is busy (wants "
-                           ">= 30% CPU), or is busy outside any collective while a peer "
-                           "meets"),
+                           ">= 30% CPU), or is busy outside any collective (in DDP's "
+                           "constructor too: its lazy imports) while a peer meets"),
 )
 
 BUSY = 0.3
@@ -137,13 +137,15 @@ def link_start(ranks: list[dict]) -> None:
 
     def busy(o):
         return (o.get("cpu_wanted") or 0) >= BUSY
+    # A rank busy inside DDP's constructor but outside its collectives imports
+    # (torch._dynamo, inductor's config: seconds of CPU on a loaded machine) while
+    # a peer that got through them first waits in the constructor's collective.
     for s in ranks:
         peers = [o for o in ranks if o is not s]
         s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in peers)
         s["ddp_starting"] = bool(
             (meets(s) and any(busy(o) for o in peers))
-            or (not meets(s) and busy(s) and not s.get("in_collective")
-                and any(meets(o) for o in peers)))
+            or (busy(s) and not s.get("in_collective") and any(meets(o) for o in peers)))
 
 
 def _name(s: dict) -> str:
