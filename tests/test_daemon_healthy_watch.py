@@ -88,8 +88,12 @@ def _part_stopped(poller: Poller, pids: dict[int, int]) -> dict:
                 if {r["pid"] for r in job["ranks"]} == set(pids.values()):
                     last[:] = [[(r["rank"], r["verdict"], r["rule"], r["signals"].get(
                         "duty_samples"), r["signals"].get("stopped_share"), r["signals"].get(
-                        "stop_switches")) for r in job["ranks"]]]
-                    if any(r["rule"] == "straggler-part-stopped" for r in job["ranks"]):
+                        "stop_switches")) for r in job["ranks"]], job["job"]["culprits"]]
+                    # the very state asserted: culprit and its victim in one reading
+                    by_rank = {r["rank"]: r for r in job["ranks"]}
+                    if (by_rank.get(1, {}).get("rule") == "straggler-part-stopped"
+                            and by_rank.get(0, {}).get("verdict") == "waiting_on_peer"
+                            and job["job"]["culprits"] == [1]):
                         return job
         return None
     try:
@@ -100,7 +104,7 @@ def _part_stopped(poller: Poller, pids: dict[int, int]) -> dict:
                 return job
             time.sleep(0.5)
         pytest.fail(f"the part-stopped rank was not named within 60 s; last seen "
-                    f"(rank, verdict, rule, readings, stopped share, switches): {last}")
+                    f"(rank, verdict, rule, readings, stopped share, switches), culprits: {last}")
     finally:
         done.set()
         cycler.join(timeout=5)

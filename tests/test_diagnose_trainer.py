@@ -170,7 +170,8 @@ def test_compile_is_warm_up_not_a_hang(start_job, hb_dir, tmp_path):
         code, report = diagnose(r0, hb_dir=hb_dir)
         reports.append((code, report))
         return verdicts(report) == HEALTHY
-    wait_until(trained, TIMEOUT, interval=0.2, what="the compiled job to train")
+    # a cold compile is ~20 s per rank here, on both cores at once; 2-3x on a slower CPU
+    wait_until(trained, 4 * TIMEOUT, interval=0.2, what="the compiled job to train")
     # (a rank still in init_process_group as the job starts waits at rendezvous:
     # start-up too, though diagnose reports it; the daemon pages it after 60 s)
     for code, report in reports:

@@ -133,7 +133,8 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
         key = healthy["key"]
         kill(tp.pids[1], tmp_path)
         firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
-                                     and b["job"] == key], 60, what="firing webhook")
+                                     and b["job"] == key and b["verdict"] == "dead"],
+                            60, what="firing webhook of the dead rank")
         # the job is gone by now (the launcher ended it); the daemon holds it, judged
         tp.job.wait(timeout=60)
         held = _job_of(daemon.status(), pids)
