@@ -130,19 +130,19 @@ def link(ranks: list[dict]) -> None:
         # durations or its run-queue wait: its peer waiting at the first
         # collective is no victim of it (a CI run: rank 0 compiling, 2.5x the
         # run-queue wait of rank 1, which waited "for a slower peer").
-        warming = bool(s.get("warming_up"))
+        slow_pace = not s.get("warming_up") and bool(
+            # across nodes, by each rank's own durations (peers.py, issue 18)
+            (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1)
+            or ((s.get("runqueue_wait_ratio") or 0) >= 0.25
+                and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
+                and not s.get("blocked") and not s["peers_starved"] and not s["job_starting"]
+                # a straggler is slow at training: one still connecting is starting
+                and (s.get("gloo_unconnected") or 0) == 0))
         s["straggles"] = bool(s.get("alive") and (
             (part is not None and PART_STOPPED[0] <= part < PART_STOPPED[1]
              and s.get("duty_cycled") is not False)
             or (s.get("throttled_share") or 0) >= THROTTLED
-            # across nodes, by each rank's own durations (peers.py, issue 18)
-            or (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1
-                and not warming)
-            or ((s.get("runqueue_wait_ratio") or 0) >= 0.25 and not warming
-                and (s.get("runqueue_wait_vs_peers") or 0) >= 2.5
-                and not s.get("blocked") and not s["peers_starved"] and not s["job_starting"]
-                # a straggler is slow at training: one still connecting is starting
-                and (s.get("gloo_unconnected") or 0) == 0)))
+            or slow_pace))
     count = sum(s["straggles"] for s in ranks)
     for s in ranks:
         s["peer_straggles"] = count - s["straggles"] > 0
