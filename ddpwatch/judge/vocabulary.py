@@ -36,8 +36,8 @@ class Verdict:
 # for a few seconds (a checkpoint, a busy host) is no page, one slow for half a
 # minute is. Stalls and culprits open at once.
 VERDICTS: tuple[Verdict, ...] = (
-    Verdict("healthy", 12, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
-    Verdict("warming_up", 10, True, True, 0.0,
+    Verdict("healthy", 13, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
+    Verdict("warming_up", 11, True, True, 0.0,
             "first steps, compilation, or not yet at the first collective", "blue"),
     Verdict("blocked_in_collective", 6, False, False, 0.0,
             "victim: idle inside a collective its peers have not joined", "orange"),
@@ -55,7 +55,12 @@ VERDICTS: tuple[Verdict, ...] = (
     Verdict("unreachable_peer", 4, False, False, 0.0,
             "connects to the store or a peer go unanswered", "red"),
     Verdict("desync", 3, False, False, 0.0, "ranks inside different collectives", "purple"),
-    Verdict("unknown", 11, False, True, 0.0, "could not be observed", "text"),
+    Verdict("unknown", 12, False, True, 0.0, "could not be observed", "text"),
+    # A pause pages only past what is normal for its job (judge/overtime.py turns
+    # one that lasts too long into hung_outside_collective): calm here.
+    Verdict("paused", 10, False, True, 0.0,
+            "a rank works outside the collectives (evaluation, checkpoint, data...) while "
+            "its peers wait for it", "light-blue"),
 )
 BY_NAME = {v.name: v for v in VERDICTS}
 NAMES = tuple(v.name for v in VERDICTS)

@@ -101,6 +101,7 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
     stack.link(ranks)
     window.link(ranks)
     stack.link_start(ranks)  # reads window's cpu_wanted
+    peers.link_pauses(ranks)  # reads both
     for s in ranks:
         s.update(launch.orphan(s))
     interfaces.link(ranks)

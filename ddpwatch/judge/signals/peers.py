@@ -8,6 +8,7 @@ import statistics
 from collections import Counter
 
 from .spec import NUMBER, declare
+from .process import IDLE_CPU
 from .window import THROTTLED, cpu_wanted
 
 SIGNALS = declare(
@@ -16,6 +17,15 @@ SIGNALS = declare(
     ("peers_compiling", int, "other ranks, alive and not stopped, that compile (warming up "
                              "with dynamo/inductor frames on their stacks)"),
     ("peers_alive", int, "other ranks that are alive"),
+    ("pausing", bool, "works outside the collectives while a peer waits in one past its "
+                      "bound: busy (CPU >= 5% wanted), in disk I/O (state D), or at a pause "
+                      "its stack names (pause_kind other than unknown: a DataLoader's wait "
+                      "is idle); not stopped, compiling at start-up or meeting its peers. "
+                      "A pause, not yet a hang: the daemon pages it only past what is "
+                      "normal for the job (judge/overtime.py)"),
+    ("peers_paused", int, "other ranks that are pausing"),
+    ("paused_peer", str, "who pauses and what it does (\"rank 0 evaluation at estimate_loss "
+                         "<- train.py:260\"), for a waiting rank's evidence"),
     ("peers_in_rendezvous", int, "other ranks still in init_process_group (stack or heartbeat)"),
     ("seq_behind", int, "collectives this rank is behind the furthest peer"),
     ("peer_dead", bool, "a rank of the job died (its record remains, its process is gone)"),
@@ -214,3 +224,33 @@ def link(ranks: list[dict]) -> None:
             s["data_parity"] = len(fingerprints) > 1
             s["data_fps"] = ", ".join(f"{fp} ({n} rank{'s' if n > 1 else ''})"
                                       for fp, n in fingerprints.most_common())
+
+
+def link_pauses(ranks: list[dict]) -> None:
+    """Who works outside the collectives while its peers wait (DESIGN.md "Is
+    anybody working?"): somebody working is a pause, nobody is a hang. After
+    stack.link_start (ddp_starting) and window.link (cpu_wanted)."""
+    def is_stopped(p):
+        return bool(p.get("alive") and p.get("state") in ("T", "t"))
+    for s in ranks:
+        busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"
+        named = s.get("pause_kind") not in (None, "unknown")
+        s["pausing"] = bool(
+            s.get("alive") and not is_stopped(s) and not s.get("in_collective")
+            and (s.get("peers_blocked") or 0) >= 1 and (busy or named)
+            and s.get("stack") not in ("rendezvous", "agent")
+            and not s.get("ddp_starting") and not (s.get("warming_up")
+                                                   and s.get("stack") == "compile"))
+    pausing = [s for s in ranks if s["pausing"]]
+    for s in ranks:
+        others = [p for p in pausing if p is not s]
+        s["peers_paused"] = len(others)
+        s["paused_peer"] = "; ".join(
+            f"{_who(p)} ({p.get('pause_kind') or 'unknown'}"
+            + (f" at {p['pause_site']}" if p.get("pause_site") else "") + ")"
+            for p in others) or None
+
+
+def _who(s: dict) -> str:
+    rank = s.get("rank")
+    return f"rank {rank}" if isinstance(rank, int) and rank >= 0 else f"pid {s.get('pid')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ...observe.snapshot import Snapshot
+from ..pausekind import pause_of
 from ..stackmatch import bf16_evidence, call_site, classify_stack, describe_top, main_thread
 from .lookup import stacks_of
 from .spec import declare
@@ -29,6 +30,11 @@ SIGNALS = declare(
     ("desync_deviant", bool, "its stacks wait in a collective none of the common path's ranks "
                              "wait in (see link)"),
     ("desync_others", str, "where the other stuck ranks wait, from their stacks"),
+    ("pause_kind", str, "what the main thread does outside the collectives at the last dump: "
+                        "checkpoint, evaluation, compile, data, logging or unknown "
+                        "(judge/pausekind.py); none while it waits in a collective"),
+    ("pause_site", str, "where the loop called what it does outside the collectives "
+                        "(\"estimate_loss <- train.py:260\"): the key its pauses are learned by"),
     ("ddp_setup", bool, "main thread in DistributedDataParallel's constructor at the last "
                         "dump: it meets its peers there (shapes, then parameters) before "
                         "its first step"),
@@ -66,6 +72,8 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
          "stack_backward": sum(_in_backward(d) for d in dumps),
          "stack_site": sites.pop() if len(sites) == 1 else None,
          "ddp_setup": _in_ddp_init(dumps[-1])}
+    if kinds[-1] not in WAITS + ("rendezvous", "agent"):
+        s["pause_kind"], s["pause_site"] = pause_of(dumps[-1])
     s.update(_bf16(history, dumps))
     return s
 

@@ -1,0 +1,298 @@
+"""Judgement over time: real healthy jobs watched by a real `ddpwatch run` with a
+webhook receiver, for minutes. Prints false pages per hour of healthy training,
+the pauses /status named (by kind), and, with --faults, the time from each fault
+to its page.
+
+    python benchmarks/soak.py --minutes 30            # healthy jobs only
+    python benchmarks/soak.py --minutes 3 --faults    # then one fault per job
+
+Each job is a real torchrun job (tests/jobs/thirdparty/nanogpt_ddp.py: rank 0
+alone evaluates every few seconds, and saves a checkpoint in one variant). The
+daemon runs with its defaults (no config but its port, state directory and a
+generic webhook), so what is measured is what a user gets. tests/test_soak.py runs
+a short version of the same in the suite (soak tests belong here).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import free_port  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
+
+# name -> environment of a nanoGPT-style job (tests/jobs/thirdparty/nanogpt_ddp.py)
+JOBS = {
+    "eval": {"DDPWATCH_TEST_EVAL_INTERVAL": "150", "DDPWATCH_TEST_EVAL_ITERS": "40"},
+    "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
+                   "DDPWATCH_TEST_CKPT_MB": "300"},
+}
+# fault -> (job, how): injected once the job trained a while
+FAULTS = {
+    "stopped": ("eval", "sigstop rank 1"),
+    "lock": ("eval", "rank 1 sleeps outside any collective"),
+    "spin": ("checkpoint", "rank 1 busy-loops where no pause ran before"),
+    "long-eval": ("eval", "rank 0's evaluation runs 10x its earlier ones"),
+}
+
+
+class Receiver:
+    """A generic webhook receiver: every message kept with its arrival time."""
+
+    def __init__(self):
+        self.messages: list[tuple[float, dict]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver.lock:
+                    receiver.messages.append((time.monotonic(), json.loads(body or b"{}")))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self, job_label: str | None = None) -> list[tuple[float, dict]]:
+        with self.lock:
+            return [(t, m) for t, m in self.messages if m.get("status") == "firing"
+                    and (job_label is None or m.get("job") == job_label)]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Proc:
+    """A process group of ours, killed (with everything it started) on close."""
+
+    def __init__(self, argv, env, log_path):
+        self.log = open(log_path, "wb")
+        self.log_path = log_path
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     cwd=REPO)
+
+    def pids(self) -> list[int]:
+        """The group's processes now (torchrun's workers share its session)."""
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[1].split()
+                    if int(fields[3]) == self.proc.pid:  # the session id
+                        out.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    continue
+        return out
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def close(self):
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+
+def rank_pids(job: Proc) -> dict[int, int]:
+    """rank -> pid, from the lines the job's ranks print once their group is up."""
+    found = {}
+    for line in job.output().splitlines():
+        if line.startswith("thirdparty: rank=") and " pid=" in line:
+            fields = dict(part.split("=", 1) for part in line.split()[1:])
+            found[int(fields["rank"])] = int(fields["pid"])
+    return found
+
+
+class Soak:
+    """Jobs, a daemon watching them with a webhook, and /status read every second."""
+
+    def __init__(self, workdir: str, jobs: dict[str, dict], faults: dict[str, str] = None,
+                 config: dict | None = None):
+        self.workdir = workdir
+        self.receiver = Receiver()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.hb_dir = os.path.join(workdir, "hb")
+        cfg = {"listen": f"127.0.0.1:{self.port}", "state_dir": os.path.join(workdir, "state"),
+               "heartbeat_dir": self.hb_dir,
+               "webhooks": [{"type": "generic", "url": self.receiver.url}], **(config or {})}
+        path = os.path.join(workdir, "ddpwatch.yaml")
+        with open(path, "w") as f:
+            json.dump(cfg, f)  # JSON is YAML
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                        DDPWATCH_DIR=self.hb_dir, PYTHONPATH=REPO)
+        self.procs: list[Proc] = []
+        self.daemon = self._start([sys.executable, "-m", "ddpwatch", "run", "--config", path],
+                                  {}, "daemon")
+        self.jobs: dict[str, Proc] = {}
+        self.store_ports: dict[str, int] = {}
+        for name, env in jobs.items():
+            port = free_port()
+            self.store_ports[name] = port
+            self.jobs[name] = self._start(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                 "--master_addr=127.0.0.1", f"--master_port={port}",
+                 os.path.join(THIRDPARTY, "nanogpt_ddp.py")],
+                dict(env, DDPWATCH_TEST_OUT=workdir,
+                     DDPWATCH_TEST_FAULT=(faults or {}).get(name, "")), name)
+        self.readings: list[tuple[float, dict]] = []
+        self._done = threading.Event()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+
+    def _start(self, argv, env, name) -> Proc:
+        proc = Proc(argv, dict(self.env, **env), os.path.join(self.workdir, f"{name}.log"))
+        self.procs.append(proc)
+        return proc
+
+    def _poll(self):
+        while not self._done.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url + "/status", timeout=10) as r:
+                    self.readings.append((time.monotonic(), json.loads(r.read())))
+            except (OSError, ValueError):
+                continue
+
+    def wait_started(self, timeout: float = 240.0) -> float:
+        """Until every job's two ranks announced themselves and the daemon judged
+        each; returns when."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(len(rank_pids(j)) == 2 for j in self.jobs.values()) and len(
+                    self.job_status()) >= len(self.jobs):
+                return time.monotonic()
+            time.sleep(0.5)
+        raise RuntimeError("jobs did not start: " + "; ".join(
+            f"{n}: {j.output()[-400:]}" for n, j in self.jobs.items()))
+
+    def job_status(self) -> dict[str, dict]:
+        """job name -> its last /status entry (matched by the ranks' pids)."""
+        if not self.readings:
+            return {}
+        status = self.readings[-1][1]
+        return {name: entry for name, entry in ((self.name_of(j), j) for j in status["jobs"])
+                if name}
+
+    def name_of(self, job_entry: dict) -> str | None:
+        pids = {r.get("pid") for r in job_entry.get("ranks", ())}
+        for name, proc in self.jobs.items():
+            if pids & set(rank_pids(proc).values()):
+                return name
+        return None
+
+    def label_of(self, name: str) -> str | None:
+        entry = self.job_status().get(name)
+        return entry.get("key") if entry else None
+
+    def pauses_seen(self) -> dict[str, collections.Counter]:
+        """job name -> Counter of pause kinds named in /status readings."""
+        seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for _, status in self.readings:
+            for entry in status["jobs"]:
+                name = self.name_of(entry)
+                pause = entry.get("pause") or {}
+                if name and pause.get("kind"):
+                    seen[name][pause["kind"]] += 1
+        return seen
+
+    def verdicts_seen(self) -> dict[str, collections.Counter]:
+        seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for _, status in self.readings:
+            for entry in status["jobs"]:
+                name = self.name_of(entry)
+                if name:
+                    seen[name][entry["job"]["verdict"]] += 1
+        return seen
+
+    def close(self):
+        self._done.set()
+        for proc in reversed(self.procs):
+            proc.close()
+        self.receiver.close()
+
+
+def inject(soak: Soak, fault: str) -> float:
+    """Apply a fault from outside (a stop) or note when the job's own fault began;
+    returns its start (monotonic)."""
+    job = FAULTS[fault][0]
+    if fault == "stopped":
+        pid = rank_pids(soak.jobs[job])[1]
+        os.kill(pid, signal.SIGSTOP)
+        return time.monotonic()
+    marker = {"lock": "hangs at step", "spin": "spins at step",
+              "long-eval": None}[fault]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        out = soak.jobs[job].output()
+        if marker and marker in out:
+            return time.monotonic()
+        if marker is None and out.count("val loss") >= 1 and "long eval started" in out:
+            return time.monotonic()
+        time.sleep(0.2)
+    raise RuntimeError(f"fault {fault} never began")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="healthy training watched (after the jobs started)")
+    parser.add_argument("--jobs", default=",".join(JOBS), help="which jobs, of " + ",".join(JOBS))
+    args = parser.parse_args()
+    names = [n for n in args.jobs.split(",") if n]
+    with tempfile.TemporaryDirectory(prefix="soak-") as workdir:
+        soak = Soak(workdir, {n: JOBS[n] for n in names})
+        try:
+            started = soak.wait_started()
+            end = started + args.minutes * 60
+            while time.monotonic() < end:
+                time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+            hours = (time.monotonic() - started) / 3600
+            firing = soak.receiver.firing()
+            print(f"healthy training watched: {hours * 60:.1f} min, {len(names)} job(s) "
+                  f"({', '.join(names)}), 2 CPU ranks each")
+            print(f"false pages: {len(firing)} firing message(s), "
+                  f"{len(firing) / hours / len(names):.2f} per job-hour (target 0)")
+            for t, m in firing:
+                print(f"  +{t - started:6.1f}s {m.get('job')}: {m.get('summary', '')[:200]}")
+            for name in names:
+                print(f"  {name}: verdicts {dict(soak.verdicts_seen().get(name, {}))}; "
+                      f"pauses named {dict(soak.pauses_seen().get(name, {}))}")
+        finally:
+            soak.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

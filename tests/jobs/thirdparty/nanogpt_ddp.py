@@ -1,0 +1,145 @@
+"""A nanoGPT-shaped training loop (karpathy/nanoGPT's train.py, cut down): torchrun,
+Gloo on CPU, and what makes it a test of judgement over time: the master process
+alone evaluates (`estimate_loss` under `torch.no_grad`) every EVAL_INTERVAL
+iterations and, with CKPT_MB, saves a checkpoint, while the other ranks wait in the
+next step's gradient all-reduce. That is healthy training, not a hang.
+
+    torchrun --nproc_per_node=2 nanogpt_ddp.py
+
+Knobs (environment): DDPWATCH_TEST_EVAL_INTERVAL (iterations, default 100),
+DDPWATCH_TEST_EVAL_ITERS (batches per split, default 30), DDPWATCH_TEST_CKPT_MB
+(0: no checkpoint; else rank 0 saves one of about that size after each
+evaluation), DDPWATCH_TEST_OUT (where). Faults (DDPWATCH_TEST_FAULT, README.md):
+`hang:RANK:STEP`, `spin:RANK:STEP` (busy for ever outside any collective, in a
+function no pause ran before), `longeval:STEP:FACTOR` (that iteration's
+evaluation runs FACTOR times as long as the others).
+"""
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from faults import STEPS, _faults, announce, maybe_hang  # noqa: E402
+
+eval_interval = int(os.environ.get("DDPWATCH_TEST_EVAL_INTERVAL", "100"))
+eval_iters = int(os.environ.get("DDPWATCH_TEST_EVAL_ITERS", "30"))
+ckpt_mb = int(os.environ.get("DDPWATCH_TEST_CKPT_MB", "0"))
+out_dir = os.environ.get("DDPWATCH_TEST_OUT", "/tmp")
+block_size, batch_size, vocab_size = 64, 8, 256
+n_layer, n_head, n_embd = 2, 4, 64
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.attn = nn.MultiheadAttention(n_embd, n_head, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(),
+                                 nn.Linear(4 * n_embd, n_embd))
+
+    def forward(self, x):
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, need_weights=False, is_causal=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.Sequential(*[Block() for _ in range(n_layer)])
+        self.lm_head = nn.Linear(n_embd, vocab_size)
+
+    def forward(self, idx, targets):
+        pos = torch.arange(idx.size(1))
+        x = self.blocks(self.wte(idx) + self.wpe(pos))
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, vocab_size), targets.view(-1))
+
+
+data = torch.randint(0, vocab_size, (100_000,), generator=torch.Generator().manual_seed(0))
+
+
+def get_batch(split):
+    # nanoGPT reads random windows of train.bin / val.bin; the halves of one tensor here
+    lo, hi = (0, 90_000) if split == "train" else (90_000, 100_000)
+    ix = torch.randint(lo, hi - block_size - 1, (batch_size,))
+    x = torch.stack([data[i:i + block_size] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+    return x, y
+
+
+@torch.no_grad()
+def estimate_loss(model, iters):
+    out = {}
+    model.eval()
+    for split in ["train", "val"]:
+        losses = torch.zeros(iters)
+        for k in range(iters):
+            X, Y = get_batch(split)
+            _, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean()
+    model.train()
+    return out
+
+
+def spin_forever(rank, step):
+    """spin:RANK:STEP - busy for ever, outside any collective, in a place no pause
+    of this job ran before."""
+    for fault_rank, fault_step in _faults("spin"):
+        if rank == fault_rank and step == fault_step:
+            print(f"thirdparty: rank {rank} spins at step {step}", flush=True)
+            x = 0.0
+            while True:
+                x = math.sin(x + 1.0)
+
+
+def eval_factor(step):
+    """longeval:STEP:FACTOR - that iteration's evaluation is FACTOR times as long."""
+    return max([factor for at, factor in _faults("longeval") if at == step] or [1])
+
+
+def main():
+    dist.init_process_group(backend="gloo")
+    rank = int(os.environ["RANK"])
+    master_process = rank == 0
+    announce(rank, int(os.environ["LOCAL_RANK"]), dist.get_world_size())
+    torch.manual_seed(1337 + rank)
+    model = DDP(GPT())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    iter_num = 0
+    while STEPS <= 0 or iter_num < STEPS:
+        # evaluate the loss on train/val sets and write checkpoints (master only)
+        if iter_num % eval_interval == 0 and iter_num > 0 and master_process:
+            started = time.monotonic()
+            losses = estimate_loss(model, eval_iters * eval_factor(iter_num))
+            print(f"thirdparty: step {iter_num}: train loss {losses['train']:.4f}, val loss "
+                  f"{losses['val']:.4f} ({time.monotonic() - started:.1f}s)", flush=True)
+            if ckpt_mb:
+                checkpoint = {"model": model.module.state_dict(),
+                              "optimizer": optimizer.state_dict(),
+                              "ballast": torch.zeros(ckpt_mb * 2 ** 20 // 4),
+                              "iter_num": iter_num}
+                torch.save(checkpoint, os.path.join(out_dir, f"ckpt-{os.getpid()}.pt"))
+        maybe_hang(rank, iter_num)
+        spin_forever(rank, iter_num)
+        X, Y = get_batch("train")
+        _, loss = model(X, Y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        iter_num += 1
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
