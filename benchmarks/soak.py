@@ -35,7 +35,7 @@ THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
 
 # name -> environment of a nanoGPT-style job (tests/jobs/thirdparty/nanogpt_ddp.py)
 JOBS = {
-    "eval": {"DDPWATCH_TEST_EVAL_INTERVAL": "150", "DDPWATCH_TEST_EVAL_ITERS": "40"},
+    "eval": {"DDPWATCH_TEST_EVAL_INTERVAL": "150", "DDPWATCH_TEST_EVAL_ITERS": "150"},
     "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
                    "DDPWATCH_TEST_CKPT_MB": "300"},
 }

@@ -19,7 +19,18 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
                                  # read about this often (every thread each 0.1 s under
                                  # suspicion): a rank stopped part of the time; 0: never
     probe_timeout_s: 2.0
-    resolve_after_s: 5.0         # healthy this long before an incident resolves
+    resolve_after_s: 30.0        # calm this long before an incident resolves (hysteresis:
+                                 # a hang that comes back after a few good steps is
+                                 # the same incident)
+    group_interval_s: 60.0       # an open incident whose verdict grows more severe is
+                                 # told again at most this often (one incident, one page)
+    pause_floor_s: 300.0         # a pause (a rank working outside the collectives while
+                                 # its peers wait: evaluation, checkpoint...) pages once
+                                 # it lasts longer than this AND pause_factor x the
+                                 # longest earlier pause of the job at that place
+    pause_factor: 3.0
+    collective_timeout_s: 0.0    # the jobs' collective timeout; a pause pages before it
+                                 # kills the job. 0: by backend (NCCL 600, else Gloo 1800)
     open_after_s: {}             # a job verdict opens an incident once it lasted this
                                  # long; over the defaults {rendezvous_wait: 60,
                                  # straggler: 30, waiting_on_peer: 30, slow_collective: 30}
@@ -74,7 +85,11 @@ class Config:
     stacks_min_interval_s: float = 5.0
     reading_s: float = 0.25
     probe_timeout_s: float = 2.0
-    resolve_after_s: float = 5.0
+    resolve_after_s: float = 30.0
+    group_interval_s: float = 60.0
+    pause_floor_s: float = 300.0
+    pause_factor: float = 3.0
+    collective_timeout_s: float = 0.0
     open_after_s: dict[str, float] = field(default_factory=dict)
     probes: dict[str, bool] = field(default_factory=dict)
     rules: tuple[str, ...] = ()
@@ -124,7 +139,9 @@ def find_file(flag: str | None) -> str | None:
 # OverflowError; a too-small one burns a core (issue 14).
 BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
           "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
-          "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0)}
+          "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0),
+          "group_interval_s": (0.0, 86400.0), "pause_floor_s": (0.0, 7 * 86400.0),
+          "pause_factor": (1.0, 1000.0), "collective_timeout_s": (0.0, 7 * 86400.0)}
 # values never shown in an error or a log line
 SECRETS = ("token", "peer_token", "webhooks")
 

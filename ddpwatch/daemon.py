@@ -17,7 +17,6 @@ import time
 from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery, helpers
 from .observe.between import BetweenTicks
-from .observe.duty import merge as merge_duties
 from .publish.alerts.route import AlertRoute, owner_node
 from .publish.bundle import rewrite_page, write_bundle
 from .config import Config
@@ -27,9 +26,9 @@ from .publish.incidents import IncidentBook
 from .observe.departures import Departures
 from .observe.probes import Look, ProbeContext
 from .observe.sampler import Sampler
-from .observe.snapshot import Snapshot
 from .publish.page_list import incident_path
 from .publish.view import DaemonView, JobView
+from .watch.job import WatchedJob
 
 log = logging.getLogger("ddpwatch")
 
@@ -53,16 +52,14 @@ class Daemon:
         self.clock = clock
         self.node = socket.gethostname()
         self.view: DaemonView | None = None
-        self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s)
+        self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s,
+                                      config.group_interval_s)
         self.alert_route = AlertRoute(config.peer_max_age_s)
-        self._history: dict[str, collections.deque] = {}
-        # the ranks' states read between ticks (observe/between.py): per job, what
-        # each tick took, (taken_at, Duty), merged over the window for judging
+        # owner key -> the job's state between ticks (watch/job.py)
+        self.watched: dict[str, WatchedJob] = {}
+        # the ranks' states read between ticks (observe/between.py)
         self.between = BetweenTicks(clock, glance_s=config.reading_s)
-        self._duties: dict[str, collections.deque] = {}
         self._requested_now = False
-        self._verdicts: dict[str, str] = {}  # job key -> last tick's verdict
-        self._first_seen: dict[str, float] = {}  # job key -> when discovery first saw it
         self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
         # ranks seen ending, and jobs held after a rank's death took them away
         self.departures = Departures()
@@ -109,6 +106,7 @@ class Daemon:
         self.config, self.rules = config, rules
         self.incidents.resolve_after_s = config.resolve_after_s
         self.incidents.open_after_s = config.open_after_s
+        self.incidents.group_interval_s = config.group_interval_s
         self.alert_route.grace_s = config.peer_max_age_s
         self.between.glance_s = config.reading_s
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
@@ -176,22 +174,6 @@ class Daemon:
         statuses.extend(self._survey.probes)
         return self._survey.jobs()
 
-    def _window(self, key: str, snap: Snapshot, duty) -> tuple[Snapshot, Snapshot]:
-        history = self._history.setdefault(key, collections.deque())
-        history.append(snap)
-        while len(history) > 2 and snap.taken_at - history[1].taken_at >= self.config.window_s:
-            history.popleft()
-        # The readings between the first snapshot of the window and this one: the
-        # last snapshot holds them, so what is kept (bundles) replays as judged.
-        duties = self._duties.setdefault(key, collections.deque())
-        duties.append((snap.taken_at, duty))
-        while len(duties) > 1 and duties[0][0] <= history[0].taken_at:
-            duties.popleft()
-        merged = merge_duties([d for _, d in duties])
-        if merged is not None:
-            history[-1] = dataclasses.replace(snap, duty=merged)
-        return history[0], history[-1]
-
     def between_ticks(self, deadline: float, stop) -> None:
         """Until the next tick; the ranks' states are read meanwhile (the window's
         evidence) by a thread started on the first call (observe/between.py)."""
@@ -207,8 +189,10 @@ class Daemon:
         is not any more), and closer still (stacks) on suspicion or on request.
         `key`: who the job is (discovery.owner_key), for the daemon's books;
         `label`: what it is called (the run id), for people, metrics and peers."""
-        first_seen = self._first_seen.setdefault(key, self.clock())
-        detailed = self._verdicts.get(key) != "healthy" or self._requested_now
+        watched = self.watched.get(key)
+        if watched is None:
+            watched = self.watched[key] = WatchedJob(key, self.clock())
+        detailed = watched.verdict != "healthy" or self._requested_now
         # the peer view: this job's ranks on other nodes, as their daemons see them
         remote = self.peers.remote_signals(label) if self.peers else ()
 
@@ -217,30 +201,35 @@ class Daemon:
             statuses.extend(snap.probes)
             return snap
         duty = self.between.take(key, job.rank_pids)
-        first, last = self._window(key, sample(Look.DETAIL if detailed else Look.GLANCE), duty)
+        first, last = watched.window(sample(Look.DETAIL if detailed else Look.GLANCE), duty,
+                                     self.config.window_s)
         judgement, remote = self._judge(key, (first, last), remote)
         if not detailed and judgement.job.verdict != "healthy":
             # Something changed since the last tick: look again, in detail.
-            last = self._history[key][-1] = dataclasses.replace(sample(Look.DETAIL),
-                                                                duty=last.duty)
+            last = dataclasses.replace(sample(Look.DETAIL), duty=last.duty)
+            watched.replace_last(last)
             judgement, remote = self._judge(key, (first, last), remote)
-        self._verdicts[key] = judgement.job.verdict
         suspicious = judgement.job.verdict not in vocabulary.FINE
         if judgement.job.verdict == "unknown":
             # a job no rule can judge yet in its first seconds is starting
-            suspicious = self.clock() - first_seen >= STARTUP_GRACE_S
+            suspicious = self.clock() - watched.first_seen >= STARTUP_GRACE_S
         # a job held after its ranks ended has no process left to look closer at
         gone = not job.rank_pids and bool(job.departed_pids)
         if (suspicious or self._requested_now) and not gone:
             closer = self.sampler.look_closer(last, self._survey, key,
                                               force_stacks=self._requested_now)
             statuses.extend(closer.probes[len(last.probes):])
-            last = self._history[key][-1] = closer
+            last = closer
+            watched.replace_last(closer)
             judgement, remote = self._judge(key, (first, last), remote)
+        # a pause past what is normal for this job is a hang (judge/overtime.py)
+        judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy"
                            or self._requested_now)
-        return JobView(label, judgement, last)
+        view = JobView(label, judgement, last, over)
+        watched.view = view
+        return view
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
         """(judgement, the remote signals it used). A peer's answer that breaks the
@@ -262,12 +251,9 @@ class Daemon:
                 for key, view in self._last_views.items()}
 
     def _forget_vanished(self, keys: set) -> None:
-        gone = set(self._history) - keys
+        gone = set(self.watched) - keys
         for key in gone:
-            del self._history[key]
-            self._duties.pop(key, None)
-            self._verdicts.pop(key, None)
-            self._first_seen.pop(key, None)
+            del self.watched[key]
         self.sampler.forget(gone)
         self.between.forget(gone)
 
@@ -285,8 +271,8 @@ class Daemon:
                 self._write_bundle(incident, by_key[incident.owner])
             elif incident.bundle:  # resolved: the page says when and how
                 self._guard("bundle", lambda: rewrite_page(incident.bundle, incident), "")
-            if event.kind != "resolved":
-                news.add(incident.id)
+            if event.kind != "resolved" and event.notify:
+                news.add(incident.id)  # people hear of it (publish/incidents.py Event)
             elif self.alert_route.forget(incident.id):  # it fired from here: resolve it here
                 self._send(incident)
         if self.dispatcher is None:
@@ -314,7 +300,7 @@ class Daemon:
         says why in `bundle_error` and _retry_bundles tries again next tick."""
         try:
             path = write_bundle(self.config.effective_state_dir(), incident, view,
-                                self._history[incident.owner],
+                                self.watched[incident.owner].history,
                                 record_dirs(self.config.heartbeat_dir or None,
                                             self._survey.record_dirs))
         except Exception as err:

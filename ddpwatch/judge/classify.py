@@ -88,7 +88,7 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             findings=findings, stack=s.get("stack_top", ""),
             signals={k: v for k, v in sorted(s.items()) if isinstance(v, (int, float, str, bool))}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
-    return Judgement(_job(verdicts), tuple(verdicts),
+    return Judgement(job_verdict(verdicts), tuple(verdicts),
                      tuple({k: v for k, v in sorted(s.items()) if _scalar(v)} for s in local),
                      tuple(signals.heartbeat.job_records(history[-1])))
 
@@ -116,7 +116,8 @@ def _name(v: RankVerdict) -> str:
     return f"{name} (on {v.host or 'a peer node'})" if v.remote else name
 
 
-def _job(verdicts: list[RankVerdict]) -> JobVerdict:
+def job_verdict(verdicts) -> JobVerdict:
+    """The job's verdict from its ranks' (also after judge/overtime.py rewrote some)."""
     if not verdicts:
         return JobVerdict("unknown", (), "No rank of this job could be found.")
     verdict = _job_verdict(verdicts)

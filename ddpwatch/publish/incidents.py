@@ -1,6 +1,14 @@
 """Incidents: open -> ongoing -> resolved, one per job at a time. Pure state
 machine over per-tick job verdicts; the daemon writes bundles and sends alerts
-for the events it returns."""
+for the events it returns.
+
+One incident is one page (DESIGN.md "Persistence before severity"; Alertmanager's
+group_interval): an incident's verdict may change every few seconds (hung,
+straggler, hung), and each change updates its bundle and page, but a change is
+told to people (`Event.notify`) only when the severity rises above what they were
+last told, and at most once per `group_interval_s`; a rise held back by the
+interval is told when the interval ends, if it still stands. It resolves once the
+job has been calm for `resolve_after_s` (hysteresis), with one resolved message."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +16,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from ..judge.vocabulary import CALM, OPEN_AFTER_S  # which verdicts page, and when
+from ..judge.vocabulary import CALM, OPEN_AFTER_S, SEVERITY  # which verdicts page, and when
 from .view import Incident, IncidentState
 
 KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
@@ -21,7 +29,12 @@ OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens a
 class Event:
     kind: str          # "opened" | "changed" (verdict or culprits) | "resolved"
     incident: Incident
+    # tell people (a webhook): every opened and resolved event; a changed one only
+    # when the severity rose past what they were told, once per group interval
+    notify: bool = True
 
+
+GROUP_INTERVAL_S = 60.0  # the config's group_interval_s by default
 
 def resolution(verdict: str, calm_s: float) -> str:
     """How an incident resolved, for people: the job's verdict while it calmed."""
@@ -34,9 +47,13 @@ def resolution(verdict: str, calm_s: float) -> str:
 
 
 class IncidentBook:
-    def __init__(self, resolve_after_s: float, open_after_s: dict[str, float] | None = None):
+    def __init__(self, resolve_after_s: float, open_after_s: dict[str, float] | None = None,
+                 group_interval_s: float = GROUP_INTERVAL_S):
         self.resolve_after_s = resolve_after_s
         self.open_after_s = open_after_s
+        self.group_interval_s = group_interval_s
+        # job key -> (the most severe verdict people were told, when a change was told)
+        self._told: dict[str, tuple[str, float]] = {}
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
         # job key -> (problem ticks in a row, when the first of them was)
@@ -79,6 +96,7 @@ class IncidentBook:
                                     IncidentState.OPEN, verdict, culprits, summary, now, now,
                                     0.0, "", owner=key)
                 self._open[key] = incident
+                self._told[key] = (verdict, -1e18)
                 self.opened_total[verdict] = self.opened_total.get(verdict, 0) + 1
                 events.append(Event("opened", incident))
             else:
@@ -86,10 +104,14 @@ class IncidentBook:
                     current, state=IncidentState.ONGOING, verdict=verdict,
                     culprits=culprits or current.culprits, summary=summary, updated_at=now)
                 self._open[key] = updated
-                if (updated.verdict, updated.culprits) != (current.verdict, current.culprits):
+                changed = (updated.verdict, updated.culprits) != (current.verdict,
+                                                                   current.culprits)
+                rose = self._rose(key, verdict, now)
+                if changed or rose:
                     # A first tick may see the victims before the culprit: the
-                    # evidence and the alert follow the judgement, not its first draft.
-                    events.append(Event("changed", updated))
+                    # evidence follows the judgement, not its first draft; people
+                    # hear of it when it is worse than what they were told.
+                    events.append(Event("changed", updated, notify=rose))
         for key in set(self._troubled) - set(verdicts):
             del self._troubled[key]  # the job is gone
         for key in list(self._open):
@@ -102,10 +124,21 @@ class IncidentBook:
                                            resolved_at=now, updated_at=now,
                                            resolution=resolution(verdict, now - since))
                 self._calm_since.pop(key, None)
+                self._told.pop(key, None)
                 self._resolved.append(done)
                 events.append(Event("resolved", done))
         self._resolved = [i for i in self._resolved if now - i.resolved_at < KEEP_RESOLVED_S]
         return events
+
+    def _rose(self, key: str, verdict: str, now: float) -> bool:
+        """Whether to tell people of `verdict` now: more severe than the worst they
+        were told of this incident, and no change told within the group interval.
+        Records it as told when so."""
+        told, at = self._told.get(key, (verdict, -1e18))
+        if SEVERITY.index(verdict) >= SEVERITY.index(told) or now - at < self.group_interval_s:
+            return False
+        self._told[key] = (verdict, now)
+        return True
 
     def attach_bundle(self, incident_id: str, path: str, error: str = "") -> None:
         self._amend(incident_id, bundle=path, bundle_error=error)
@@ -136,6 +169,8 @@ class IncidentBook:
         gone) and are not opened again while the problem lasts."""
         self._counter = max(self._counter, counter)
         self._open.update(open_)
+        for key, incident in open_.items():  # its firing message was sent before
+            self._told.setdefault(key, (incident.verdict, -1e18))
         self._resolved = list(resolved) + self._resolved
 
 

@@ -46,6 +46,9 @@ class JobView:
     key: str              # stable label: the run id, else "pid<launcher or first rank>"
     judgement: Judgement
     last: Snapshot
+    # the job's judgement over time (watch/job.py OverTime): its pause in progress,
+    # where its ranks' time went, its verdicts over time; None from `diagnose`
+    over_time: object = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ SIGNALS = declare(
     ("hb_world_size", int, "world size (record)"),
     ("compute_dtype", str, "dtype the rank computes in (heartbeat)"),
     ("device_type", str, "device the rank trains on (heartbeat)"),
+    ("hb_backend", str, "the process group's backend (heartbeat): gloo, nccl..."),
     ("data_fp", str, "data fingerprint (heartbeat: shard list + batches)"),
 )
 
@@ -56,6 +57,7 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
          "hb_comm_mbps": _comm_mbps(first, last),
          "compute_dtype": last.compute_dtype or None,
          "hb_rank": last.rank, "hb_world_size": last.world_size,
+         "hb_backend": last.backend or None,
          "data_fp": last.data_fingerprint or None}
     if last.in_collective:
         past_ops = {e.op for e in last.ring if e.seq < last.collective_seq}

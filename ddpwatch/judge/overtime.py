@@ -1,0 +1,133 @@
+"""Judgement over time: when a pause stops being one. Pure.
+
+The classifier (classify.py) judges one window: a rank working outside the
+collectives while its peers wait is `paused` (rules paused-working,
+waits-for-paused-peer), whatever it does and however long. Whether that is still
+normal depends on the job's past, which the daemon's per-job watch keeps
+(watch/pauses.py) and hands here as a `Pause`: how long this pause has lasted,
+and how long this job's earlier pauses at the same place lasted.
+
+A pause becomes a hang, its working rank the culprit and its waiting peers the
+victims, once it has lasted past its bound:
+    bound = min(max(floor, factor x the longest earlier pause at that site),
+                the collective timeout less a margin)
+The floor (minutes by default: a big model's checkpoint takes minutes) keeps a
+job with no history quiet; the learned part keeps a job whose evaluation
+normally takes 10 minutes quiet for 10 minutes; the timeout part pages before
+Gloo's 30 min (NCCL's 10) would kill the job and its evidence with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .classify import Judgement, RankVerdict, job_verdict
+from .pausekind import describe
+
+# What kills a job whose ranks wait too long: torch's default timeouts per backend
+DEFAULT_TIMEOUT_S = {"nccl": 600.0, "gloo": 1800.0}
+TIMEOUT_MARGIN = 0.2      # page this share of the timeout before it (at least 60 s)
+MIN_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A pause in progress, as the job's watch has followed it."""
+    rank: int
+    pid: int
+    kind: str              # judge/pausekind.KINDS
+    site: str              # pause_site ("" when no stack named one)
+    elapsed_s: float       # since it began (the peers' wait, when heartbeats say more)
+    earlier: tuple[float, ...]  # this job's earlier pauses at `site`, seconds
+    floor_s: float
+    factor: float
+    timeout_s: float       # the collective timeout that would end the job
+    backend: str           # what the timeout is of ("gloo", "nccl", "" unknown)
+
+    @property
+    def learned_s(self) -> float:
+        return self.factor * max(self.earlier) if self.earlier else 0.0
+
+    @property
+    def margin_s(self) -> float:
+        return max(MIN_MARGIN_S, TIMEOUT_MARGIN * self.timeout_s)
+
+    @property
+    def bound_s(self) -> float:
+        return min(max(self.floor_s, self.learned_s),
+                   max(0.0, self.timeout_s - self.margin_s))
+
+    @property
+    def left_s(self) -> float:
+        """Before the collective timeout ends the job."""
+        return max(0.0, self.timeout_s - self.elapsed_s)
+
+    @property
+    def over(self) -> bool:
+        return self.elapsed_s > self.bound_s
+
+    def why(self) -> str:
+        """What the bound is made of, for evidence."""
+        if self.earlier:
+            lo, hi = min(self.earlier), max(self.earlier)
+            past = (f"its {len(self.earlier)} earlier pause(s) there lasted "
+                    + (f"{hi:.1f}s" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f}s"))
+        else:
+            past = "no earlier pause of this job ran there"
+        return (f"{past}; bound {self.bound_s:.0f}s (floor {self.floor_s:.0f}s, "
+                f"{self.factor:g}x the longest earlier there; {self.timeout_s:.0f}s "
+                f"{self.backend or 'collective'} timeout)")
+
+
+def timeout_for(backend: str, configured_s: float = 0.0) -> float:
+    """The collective timeout the job runs under: the config's, else torch's
+    default for its backend (Gloo's when unknown: a CPU job without heartbeats)."""
+    if configured_s > 0:
+        return configured_s
+    return DEFAULT_TIMEOUT_S.get((backend or "").lower(), DEFAULT_TIMEOUT_S["gloo"])
+
+
+def escalate(judgement: Judgement, pause: Pause | None) -> Judgement:
+    """`judgement` with a pause past its bound turned into the hang it has become:
+    the pausing rank the culprit (hung_outside_collective, rule pause-past-bound),
+    the ranks waiting for it victims (blocked_in_collective, rule
+    waits-past-pause-bound). Unchanged otherwise."""
+    if pause is None or not pause.over:
+        return judgement
+    ranks = []
+    for r in judgement.ranks:
+        if r.verdict != "paused":
+            ranks.append(r)
+        elif r.pid == pause.pid and not r.remote:
+            ranks.append(_culprit(r, pause))
+        else:
+            ranks.append(_victim(r, pause))
+    return dataclasses.replace(judgement, ranks=tuple(ranks), job=job_verdict(ranks))
+
+
+def _culprit(r: RankVerdict, p: Pause) -> RankVerdict:
+    where = f" at {p.site}" if p.site else ""
+    doing = describe(p.kind) if p.kind != "unknown" else "works outside the collectives"
+    near = (f"; the {p.backend or 'collective'} timeout ({p.timeout_s:.0f}s) ends the job in "
+            f"about {p.left_s:.0f}s" if p.elapsed_s >= p.timeout_s - p.margin_s else "")
+    evidence = (f"{doing}{where} for {p.elapsed_s:.0f}s while its peers wait in a collective, "
+                f"longer than is normal for this job: {p.why()}{near}"
+                + (f" (CPU {r.signals['cpu_ratio']:.0%})"
+                   if isinstance(r.signals.get("cpu_ratio"), float) else ""))
+    remedy = (f"See what it does: `py-spy dump --pid {r.pid}`. If it loops or waits on "
+              f"something that never comes, fix that and restart; if this work really takes "
+              f"so long, raise pause_floor_s (or the job's collective timeout) so that it "
+              f"is not paged, or move it off the critical path (every rank evaluates, "
+              f"asynchronous checkpoints).")
+    return dataclasses.replace(r, verdict="hung_outside_collective", role="culprit",
+                               rule="pause-past-bound", confidence=0.75, evidence=evidence,
+                               remedy=remedy)
+
+
+def _victim(r: RankVerdict, p: Pause) -> RankVerdict:
+    return dataclasses.replace(
+        r, verdict="blocked_in_collective", role="victim", rule="waits-past-pause-bound",
+        confidence=0.75,
+        evidence=f"waits in a collective for rank {p.rank}, which has worked outside the "
+                 f"collectives for {p.elapsed_s:.0f}s, past its bound ({p.bound_s:.0f}s)",
+        remedy="Nothing to fix on this rank: see the culprit.")

@@ -1,0 +1,96 @@
+"""WatchedJob: everything the daemon remembers of one job between ticks
+(DESIGN.md "Per-job state in one place"; STYLE.md 11, Prometheus's scrapeLoop).
+
+    snapshots of the window -> (classify, pure) -> judgement
+    judgement + this job's past pauses -> (judge/overtime.py, pure) -> what is paged
+
+The daemon makes one per job it discovers, feeds it each tick, and forgets it
+when the job is gone."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass
+
+from ..judge.classify import JobVerdict
+from ..judge.overtime import Pause, escalate
+from ..judge.pausekind import describe
+from ..observe.duty import merge as merge_duties
+from .pauses import PauseTracker
+from .timebook import TimeBook
+
+
+@dataclass(frozen=True)
+class OverTime:
+    """The job's judgement over time, as this tick leaves it: what /status, the
+    metrics and the incident page show beside the verdict."""
+    pause: Pause | None                       # in progress (escalated when over)
+    time: dict                                # rank -> state -> seconds since watched
+    recent: dict                              # the same over the last 10 minutes
+    timeline: tuple[tuple[float, str, str], ...]  # (wall, job verdict, pause kind)
+    pauses: tuple                             # ended pauses (watch/pauses.Ended)
+    note: str                                 # what the pauses cost, in words
+
+
+class WatchedJob:
+    def __init__(self, key: str, first_seen: float):
+        self.key = key
+        self.first_seen = first_seen
+        self.history: collections.deque = collections.deque()
+        self._duties: collections.deque = collections.deque()
+        self.verdict: str | None = None       # last tick's job verdict
+        self.view = None                       # last tick's JobView
+        self.pauses = PauseTracker()
+        self.time = TimeBook()
+
+    def window(self, snap, duty, window_s: float):
+        """(first, last) snapshots of the judging window, `snap` added; the last
+        carries the readings taken between the window's first snapshot and now
+        (observe/between.py), so what is kept (bundles) replays as judged."""
+        history = self.history
+        history.append(snap)
+        while len(history) > 2 and snap.taken_at - history[1].taken_at >= window_s:
+            history.popleft()
+        duties = self._duties
+        duties.append((snap.taken_at, duty))
+        while len(duties) > 1 and duties[0][0] <= history[0].taken_at:
+            duties.popleft()
+        merged = merge_duties([d for _, d in duties])
+        if merged is not None:
+            history[-1] = dataclasses.replace(snap, duty=merged)
+        return history[0], history[-1]
+
+    def replace_last(self, snap) -> None:
+        self.history[-1] = snap
+
+    def over_time(self, judgement, now: float, wall: float, config):
+        """(the judgement to publish and page, OverTime): a pause past what is
+        normal for this job becomes the hang it is (judge/overtime.py)."""
+        pause = self.pauses.update(judgement, now, wall, floor_s=config.pause_floor_s,
+                                   factor=config.pause_factor,
+                                   timeout_s=config.collective_timeout_s)
+        judged = escalate(judgement, pause)
+        note = "; ".join(filter(None, (self.pauses.summary(wall), self.time.idle_note(wall))))
+        if pause is not None:
+            judged = dataclasses.replace(judged, job=_with_pause(judged.job, pause, note))
+        self.time.add(judged, now, wall, pause.kind if pause is not None else "")
+        self.verdict = judged.job.verdict
+        return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
+                                tuple(self.time.timeline), tuple(self.pauses.ended), note)
+
+
+def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:
+    """The job's summary says what the pause is, how long it may last, and what the
+    job's pauses cost."""
+    cost = f" This job's pauses: {note}." if note else ""
+    if job.verdict == "paused":
+        where = f" at {pause.site}" if pause.site else ""
+        summary = (f"rank {pause.rank} {describe(pause.kind)}{where} while its peers wait: a "
+                   f"pause ({pause.kind}), {pause.elapsed_s:.0f}s so far; paged past "
+                   f"{pause.bound_s:.0f}s ({pause.why()}).{cost} Remedy: nothing while it is "
+                   f"short; if the others wait long or often, do the work on every rank, less "
+                   f"often, or asynchronously.")
+        return dataclasses.replace(job, summary=summary)
+    if job.verdict == "hung_outside_collective" and pause.over:
+        return dataclasses.replace(job, summary=job.summary + cost)
+    return job

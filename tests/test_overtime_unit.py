@@ -1,0 +1,171 @@
+"""Judgement over time, without processes: a job's pauses learned per call site
+(watch/pauses.py), a pause turned into a hang past its bound (judge/overtime.py),
+where the ranks' time went (watch/timebook.py) and one page per incident
+(publish/incidents.py). Judgements are built in code with a fixed clock."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ddpwatch.judge.classify import Judgement, RankVerdict, job_verdict
+from ddpwatch.judge.overtime import Pause, escalate, timeout_for
+from ddpwatch.judge.pausekind import pause_of
+from ddpwatch.observe.probes.stacks import Frame, PidStacks, ThreadStack
+from ddpwatch.publish.incidents import IncidentBook
+from ddpwatch.watch.job import WatchedJob
+from ddpwatch.watch.timebook import TimeBook
+
+SITE = "estimate_loss <- train.py:260"
+CONFIG = SimpleNamespace(pause_floor_s=20.0, pause_factor=3.0, collective_timeout_s=0.0)
+
+
+def rank(r, verdict, role="none", **signals) -> RankVerdict:
+    return RankVerdict(pid=100 + r, rank=r, local_rank=r, host="", verdict=verdict, role=role,
+                       confidence=0.7, rule="", evidence=f"rank {r} evidence", remedy="",
+                       findings=(), stack="", signals=signals)
+
+
+def judgement(*ranks) -> Judgement:
+    return Judgement(job_verdict(list(ranks)), tuple(ranks))
+
+
+def pausing(kind="evaluation", site=SITE):
+    return judgement(rank(0, "paused", pausing=True, pause_kind=kind, pause_site=site,
+                          cpu_ratio=0.98),
+                     rank(1, "paused", pausing=False, cpu_ratio=0.01))
+
+
+HEALTHY = judgement(rank(0, "healthy"), rank(1, "healthy"))
+
+
+def run(job: WatchedJob, seconds: float, judged, start: float, step: float = 1.0):
+    """Feed `judged` every `step` seconds from `start`; the last (judgement, over)."""
+    t, out = start, None
+    while t < start + seconds:
+        out = job.over_time(judged, t, 1_000_000.0 + t, CONFIG)
+        t += step
+    return out, t
+
+
+def test_pauses_are_learned_per_site_and_a_tenfold_one_pages_past_its_bound():
+    job = WatchedJob("k", 0.0)
+    t = 0.0
+    for _ in range(3):  # three evaluations of ~4 s, training between them
+        (judged, over), t = run(job, 4.0, pausing(), t)
+        assert judged.job.verdict == "paused" and judged.job.culprits == ()
+        (judged, over), t = run(job, 10.0, HEALTHY, t)
+        assert over.pause is None
+    assert [round(e.length_s) for e in job.pauses.ended] == [3, 3, 3]
+    # the fourth lasts 10x: calm until its bound (max(20 s floor, 3 x 3 s)), then a hang
+    (judged, over), t = run(job, 19.0, pausing(), t)
+    assert judged.job.verdict == "paused" and over.pause.earlier == (3.0, 3.0, 3.0)
+    assert "every ~14s for ~3.0s" in over.note
+    (judged, over), t = run(job, 3.0, pausing(), t)
+    assert over.pause.over and judged.job.verdict == "hung_outside_collective"
+    assert judged.job.culprits == (0,)
+    culprit, victim = judged.ranks
+    assert culprit.rule == "pause-past-bound" and victim.rule == "waits-past-pause-bound"
+    assert "evaluates at estimate_loss <- train.py:260 for 21s" in culprit.evidence
+    assert "its 3 earlier pause(s) there lasted 3.0s" in culprit.evidence
+
+
+def test_a_pause_at_a_new_place_pages_at_the_floor_and_a_learned_long_one_does_not():
+    job = WatchedJob("k", 0.0)
+    (judged, over), t = run(job, 21.5, pausing("unknown", "spin <- train.py:99"), 0.0)
+    assert over.pause.bound_s == 20.0 and judged.job.verdict == "hung_outside_collective"
+    # a job whose checkpoint always takes 60 s is not paged at 25 s of it
+    job = WatchedJob("k", 0.0)
+    ckpt = pausing("checkpoint", "save <- train.py:300")
+    (_, _), t = run(job, 60.0, ckpt, 0.0)
+    (_, over), t = run(job, 10.0, HEALTHY, t)
+    (judged, over), t = run(job, 25.0, ckpt, t)
+    assert judged.job.verdict == "paused" and over.pause.bound_s == 177.0
+
+
+def test_a_pause_near_the_collective_timeout_pages_with_the_time_left():
+    p = Pause(rank=0, pid=100, kind="checkpoint", site="save <- t.py:1", elapsed_s=500.0,
+              earlier=(400.0,), floor_s=300.0, factor=3.0, timeout_s=timeout_for("nccl"),
+              backend="nccl")
+    assert p.bound_s == 480.0 and p.over  # 600 s NCCL timeout less its 120 s margin
+    judged = escalate(pausing("checkpoint"), p)
+    assert "ends the job in about 100s" in judged.ranks[0].evidence
+    assert timeout_for("", 0.0) == 1800.0 and timeout_for("gloo", 900.0) == 900.0
+
+
+def test_a_pause_missed_for_a_tick_goes_on_and_one_not_seen_for_long_ends():
+    job = WatchedJob("k", 0.0)
+    job.over_time(pausing(), 0.0, 0.0, CONFIG)
+    straggler = judgement(rank(0, "straggler", "culprit"), rank(1, "waiting_on_peer", "victim"))
+    _, over = job.over_time(straggler, 2.0, 2.0, CONFIG)  # judged from CPU alone
+    assert over.pause is not None
+    _, over = job.over_time(pausing(), 3.0, 3.0, CONFIG)
+    assert over.pause.elapsed_s == 3.0
+    _, over = job.over_time(HEALTHY, 9.0, 9.0, CONFIG)
+    assert over.pause is None and [e.length_s for e in job.pauses.ended] == [3.0]
+
+
+def test_the_time_book_splits_ranks_time_by_state():
+    book = TimeBook()
+    book.add(pausing(), 0.0, 600.0, "evaluation")
+    book.add(pausing(), 4.0, 604.0, "evaluation")
+    trained = judgement(rank(0, "healthy", hb_comm_share=0.25),
+                        rank(1, "healthy", hb_comm_share=0.25))
+    book.add(trained, 8.0, 608.0)
+    assert book.by_rank() == {0: {"paused": 4.0, "computing": 3.0, "collective": 1.0},
+                              1: {"waiting": 4.0, "computing": 3.0, "collective": 1.0}}
+    assert book.idle_note(608.0) == "rank 1 waited 50% of the last 8s"
+    assert [v for _, v, _ in book.timeline] == ["paused", "healthy"]
+
+
+def test_one_incident_is_one_page_while_its_verdict_flips():
+    book = IncidentBook(resolve_after_s=30.0, group_interval_s=60.0)
+    hung = ("hung_outside_collective", (0,), "rank 0 hung")
+    straggler = ("straggler", (0,), "rank 0 straggles")
+    stopped = ("stopped", (0,), "rank 0 stopped")
+    book.update({"j": hung}, 0.0)
+    (opened,) = book.update({"j": hung}, 1.0)
+    told = []
+    for t in range(2, 40):  # hung, straggler, hung... each tick
+        for e in book.update({"j": straggler if t % 2 else hung}, float(t)):
+            assert e.kind == "changed"
+            told += [e] if e.notify else []
+    assert told == []  # never more severe than what was told at opening
+    (rise,) = book.update({"j": stopped}, 40.0)
+    assert rise.notify  # more severe: told at once (no change told before)
+    book.update({"j": hung}, 41.0)
+    (held,) = [e for e in book.update({"j": ("dead", (0,), "gone")}, 42.0)]
+    assert not held.notify  # more severe again, inside the group interval: held back
+    later = [e for t in range(43, 101) for e in book.update({"j": ("dead", (0,), "gone")},
+                                                           float(t))]
+    assert [e.notify for e in later] == [True]  # ... and told once the interval ended
+    assert later[0].incident.verdict == "dead"
+    # healthy for less than resolve_after_s, then hung again: the same incident
+    for t in range(101, 120):
+        assert book.update({"j": ("healthy", (), "")}, float(t)) == []
+    assert [e.kind for e in book.update({"j": hung}, 120.0)] == ["changed"]
+    assert len(book.open()) == 1 and book.opened_total == {"hung_outside_collective": 1}
+
+
+def _dump(*frames):
+    return PidStacks(pid=7, status="ok", threads=(ThreadStack(
+        thread_id=1, os_thread_id=7, name="MainThread", active=True, owns_gil=True,
+        frames=tuple(Frame(n, f, "", f.split("/")[-1], line) for n, f, line in frames)),))
+
+
+def test_pause_kinds_from_real_frame_shapes():
+    evaluation = _dump(("get_batch", "/home/u/nanoGPT/train.py", 125),
+                       ("estimate_loss", "/home/u/nanoGPT/train.py", 223),
+                       ("<module>", "/home/u/nanoGPT/train.py", 260))
+    assert pause_of(evaluation) == ("evaluation", "estimate_loss <- train.py:260")
+    saving = _dump(("_save", "/v/lib/python3.11/site-packages/torch/serialization.py", 900),
+                   ("save", "/v/lib/python3.11/site-packages/torch/serialization.py", 850),
+                   ("estimate_and_save", "/home/u/train.py", 40),
+                   ("main", "/home/u/train.py", 80))
+    assert pause_of(saving)[0] == "checkpoint"
+    data = _dump(("_next_data", "/v/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
+                  1300), ("__next__", "/v/lib/python3.11/site-packages/torch/utils/data/"
+                          "dataloader.py", 700), ("train", "/home/u/train.py", 50))
+    assert pause_of(data) == ("data", "_next_data <- dataloader.py:700")
+    spin = _dump(("spin_forever", "/home/u/train.py", 99), ("main", "/home/u/train.py", 140))
+    assert pause_of(spin) == ("unknown", "spin_forever <- train.py:140")
+    sleeping = _dump(("maybe_hang", "/home/u/faults.py", 22), ("main", "/home/u/train.py", 30))
+    assert pause_of(sleeping)[0] == "unknown"
