@@ -4,13 +4,14 @@ the pauses /status named (by kind), and, with --faults, the time from each fault
 to its page.
 
     python benchmarks/soak.py --minutes 30            # healthy jobs only
-    python benchmarks/soak.py --minutes 3 --faults    # then one fault per job
+    python benchmarks/soak.py --minutes 3 --faults    # then faults mid-run
 
 Each job is a real torchrun job (tests/jobs/thirdparty/nanogpt_ddp.py: rank 0
-alone evaluates every few seconds, and saves a checkpoint in one variant). The
-daemon runs with its defaults (no config but its port, state directory and a
-generic webhook), so what is measured is what a user gets. tests/test_soak.py runs
-a short version of the same in the suite (soak tests belong here).
+alone evaluates every few seconds, and saves a 300 MB checkpoint in the other).
+The daemon runs with its defaults but for a generic webhook, pause_floor_s
+(--floor, so that the busy-loop fault pages within minutes) and resolve_after_s
+10 s; what is measured is what a user gets. tests/test_soak.py runs a short
+version of the same in the suite (soak tests belong here).
 """
 from __future__ import annotations
 
@@ -39,15 +40,6 @@ JOBS = {
     "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
                    "DDPWATCH_TEST_CKPT_MB": "300"},
 }
-# fault -> (job, how): injected once the job trained a while
-FAULTS = {
-    "stopped": ("eval", "sigstop rank 1"),
-    "lock": ("eval", "rank 1 sleeps outside any collective"),
-    "spin": ("checkpoint", "rank 1 busy-loops where no pause ran before"),
-    "long-eval": ("eval", "rank 0's evaluation runs 10x its earlier ones"),
-}
-
-
 class Receiver:
     """A generic webhook receiver: every message kept with its arrival time."""
 
@@ -165,12 +157,21 @@ class Soak:
                 [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                  "--master_addr=127.0.0.1", f"--master_port={port}",
                  os.path.join(THIRDPARTY, "nanogpt_ddp.py")],
-                dict(env, DDPWATCH_TEST_OUT=workdir,
+                dict(env, DDPWATCH_TEST_OUT=workdir, DDPWATCH_TEST_FAULT_FILE=self.fault_file(name),
                      DDPWATCH_TEST_FAULT=(faults or {}).get(name, "")), name)
         self.readings: list[tuple[float, dict]] = []
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
         self._poller.start()
+
+    def fault_file(self, name: str) -> str:
+        return os.path.join(self.workdir, f"{name}.fault")
+
+    def fault(self, name: str, spec: str) -> float:
+        """Give job `name` a fault now (nanogpt_ddp.py DDPWATCH_TEST_FAULT_FILE)."""
+        with open(self.fault_file(name), "a") as f:
+            f.write(spec + "\n")
+        return time.monotonic()
 
     def _start(self, argv, env, name) -> Proc:
         proc = Proc(argv, dict(self.env, **env), os.path.join(self.workdir, f"{name}.log"))
@@ -243,36 +244,78 @@ class Soak:
         self.receiver.close()
 
 
-def inject(soak: Soak, fault: str) -> float:
-    """Apply a fault from outside (a stop) or note when the job's own fault began;
-    returns its start (monotonic)."""
-    job = FAULTS[fault][0]
-    if fault == "stopped":
-        pid = rank_pids(soak.jobs[job])[1]
-        os.kill(pid, signal.SIGSTOP)
-        return time.monotonic()
-    marker = {"lock": "hangs at step", "spin": "spins at step",
-              "long-eval": None}[fault]
-    deadline = time.monotonic() + 600
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = soak.jobs[job].output()
-        if marker and marker in out:
-            return time.monotonic()
-        if marker is None and out.count("val loss") >= 1 and "long eval started" in out:
-            return time.monotonic()
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.2)
-    raise RuntimeError(f"fault {fault} never began")
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def pages_since(soak: Soak, name: str, since: float) -> list[tuple[float, dict]]:
+    label = soak.label_of(name)
+    return [(t, m) for t, m in soak.receiver.firing(label) if t >= since]
+
+
+def resolved_since(soak: Soak, name: str, since: float) -> bool:
+    label = soak.label_of(name)
+    with soak.receiver.lock:
+        return any(m.get("status") == "resolved" and m.get("job") == label and t >= since
+                   for t, m in soak.receiver.messages)
+
+
+def faults(soak: Soak, timeout: float = 300.0) -> dict[str, dict]:
+    """Faults mid-run, two at a time (one per job): a stopped rank and a 10x
+    evaluation, then a rank waiting on a lock and one busy-looping where no pause
+    ran before. Per fault: seconds to its first page, and pages of the incident."""
+    out = {}
+
+    def measure(fault, name, began, until_resolved=None):
+        first = wait_for(lambda: pages_since(soak, name, began), timeout, f"{fault}'s page")
+        out[fault] = {"job": name, "to_page_s": round(first[0][0] - began, 1),
+                      "summary": first[0][1].get("summary", "")}
+        return first[0][0]
+
+    # 1. rank 1 of the checkpoint job stopped; rank 0's next evaluation 10x as long
+    stop_pid = rank_pids(soak.jobs["checkpoint"])[1]
+    soak.fault("eval", "longeval:10")
+    long_began = wait_for(lambda: "long eval started" in soak.jobs["eval"].output() and
+                          time.monotonic(), timeout, "the long evaluation")
+    os.kill(stop_pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    measure("stopped", "checkpoint", stopped)
+    os.kill(stop_pid, signal.SIGCONT)
+    measure("long-eval", "eval", long_began)
+    for name, since, fault in (("checkpoint", stopped, "stopped"), ("eval", long_began,
+                                                                     "long-eval")):
+        wait_for(lambda: resolved_since(soak, name, since), timeout, f"{fault} resolved")
+        out[fault]["pages"] = len(pages_since(soak, name, since))
+    # 2. rank 1 of the checkpoint job waits on a lock; rank 1 of the eval job spins
+    locked = soak.fault("checkpoint", "lock:1")
+    spun = soak.fault("eval", "spin:1")
+    measure("lock", "checkpoint", locked)
+    measure("spin", "eval", spun)
+    out["lock"]["pages"] = len(pages_since(soak, "checkpoint", locked))
+    out["spin"]["pages"] = len(pages_since(soak, "eval", spun))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0,
                         help="healthy training watched (after the jobs started)")
-    parser.add_argument("--jobs", default=",".join(JOBS), help="which jobs, of " + ",".join(JOBS))
+    parser.add_argument("--faults", action="store_true",
+                        help="then inject faults mid-run and time their pages")
+    parser.add_argument("--floor", type=float, default=60.0,
+                        help="pause_floor_s of the daemon (default 60: the busy-loop fault "
+                             "pages at it)")
     args = parser.parse_args()
-    names = [n for n in args.jobs.split(",") if n]
+    names = list(JOBS)
     with tempfile.TemporaryDirectory(prefix="soak-") as workdir:
-        soak = Soak(workdir, {n: JOBS[n] for n in names})
+        soak = Soak(workdir, JOBS, config={"pause_floor_s": args.floor,
+                                           "resolve_after_s": 10})
         try:
             started = soak.wait_started()
             end = started + args.minutes * 60
@@ -281,7 +324,7 @@ def main() -> int:
             hours = (time.monotonic() - started) / 3600
             firing = soak.receiver.firing()
             print(f"healthy training watched: {hours * 60:.1f} min, {len(names)} job(s) "
-                  f"({', '.join(names)}), 2 CPU ranks each")
+                  f"({', '.join(names)}), 2 CPU ranks each, pause_floor_s {args.floor:g}")
             print(f"false pages: {len(firing)} firing message(s), "
                   f"{len(firing) / hours / len(names):.2f} per job-hour (target 0)")
             for t, m in firing:
@@ -289,6 +332,11 @@ def main() -> int:
             for name in names:
                 print(f"  {name}: verdicts {dict(soak.verdicts_seen().get(name, {}))}; "
                       f"pauses named {dict(soak.pauses_seen().get(name, {}))}")
+            if args.faults:
+                for fault, got in faults(soak).items():
+                    print(f"fault {fault} ({got['job']} job): first page after "
+                          f"{got['to_page_s']}s, {got['pages']} firing message(s) for the "
+                          f"incident; {got['summary'][:160]}")
         finally:
             soak.close()
     return 0

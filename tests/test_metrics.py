@@ -16,6 +16,8 @@ import pytest
 from conftest import REPO, need
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddpwatch.judge.overtime import Pause
+from ddpwatch.watch.job import OverTime
 from ddpwatch.judge.classify import Finding, JobVerdict, Judgement, RankVerdict
 from ddpwatch.judge.signals.heartbeat import arrival_lateness, job_records
 from ddpwatch.publish.metrics import JOB, make_registry, render
@@ -126,12 +128,26 @@ PEERS = (PeerView("http://node-b:19500", "node-b", "", 0.4, True),
 ALERT_STATS = {"generic-0": {"sent": 3, "failed": 1, "retried": 4, "dropped": 0, "pending": 2}}
 
 
+def paused_job() -> JobView:
+    """Rank 0 evaluates alone (a pause) while rank 1 waits, after earlier ones."""
+    base = straggler_job()
+    ranks = (verdict(101, 0, "paused", "none"), verdict(102, 1, "paused", "none"))
+    pause = Pause(rank=0, pid=101, kind="evaluation", site="estimate_loss <- train.py:260",
+                  elapsed_s=3.5, earlier=(4.2, 4.6), floor_s=300.0, factor=3.0,
+                  timeout_s=1800.0, backend="gloo")
+    over = OverTime(pause, {}, {}, (), (), "", {
+        (0, "computing", ""): 80.0, (0, "collective", ""): 20.0, (0, "paused", "evaluation"): 9.0,
+        (1, "computing", ""): 70.0, (1, "collective", ""): 30.0, (1, "waiting", ""): 9.0})
+    return JobView("run-eval", Judgement(JobVerdict("paused", (), "rank 0 evaluates"), ranks,
+                                         records=base.judgement.records), base.last, over)
+
+
 def golden_view() -> DaemonView:
     incidents = (Incident("i1", "pid300", "open", "dead", (1,), "rank 1 died", WALL, WALL,
                           0.0, "/var/lib/ddpwatch/i1"),
                  Incident("i0", "run-42", "resolved", "straggler", (1,), "s", WALL - 60,
                           WALL - 30, WALL - 30, ""))
-    return daemon_view((straggler_job(), dead_rank_job()), incidents=incidents,
+    return daemon_view((straggler_job(), dead_rank_job(), paused_job()), incidents=incidents,
                        opened={"dead": 1, "straggler": 2}, peers=PEERS, alert_stats=ALERT_STATS)
 
 
@@ -152,6 +168,20 @@ def value(samples, name, **labels):
         s.labels.get(k) == v for k, v in labels.items())]
     assert len(found) == 1, (name, labels, found)
     return found[0]
+
+
+def test_a_pause_and_where_the_time_went():
+    m = scrape(golden_view)
+    assert value(m, "ddpwatch_job_pause_seconds", ddp_job="run-eval", kind="evaluation") == 3.5
+    assert value(m, "ddpwatch_job_pause_bound_seconds", ddp_job="run-eval",
+                 kind="evaluation") == 300.0
+    assert value(m, "ddpwatch_rank_time_seconds_total", ddp_job="run-eval", rank="1",
+                 state="waiting", kind="") == 9.0
+    assert value(m, "ddpwatch_rank_time_seconds_total", ddp_job="run-eval", rank="0",
+                 state="paused", kind="evaluation") == 9.0
+    assert "ddpwatch_job_pause_seconds" not in {
+        s.name for s in scrape(lambda: daemon_view((straggler_job(),)))
+        .get("ddpwatch_job_pause_seconds", ())}
 
 
 def test_families_and_labels():
@@ -210,7 +240,8 @@ def test_families_and_labels():
     # Bounded labels only: no pid, no socket peer, and never Prometheus's own `job`.
     allowed = {JOB, "rank", "local_rank", "host", "backend", "device_type", "compute_dtype",
                "torch_version", "data_fingerprint", "verdict", "role", "finding", "probe",
-               "version", "sink", "outcome", "peer", "reason", "stage"}
+               "version", "sink", "outcome", "peer", "reason", "stage",
+               "state", "kind"}  # bounded: watch/timebook.STATES, judge/pausekind.KINDS
     assert {k for samples in m.values() for s in samples for k in s.labels} <= allowed
 
 

@@ -164,8 +164,26 @@ def test_pause_kinds_from_real_frame_shapes():
     data = _dump(("_next_data", "/v/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
                   1300), ("__next__", "/v/lib/python3.11/site-packages/torch/utils/data/"
                           "dataloader.py", 700), ("train", "/home/u/train.py", 50))
-    assert pause_of(data) == ("data", "_next_data <- dataloader.py:700")
+    assert pause_of(data) == ("data", "__next__ <- train.py:50")
     spin = _dump(("spin_forever", "/home/u/train.py", 99), ("main", "/home/u/train.py", 140))
     assert pause_of(spin) == ("unknown", "spin_forever <- train.py:140")
     sleeping = _dump(("maybe_hang", "/home/u/faults.py", 22), ("main", "/home/u/train.py", 30))
     assert pause_of(sleeping)[0] == "unknown"
+
+
+def test_a_pause_site_is_the_same_wherever_the_dump_caught_it():
+    """Two dumps of one torch.save and of one decorated evaluation name one site:
+    the library chain's outermost frame, and the user's line that called it."""
+    lib = "/v/lib/python3.11/site-packages/torch/"
+    a = _dump(("_save", lib + "serialization.py", 1003), ("save", lib + "serialization.py", 967),
+              ("main", "/home/u/train.py", 150), ("<module>", "/home/u/train.py", 170))
+    b = _dump(("__exit__", lib + "serialization.py", 800), ("_save", lib + "serialization.py",
+                                                            1002),
+              ("save", lib + "serialization.py", 967), ("main", "/home/u/train.py", 150),
+              ("<module>", "/home/u/train.py", 170))
+    assert pause_of(a) == pause_of(b) == ("checkpoint", "save <- train.py:150")
+    decorated = _dump(("get_batch", "/home/u/train.py", 70),
+                      ("estimate_loss", "/home/u/train.py", 80),
+                      ("decorate_context", lib + "utils/_contextlib.py", 124),
+                      ("main", "/home/u/train.py", 140))
+    assert pause_of(decorated) == ("evaluation", "estimate_loss <- train.py:140")

@@ -85,7 +85,15 @@ def pause_of(dump) -> tuple[str, str]:
             return "unknown", ""
         at = users[0]
     at = max(at, 0)
-    caller = next((f for f in frames[at + 1:] if f.line), None)
+    if best is not None and is_library(frames[at]):
+        # inside a library's chain (torch.save -> _save -> the zip writer): the
+        # chain's outermost frame of the kind names it the same in every dump
+        while (at + 1 < len(frames) and is_library(frames[at + 1])
+               and _kind_of(frames[at + 1]) == best):
+            at += 1
+    # the user's line that led there (a decorator's frame, torch.no_grad's, between)
+    caller = next((f for f in frames[at + 1:] if f.line and not is_library(f)),
+                  next((f for f in frames[at + 1:] if f.line), None))
     name = frames[at].name
     if caller is None:
         return best or "unknown", name

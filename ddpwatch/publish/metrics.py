@@ -127,6 +127,19 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_rank_collective_bytes_total": ("counter", _R, (
         "Bytes moved by completed collectives.")),
     "ddpwatch_rank_tokens_total": ("counter", _R, "Tokens the rank processed."),
+    "ddpwatch_job_pause_seconds": ("gauge", (JOB, "kind"), (
+        "Seconds the job's pause in progress has lasted (a rank working outside the "
+        "collectives while its peers wait: evaluation, checkpoint, data, compile, logging, "
+        "unknown); absent when none.")),
+    "ddpwatch_job_pause_bound_seconds": ("gauge", (JOB, "kind"), (
+        "How long the pause in progress may last before it pages: max(pause_floor_s, "
+        "pause_factor x the job's longest earlier pause at that place), less than the "
+        "collective timeout; absent when no pause.")),
+    "ddpwatch_rank_time_seconds_total": ("counter", _R + ("state", "kind"), (
+        "Where the rank's time went while watched, from each tick's verdict: computing, "
+        "collective (both split by the heartbeat's share in collectives; computing without "
+        "heartbeats), waiting (for a pausing or slower peer), paused (kind: what it did), "
+        "stalled, starting, unknown.")),
     "ddpwatch_rank_arrival_lateness_seconds": ("gauge", _R, (
         "At the newest collective every local live rank completed: this rank's start minus "
         "the earliest local start. The straggler arrives last.")),
@@ -204,6 +217,22 @@ def _job_rows(jv: JobView) -> list[Row]:
         ]
     for rank, late in sorted(arrival_lateness(live).items()):
         rows.append(("ddpwatch_rank_arrival_lateness_seconds", (key, str(rank)), late))
+    return rows + _over_time_rows(key, jv.over_time)
+
+
+def _over_time_rows(key: str, over) -> list[Row]:
+    """The job's pause and its ranks' time by state (watch/job.py OverTime)."""
+    if over is None:
+        return []
+    rows: list[Row] = []
+    if over.pause is not None:
+        rows.append(("ddpwatch_job_pause_seconds", (key, over.pause.kind),
+                     _num(over.pause.elapsed_s)))
+        rows.append(("ddpwatch_job_pause_bound_seconds", (key, over.pause.kind),
+                     _num(over.pause.bound_s)))
+    for (rank, state, kind), seconds in sorted(over.totals.items()):
+        rows.append(("ddpwatch_rank_time_seconds_total", (key, str(rank), state, kind),
+                     _num(seconds)))
     return rows
 
 

@@ -30,6 +30,7 @@ class OverTime:
     timeline: tuple[tuple[float, str, str], ...]  # (wall, job verdict, pause kind)
     pauses: tuple                             # ended pauses (watch/pauses.Ended)
     note: str                                 # what the pauses cost, in words
+    totals: dict = dataclasses.field(default_factory=dict)  # (rank, state, kind) -> s
 
 
 class WatchedJob:
@@ -76,7 +77,8 @@ class WatchedJob:
         self.time.add(judged, now, wall, pause.kind if pause is not None else "")
         self.verdict = judged.job.verdict
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
-                                tuple(self.time.timeline), tuple(self.pauses.ended), note)
+                                tuple(self.time.timeline), tuple(self.pauses.ended), note,
+                                dict(self.time.totals))
 
 
 def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:

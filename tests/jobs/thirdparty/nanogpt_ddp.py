@@ -12,11 +12,15 @@ DDPWATCH_TEST_EVAL_ITERS (batches per split, default 30), DDPWATCH_TEST_CKPT_MB
 evaluation), DDPWATCH_TEST_OUT (where). Faults (DDPWATCH_TEST_FAULT, README.md):
 `hang:RANK:STEP`, `spin:RANK:STEP` (busy for ever outside any collective, in a
 function no pause ran before), `longeval:STEP:FACTOR` (that iteration's
-evaluation runs FACTOR times as long as the others).
+evaluation runs FACTOR times as long as the others). A test that must choose
+the moment writes a fault to the file DDPWATCH_TEST_FAULT_FILE instead, read
+each iteration (one stat), applied once: `longeval:FACTOR` (the next
+evaluation), `spin:RANK`, `lock:RANK` (waits for ever on a lock nobody releases).
 """
 import math
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -108,6 +112,35 @@ def eval_factor(step):
     return max([factor for at, factor in _faults("longeval") if at == step] or [1])
 
 
+fault_file = os.environ.get("DDPWATCH_TEST_FAULT_FILE", "")
+_applied = set()
+
+
+def file_fault(rank):
+    """The fault the test wrote to DDPWATCH_TEST_FAULT_FILE, once per line."""
+    if not fault_file or not os.path.exists(fault_file):
+        return []
+    with open(fault_file) as f:
+        lines = [line.strip() for line in f if line.strip()]
+    new = [line for line in lines if line not in _applied]
+    _applied.update(new)
+    return [line.split(":") for line in new]
+
+
+def wait_on_lock(rank):
+    print(f"thirdparty: rank {rank} waits on a lock", flush=True)
+    held = threading.Lock()
+    held.acquire()
+    held.acquire()  # nobody releases it
+
+
+def spin(rank):
+    print(f"thirdparty: rank {rank} spins", flush=True)
+    x = 0.0
+    while True:
+        x = math.sin(x + 1.0)
+
+
 def main():
     dist.init_process_group(backend="gloo")
     rank = int(os.environ["RANK"])
@@ -116,12 +149,24 @@ def main():
     torch.manual_seed(1337 + rank)
     model = DDP(GPT())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    iter_num = 0
+    iter_num, factor = 0, 1
     while STEPS <= 0 or iter_num < STEPS:
+        for fault in file_fault(rank):
+            if fault[0] == "longeval":
+                factor = int(fault[1])
+            elif fault[0] == "spin" and int(fault[1]) == rank:
+                spin(rank)
+            elif fault[0] == "lock" and int(fault[1]) == rank:
+                wait_on_lock(rank)
         # evaluate the loss on train/val sets and write checkpoints (master only)
         if iter_num % eval_interval == 0 and iter_num > 0 and master_process:
             started = time.monotonic()
-            losses = estimate_loss(model, eval_iters * eval_factor(iter_num))
+            factor = max(factor, eval_factor(iter_num))
+            if factor > 1:
+                print(f"thirdparty: long eval started ({factor}x) at step {iter_num}",
+                      flush=True)
+            losses = estimate_loss(model, eval_iters * factor)
+            factor = 1
             print(f"thirdparty: step {iter_num}: train loss {losses['train']:.4f}, val loss "
                   f"{losses['val']:.4f} ({time.monotonic() - started:.1f}s)", flush=True)
             if ckpt_mb:

@@ -1,0 +1,64 @@
+"""Quiet on a healthy run, loud on a real hang: the short version of
+benchmarks/soak.py in the suite (DESIGN.md "Judgement over time").
+
+Two real torchrun jobs of a nanoGPT-shaped loop (tests/jobs/thirdparty/nanogpt_ddp.py)
+whose rank 0 alone evaluates every few seconds (one job) or evaluates and saves a
+300 MB checkpoint (the other), watched by a real `ddpwatch run` with a webhook
+receiver. For 2 minutes: no firing message at all, and the pauses named in
+/status with their kind. Then, mid-run, faults on the same jobs: a stopped rank
+and a rank waiting on a lock page within seconds; an evaluation 10x as long as
+the job's earlier ones pages once past its learned bound; a rank busy-looping
+where no pause ran before pages at the pause floor. Each incident pages once.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import soak  # noqa: E402
+
+HEALTHY_S = 120.0
+FLOOR_S = 20.0  # pause_floor_s: the busy loop pages at it
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    run = soak.Soak(str(tmp_path_factory.mktemp("soak")), soak.JOBS,
+                    config={"pause_floor_s": FLOOR_S, "resolve_after_s": 10})
+    try:
+        run.wait_started()
+        yield run
+    finally:
+        run.close()
+
+
+def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
+    began = soak.time.monotonic()
+    soak.wait_for(lambda: soak.time.monotonic() - began >= HEALTHY_S, HEALTHY_S + 10,
+                  "two minutes of training")
+    firing = watched.receiver.firing()
+    assert firing == [], "false pages on healthy training:\n" + "\n".join(
+        f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}"
+        for t, m in firing)
+    pauses = watched.pauses_seen()
+    assert pauses["eval"]["evaluation"] >= 1, (pauses, watched.verdicts_seen())
+    assert pauses["checkpoint"]["checkpoint"] >= 1, (pauses, watched.verdicts_seen())
+
+
+def test_faults_mid_run_page_once_each_in_time(watched):
+    got = soak.faults(watched)
+    for fault in ("stopped", "lock", "long-eval", "spin"):
+        assert got[fault]["pages"] == 1, (fault, got)
+    assert got["stopped"]["to_page_s"] <= 20, got      # seconds, on a loaded 2-core box
+    assert got["lock"]["to_page_s"] <= 20, got
+    assert "stopped" in got["stopped"]["summary"].lower(), got
+    # the 10x evaluation: paged past max(floor, 3x its earlier ones), before it ended
+    assert got["long-eval"]["to_page_s"] >= FLOOR_S - 2, got
+    assert "earlier pause" in got["long-eval"]["summary"], got
+    # the busy loop at a new place: at the floor (plus a tick or two of judging)
+    assert FLOOR_S - 2 <= got["spin"]["to_page_s"] <= FLOOR_S + 30, got
+    assert "no earlier pause" in got["spin"]["summary"], got
