@@ -272,11 +272,23 @@ def faults(soak: Soak, timeout: float = 300.0) -> dict[str, dict]:
     ran before. Per fault: seconds to its first page, and pages of the incident."""
     out = {}
 
-    def measure(fault, name, began, until_resolved=None):
+    def measure(fault, name, began):
         first = wait_for(lambda: pages_since(soak, name, began), timeout, f"{fault}'s page")
         out[fault] = {"job": name, "to_page_s": round(first[0][0] - began, 1),
-                      "summary": first[0][1].get("summary", "")}
+                      "summary": first[0][1].get("summary", ""),
+                      "incident": first[0][1].get("incident_id"), "since": began}
         return first[0][0]
+
+    def count(fault):
+        """Firing messages of the fault's incident, and of any other incident of its
+        job since the fault began (with their verdicts)."""
+        got = out[fault]
+        firing = pages_since(soak, got["job"], got["since"])
+        got["pages"] = sum(m.get("incident_id") == got["incident"] for _, m in firing)
+        got["other"] = [m.get("verdict") for _, m in firing
+                        if m.get("incident_id") != got["incident"]]
+        got["verdicts"] = [m.get("verdict") for _, m in firing
+                           if m.get("incident_id") == got["incident"]]
 
     # 1. rank 1 of the checkpoint job stopped; rank 0's next evaluation 10x as long
     stop_pid = rank_pids(soak.jobs["checkpoint"])[1]
@@ -291,14 +303,14 @@ def faults(soak: Soak, timeout: float = 300.0) -> dict[str, dict]:
     for name, since, fault in (("checkpoint", stopped, "stopped"), ("eval", long_began,
                                                                      "long-eval")):
         wait_for(lambda: resolved_since(soak, name, since), timeout, f"{fault} resolved")
-        out[fault]["pages"] = len(pages_since(soak, name, since))
+        count(fault)
     # 2. rank 1 of the checkpoint job waits on a lock; rank 1 of the eval job spins
     locked = soak.fault("checkpoint", "lock:1")
     spun = soak.fault("eval", "spin:1")
     measure("lock", "checkpoint", locked)
     measure("spin", "eval", spun)
-    out["lock"]["pages"] = len(pages_since(soak, "checkpoint", locked))
-    out["spin"]["pages"] = len(pages_since(soak, "eval", spun))
+    count("lock")
+    count("spin")
     return out
 
 
@@ -336,7 +348,8 @@ def main() -> int:
                 for fault, got in faults(soak).items():
                     print(f"fault {fault} ({got['job']} job): first page after "
                           f"{got['to_page_s']}s, {got['pages']} firing message(s) for the "
-                          f"incident; {got['summary'][:160]}")
+                          f"incident ({', '.join(got['verdicts'])}), other incidents' "
+                          f"{got['other'] or 'none'}; {got['summary'][:160]}")
         finally:
             soak.close()
     return 0

@@ -6,6 +6,7 @@ two-rank view (rank 1 a straggler and culprit), with the alert rules loaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port, need, wait_until
 from prometheus_client import CONTENT_TYPE_LATEST
-from test_metrics import ALERT_STATS, PEERS, daemon_view, straggler_job
+from test_metrics import ALERT_STATS, PEERS, daemon_view, paused_job, straggler_job
 
 from ddpwatch.publish.metrics import make_registry, render
 from ddpwatch.judge.vocabulary import NAMES as VERDICTS
@@ -111,8 +112,10 @@ def exporter():
     start, ticks = time.monotonic(), iter(range(1, 1 << 30))
 
     def get_view():
-        return daemon_view([straggler_job(time.monotonic() - start, key=DDP_JOB)], tick=next(ticks),
-                           peers=PEERS, alert_stats=ALERT_STATS)
+        # with a pause's series too (the time-by-state and pause panels)
+        job = dataclasses.replace(straggler_job(time.monotonic() - start, key=DDP_JOB),
+                                  over_time=paused_job().over_time)
+        return daemon_view([job], tick=next(ticks), peers=PEERS, alert_stats=ALERT_STATS)
     handler = type("Handler", (_Metrics,), {"registry": make_registry(get_view)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
