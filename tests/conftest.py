@@ -50,6 +50,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# python's options that take the next argument as theirs (python --help)
+_PY_OPTS_WITH_ARG = ("-X", "-W", "--check-hash-based-pycs")
+
+
+def python_module(cmdline) -> tuple[str, list[str]] | None:
+    """(module, its arguments) when argv `cmdline` is a python running `-m module`,
+    else None. A process is told by the argv items it was started with, never by a
+    word found anywhere in its command line: a checkout may sit in a directory
+    named ddpwatch, so its interpreter's path holds that word too."""
+    args = list(cmdline)
+    i = 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m":
+            return (args[i + 1], args[i + 2:]) if i + 1 < len(args) else None
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return arg[2:], args[i + 1:]
+        if not arg.startswith("-") or arg in ("-", "-c"):
+            return None  # a script, stdin or -c: no module
+        i += 2 if arg in _PY_OPTS_WITH_ARG else 1
+    return None
+
+
+def runs_module(cmdline, module: str, *first_args: str) -> bool:
+    """Whether `cmdline` runs `python -m module` with `first_args` next, e.g.
+    runs_module(cmd, "ddpwatch", "run") for a daemon."""
+    found = python_module(cmdline)
+    return found is not None and found[0] == module and \
+        found[1][:len(first_args)] == list(first_args)
+
+
+def is_torchrun_agent(cmdline) -> bool:
+    """torchrun's launcher: `python -m torch.distributed.run` or the `torchrun`
+    console script (run directly or by its interpreter)."""
+    args = list(cmdline)
+    return runs_module(args, "torch.distributed.run") or any(
+        os.path.basename(a) == "torchrun" for a in args[:2])
+
+
 def tagged_processes(tag: str) -> list[psutil.Process]:
     """Processes whose environment carries this job's tag. torchrun starts each
     worker in a session of its own, so a process group does not hold them all,

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from conftest import REPO, wait_until
+from conftest import REPO, is_torchrun_agent, wait_until
 
 
 def diagnose(pid: int, *extra: str, hb_dir: str | None = None, prefix=()) -> tuple[int, dict]:
@@ -41,7 +41,7 @@ def rank_pids(job, count: int, timeout: float = 180) -> list[int]:
                 env = proc.environ()
             except psutil.Error:
                 continue
-            if "RANK" in env and "torch.distributed.run" not in " ".join(proc.cmdline()):
+            if "RANK" in env and not is_torchrun_agent(proc.cmdline()):
                 ranks[int(env["RANK"])] = proc.pid
         return [ranks[r] for r in sorted(ranks)] if len(ranks) == count else None
     return wait_until(found, timeout, what=f"{count} rank processes")
@@ -49,7 +49,7 @@ def rank_pids(job, count: int, timeout: float = 180) -> list[int]:
 
 def launcher_pid(job) -> int:
     return wait_until(lambda: next((p.pid for p in job.processes()
-                                    if "torch.distributed.run" in " ".join(p.cmdline())), None),
+                                    if is_torchrun_agent(p.cmdline())), None),
                       60, what="the torchrun agent")
 
 

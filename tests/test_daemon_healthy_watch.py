@@ -111,6 +111,53 @@ def _part_stopped(poller: Poller, pids: dict[int, int]) -> dict:
         os.kill(pids[1], signal.SIGCONT)
 
 
+# the readings a person needs beside a false alarm's rule and evidence
+SHOWN_SIGNALS = ("cpu_ratio", "runqueue_wait_ratio", "duty_samples", "stopped_share", "stack")
+
+
+def _clock(at: float, origin: float, wall_offset: float) -> str:
+    """A reading's time: seconds into the watch and the wall clock (UTC), to find
+    it in the daemon's log."""
+    wall = time.strftime("%H:%M:%S", time.gmtime(at + wall_offset))
+    return f"{at - origin:.1f} s into the watch ({wall} UTC)"
+
+
+def false_alarms(seen: dict[str, list], origin: float, wall_offset: float,
+                 announced: dict[str, float]) -> list[str]:
+    """One paragraph per false alarm: a rank's run of readings with one verdict
+    that is not calm (or a role), naming the job, the rank, the rule, its
+    evidence and readings, and when it began and ended."""
+    out = []
+    for name, series in seen.items():
+        runs: dict[int, list] = {}  # rank -> [first (at, job, rank status), last at, count]
+        for at, job in series + [(None, {"ranks": []})]:
+            present = {r["rank"]: r for r in job["ranks"]}
+            for rank in sorted(set(runs) | set(present)):
+                r = present.get(rank)
+                alarm = r is not None and (r["verdict"] not in CALM or r["role"] != "none")
+                what = (r["verdict"], r["role"], r["rule"]) if alarm else None
+                run = runs.get(rank)
+                if run and (what is None or what != run[3]):
+                    (first_at, first_job, first), last_at, count, _ = runs.pop(rank)
+                    since = (f"{first_at - announced[name]:+.1f} s from its ranks' announcement"
+                             if name in announced else "before its ranks announced")
+                    shown = {k: v for k, v in first["signals"].items() if k in SHOWN_SIGNALS}
+                    out.append(
+                        f"{name} job {first_job['key']} rank {rank} (pid {first['pid']}): "
+                        f"{first['verdict']} ({first['role']}) by rule {first['rule']!r} "
+                        f"from {_clock(first_at, origin, wall_offset)}, {since}, to "
+                        f"{last_at - origin:.1f} s ({count} readings); job culprits "
+                        f"{first_job['job'].get('culprits')}; evidence: {first['evidence']}; "
+                        f"signals: {shown}")
+                    run = None
+                if what is not None:
+                    if run:
+                        run[1], run[2] = at, run[2] + 1
+                    else:
+                        runs[rank] = [(at, job, r), at, 1, what]
+    return out
+
+
 def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, need_py_spy):
     need(os.cpu_count() >= 2, "needs 2 CPUs")
     for module in ("lightning", "accelerate"):
@@ -133,6 +180,7 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
                  str(tmp_path / "daemon.log"))
     jobs: dict[str, Job] = {}
     poller = Poller(url)
+    wall_offset = time.time() - time.monotonic()  # readings' monotonic times -> wall clock
     try:
         wait_until(lambda: get(url + "/readyz")[0] == 200, 60, what="daemon ready")
         poller.start()
@@ -193,19 +241,22 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
                         "cpu_ratio", "runqueue_wait_ratio", "duty_samples", "stack")}
                     for r in job["ranks"]})
                 before = now
-    problems = []
-    for name, series in seen.items():
-        for at, job in series:
-            for r in job["ranks"]:
-                if r["verdict"] not in CALM or r["role"] != "none":
-                    problems.append((name, round(at - readings[0][0], 1), r["rank"], r["pid"],
-                                     r["verdict"], r["rule"], r["evidence"]))
-    assert not problems, problems
-    incidents = [i for _, s in readings for i in s["incidents"] if i["job"] in keys]
-    assert not incidents, incidents
+    problems = false_alarms(seen, readings[0][0], wall_offset, announced)
+    assert not problems, (f"{len(problems)} false alarm(s) on healthy jobs (the timeline "
+                          f"and the daemon's log are in the captured output):\n" +
+                          "\n".join(problems))
+    incidents = {}  # incident id -> (first reading, incident): one line each
+    for at, status in readings:
+        for i in status["incidents"]:
+            if i["job"] in keys:
+                incidents.setdefault(i.get("id"), (at, i))
+    assert not incidents, "incidents opened on healthy jobs:\n" + "\n".join(
+        f"{keys[i['job']]} job {i['job']}: incident {i.get('id')} {i.get('verdict')} culprits "
+        f"{i.get('culprits')}, first seen {_clock(at, readings[0][0], wall_offset)}: "
+        f"{i.get('summary')}" for at, i in incidents.values())
     hooks = [b for b in (json.loads(r.body) for r in hook.requests if r.at < fault_at)
              if b.get("job") in keys]
-    assert not hooks, hooks
+    assert not hooks, f"webhooks sent for healthy jobs: {hooks}"
     for name, series in seen.items():
         assert series, f"{name}: never in /status"
         # at the end, from progress: both ranks trained and connected, not starting
@@ -222,3 +273,28 @@ def test_healthy_jobs_are_no_alarm_over_a_two_minute_watch(tmp_path, receivers, 
     assert (by_rank[1]["verdict"], by_rank[1]["rule"]) == ("straggler", "straggler-part-stopped")
     assert by_rank[0]["verdict"] == "waiting_on_peer" and by_rank[0]["role"] == "victim"
     assert 0.2 <= by_rank[1]["signals"]["stopped_share"] < 0.95
+
+
+def test_a_false_alarm_is_reported_with_job_rank_rule_evidence_and_time():
+    """The healthy watch's failure message, from readings built here: each false
+    alarm once, with its job, rank, rule, evidence and when it began and ended."""
+    def job(r1_verdict, r1_role, rule):
+        calm = {"rank": 0, "pid": 100, "verdict": "healthy", "role": "none", "rule": "healthy",
+                "evidence": "", "signals": {}}
+        return {"key": "127.0.0.1:29512", "job": {"culprits": [1] if r1_role == "culprit" else []},
+                "ranks": [calm, {"rank": 1, "pid": 101, "verdict": r1_verdict, "role": r1_role,
+                                 "rule": rule, "evidence": "ran 12% of the window",
+                                 "signals": {"cpu_ratio": 0.12}}]}
+    series = [(1000.0, job("healthy", "none", "healthy")),
+              (1001.0, job("straggler", "culprit", "straggler-starved")),
+              (1002.0, job("straggler", "culprit", "straggler-starved")),
+              (1003.0, job("healthy", "none", "healthy")),
+              (1004.0, job("warming_up", "none", "warming-up"))]
+    found = false_alarms({"lightning": series}, 990.0, 0.0, {"lightning": 995.0})
+    assert len(found) == 1, found
+    alarm = found[0]
+    for part in ("lightning job 127.0.0.1:29512 rank 1 (pid 101)", "straggler (culprit)",
+                 "'straggler-starved'", "from 11.0 s into the watch (00:16:41 UTC)",
+                 "+6.0 s from its ranks' announcement", "to 12.0 s (2 readings)",
+                 "culprits [1]", "evidence: ran 12% of the window", "'cpu_ratio': 0.12"):
+        assert part in alarm, (part, alarm)

@@ -27,7 +27,8 @@ ATTEMPTS = 3
 
 def _py_spy_child(diag: psutil.Process) -> bool:
     try:
-        return any("py-spy" in " ".join(c.cmdline()) for c in diag.children(recursive=True))
+        return any(os.path.basename((c.cmdline() or [""])[0]) == "py-spy"
+                   for c in diag.children(recursive=True))
     except psutil.Error:
         return False
 

@@ -20,6 +20,7 @@ import time
 import psutil
 import pytest
 
+import otheruser
 from conftest import REPO, free_port, need, wait_until
 from test_daemon import DaemonRun, get
 
@@ -68,8 +69,14 @@ def need_root():
 
 def as_nobody(*argv: str, nofile: int | None = None) -> list[str]:
     """argv run as uid/gid 65534 with no supplementary groups (a local user)."""
-    cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+    cmd = otheruser.as_user(NOBODY, *argv)
     return ["prlimit", f"--nofile={nofile}:{nofile}", *cmd] if nofile else cmd
+
+
+def python_as_nobody(*args: str, nofile: int | None = None) -> list[str]:
+    """`python *args` as uid 65534, from a copy that user can read: the checkout and
+    its interpreter may sit where only root can enter (tests/otheruser.py)."""
+    return as_nobody(*otheruser.runtime().argv(*args), nofile=nofile)
 
 
 @pytest.fixture
@@ -230,8 +237,8 @@ def test_1030_idle_connections_neither_exhaust_descriptors_nor_stall_metrics(
     need(shutil.which("prlimit") is not None, "prlimit (util-linux) missing")
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
     pid = daemon.job.proc.pid
-    attacker = start_job(as_nobody(sys.executable, "-c", IDLE_ATTACK, str(daemon.port), "1030",
-                                   nofile=4096), name="idle-attacker")
+    attacker = start_job(python_as_nobody("-c", IDLE_ATTACK, str(daemon.port), "1030",
+                                          nofile=4096), name="idle-attacker")
     wait_until(lambda: "opened" in attacker.output(), 120, what="1030 connections opened")
     opened = int(re.search(r"opened (\d+)", attacker.output()).group(1))
     assert opened >= 1000, attacker.output()
@@ -277,8 +284,8 @@ def test_slow_dripping_clients_hold_no_worker(start_job, tmp_path, hb_dir):
     they are cut: /metrics still answers at once, every time."""
     need_root()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5})
-    attacker = start_job(as_nobody(sys.executable, "-c", DRIP_ATTACK, str(daemon.port), "40",
-                                   "12"), name="drip-attacker")
+    attacker = start_job(python_as_nobody("-c", DRIP_ATTACK, str(daemon.port), "40",
+                                          "12"), name="drip-attacker")
     wait_until(lambda: "dripping" in attacker.output(), 60, what="the drip attack")
     time.sleep(1)  # let the drippers take their places (not a synchronisation)
     for _ in range(8):
@@ -327,7 +334,7 @@ def test_client_resets_and_garbage_log_no_traceback_and_json_stays_json(
         start_job, tmp_path, hb_dir):
     need_root()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5, "log_format": "json"})
-    attacker = start_job(as_nobody(sys.executable, "-c", RESET_ATTACK, str(daemon.port)),
+    attacker = start_job(python_as_nobody("-c", RESET_ATTACK, str(daemon.port)),
                          name="reset-attacker")
     wait_until(lambda: "done" in attacker.output(), 120, what="the reset attack")
     keeps_ticking(daemon)
@@ -388,9 +395,9 @@ def start_fake_rank(start_job, shared_dir, run_id="hostile-run", as_root=False, 
     os.makedirs(env["DDPWATCH_DIR"], mode=0o700, exist_ok=True)
     if not as_root:
         os.chown(env["DDPWATCH_DIR"], NOBODY, NOBODY)
-    argv = [sys.executable, "-c", fake_rank_script(honest)]
-    job = start_job([*prefix, *(argv if as_root else as_nobody(*argv))], env=env,
-                    name="fake-rank")
+    argv = ([sys.executable, "-c", fake_rank_script(honest)] if as_root else
+            python_as_nobody("-c", fake_rank_script(honest)))
+    job = start_job([*prefix, *argv], env=env, name="fake-rank")
     wait_until(lambda: "ready" in job.output(), 60, what="the fake rank's record")
     rank_pid = next(p.pid for p in job.processes() if "python" in p.name())
     return job, rank_pid
@@ -489,7 +496,7 @@ def test_stacks_requests_in_a_loop_run_py_spy_a_bounded_number_of_times(
     _, pid = start_fake_rank(start_job, shared_dir, as_root=True)
     wait_until(lambda: job_with(daemon.status(token=token or None), pid), 60,
                what="the rank in /status")
-    attacker = start_job(as_nobody(sys.executable, "-c", STACKS_ATTACK, daemon.url, "8"),
+    attacker = start_job(python_as_nobody("-c", STACKS_ATTACK, daemon.url, "8"),
                          name="stacks-attacker")
     runs = py_spy_runs_on(daemon.job.proc.pid, pid, 8.5)
     wait_until(lambda: "codes" in attacker.output(), 60, what="the attacker's tally")
@@ -618,7 +625,7 @@ def test_every_probe_works_with_only_the_units_privileges(start_job, shared_dir,
             f"--inh-caps={capset}", f"--ambient-caps={capset}", f"--bounding-set={capset}",
             "--no-new-privs",
             "sh", "-c", f'umask {umask} && exec strace -f -qq -s 64 -o "$0" "$@"', trace,
-            sys.executable, "-m", "ddpwatch", "run", "--config", config]
+            *otheruser.runtime().argv("-m", "ddpwatch", "run", "--config", config)]
     daemon = start_job(argv, env={"DDPWATCH_STATE_DIR": state}, name="sandboxed-daemon")
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: get(url + "/readyz")[0] == 200, 120, what="the sandboxed daemon ready")

@@ -13,7 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from conftest import free_port, need, wait_until
+from conftest import free_port, need, runs_module, wait_until
 
 TIMEOUT = 240
 TOKEN = "peer-test-token"
@@ -141,7 +141,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
 
     # Node B's daemon goes away: node A says so and stops judging rank 1 from old news.
     for proc in node_b.processes():
-        if "ddpwatch" in " ".join(proc.cmdline()) and "run" in proc.cmdline():
+        if runs_module(proc.cmdline(), "ddpwatch", "run"):
             proc.send_signal(signal.SIGTERM)
     wait_until(lambda: (get_json(url_a + "/status") or {}).get("peers", [{}])[0].get("error"),
                TIMEOUT, what=f"node A noticing its peer is gone\n{logs()}")

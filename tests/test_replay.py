@@ -6,10 +6,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from conftest import REPO, need
@@ -493,36 +491,20 @@ def test_no_permission_names_the_missing_capability():
 
 def test_diagnose_of_another_users_rank_exits_77():
     """Real: a process of root's, diagnosed by an unprivileged user (nobody)."""
-    need(os.geteuid() == 0 and shutil.which("setpriv") is not None,
-         "needs root and setpriv (util-linux) to run diagnose as another user")
-    python = "/usr/bin/python3.11"
-    need(os.path.exists(python), "needs Debian's python3.11 (the one nobody may execute)")
-    import psutil
-    import yaml
+    import otheruser
+    # a world-readable copy of the package and of its imports, and a python nobody
+    # may run: the checkout and this interpreter may sit where only root can enter
+    runtime = otheruser.runtime()
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    # A world-readable copy of the package and of its two imports: the checkout and
-    # this interpreter may sit where only root can enter.
-    place = tempfile.mkdtemp(prefix="ddpwatch-77-")
     try:
-        for src in (os.path.join(REPO, "ddpwatch"), os.path.join(REPO, "rules"),
-                    os.path.dirname(psutil.__file__), os.path.dirname(yaml.__file__)):
-            shutil.copytree(src, os.path.join(place, os.path.basename(src)),
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        for root, dirs, files in os.walk(place):
-            os.chmod(root, 0o755)
-            for f in files:
-                os.chmod(os.path.join(root, f), 0o644)
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); from ddpwatch.cli import main; "
-                "sys.exit(main(['diagnose', sys.argv[2]]))")
-        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                              python, "-c", code, place, str(victim.pid)],
-                             capture_output=True, text=True, timeout=60, cwd=place)
+        out = subprocess.run(otheruser.as_user(otheruser.NOBODY, *runtime.argv(
+                                 "-m", "ddpwatch", "diagnose", str(victim.pid))),
+                             capture_output=True, text=True, timeout=60, cwd=runtime.place)
         assert out.returncode == 77, out.stderr
         assert "CAP_SYS_PTRACE" in out.stderr and "Traceback" not in out.stderr
     finally:
         victim.kill()
         victim.wait()
-        shutil.rmtree(place, ignore_errors=True)
 
 
 def test_process_table_cache_sees_an_exec(tmp_path):

@@ -21,7 +21,7 @@ import uuid
 
 import psutil
 
-from conftest import free_port, need
+from conftest import free_port, is_torchrun_agent, need, runs_module
 
 TOKEN = "two-nodes-token"
 
@@ -139,9 +139,11 @@ class Node:
         found = []
         for proc in self.job.processes():
             try:
-                cmd = " ".join(proc.cmdline())
-                if "RANK" in proc.environ() and "ddpwatch" not in cmd and \
-                        "torch.distributed.run" not in cmd:
+                cmd = proc.cmdline()
+                # the node's daemon and a torchrun agent are told by the module they
+                # run (conftest.python_module), not by a word of their path
+                if "RANK" in proc.environ() and not runs_module(cmd, "ddpwatch") and \
+                        not is_torchrun_agent(cmd):
                     found.append(proc.pid)
             except psutil.Error:
                 continue
