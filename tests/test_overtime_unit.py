@@ -187,3 +187,31 @@ def test_a_pause_site_is_the_same_wherever_the_dump_caught_it():
                       ("decorate_context", lib + "utils/_contextlib.py", 124),
                       ("main", "/home/u/train.py", 140))
     assert pause_of(decorated) == ("evaluation", "estimate_loss <- train.py:140")
+
+
+def test_the_incident_page_shows_the_job_over_time():
+    """report.json's over_time (publish/report.py) drawn by publish/page.py: the
+    verdict band with the pauses before the stall, the earlier pauses, the bars."""
+    import xml.etree.ElementTree as ET
+
+    from ddpwatch.publish import page
+    from ddpwatch.publish.report import over_time_json
+
+    job = WatchedJob("k", 0.0)
+    t = 0.0
+    for _ in range(2):
+        (_, _), t = run(job, 4.0, pausing(), t)
+        (_, _), t = run(job, 10.0, HEALTHY, t)
+    (judged, over), t = run(job, 22.0, pausing(), t)
+    assert judged.job.verdict == "hung_outside_collective"
+    doc = {"job": {"verdict": judged.job.verdict, "culprits": [0], "summary": ""},
+           "ranks": [], "over_time": over_time_json(over, full=True)}
+    html = page.render(doc, ())
+    assert 'id="over-time"' in html and 'id="pauses"' in html
+    svg = html[html.index('<svg class="verdicts"'):]
+    svg = svg[:svg.index("</svg>") + 6]
+    drawn = [r.get("data-verdict") for r in ET.fromstring(svg).iter("rect")]
+    assert drawn == ["paused", "healthy", "paused", "healthy", "paused",
+                     "hung_outside_collective"], drawn
+    assert html.count("<td>evaluation</td>") == 2
+    assert 'data-state="waiting"' in html and 'data-state="paused"' in html

@@ -9,14 +9,21 @@ receiver. For 2 minutes: no firing message at all, and the pauses named in
 and a rank waiting on a lock page within seconds; an evaluation 10x as long as
 the job's earlier ones pages once past its learned bound; a rank busy-looping
 where no pause ran before pages at the pause floor. Each incident pages once.
+The page of the long evaluation's incident, opened in headless Chromium, shows
+the job's verdicts over time with the evaluations before it.
 """
 from __future__ import annotations
 
 import os
 import sys
 
+import html5lib
 import pytest
-from conftest import REPO
+from conftest import REPO, need
+from test_incident_page import CHROMIUM, RecordingProxy, artifacts_dir, chromium, png_size
+from test_incident_page_unit import NS
+
+from ddpwatch.publish.bundle import dir_name
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import soak  # noqa: E402
@@ -49,8 +56,12 @@ def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
     assert pauses["checkpoint"]["checkpoint"] >= 1, (pauses, watched.verdicts_seen())
 
 
+FAULTS: dict = {}  # what test_faults_mid_run... measured, for the page test after it
+
+
 def test_faults_mid_run_page_once_each_in_time(watched):
     got = soak.faults(watched)
+    FAULTS.update(got)
     for fault in ("stopped", "lock", "long-eval", "spin"):
         assert got[fault]["pages"] == 1, (fault, got)
     assert got["stopped"]["to_page_s"] <= 20, got      # seconds, on a loaded 2-core box
@@ -62,3 +73,35 @@ def test_faults_mid_run_page_once_each_in_time(watched):
     # the busy loop at a new place: at the floor (plus a tick or two of judging)
     assert FLOOR_S - 2 <= got["spin"]["to_page_s"] <= FLOOR_S + 30, got
     assert "no earlier pause" in got["spin"]["summary"], got
+
+
+def test_the_page_of_a_real_stall_shows_the_pauses_before_it(watched, start_job, tmp_path):
+    need(CHROMIUM is not None, "Debian package chromium (dev.sh DEBIAN_PACKAGES)")
+    if "long-eval" not in FAULTS:
+        pytest.fail("the faults test did not run or did not page the long evaluation")
+    bundle = os.path.join(watched.workdir, "state", "incidents",
+                          dir_name(FAULTS["long-eval"]["incident"]))
+    page = os.path.join(bundle, "report.html")
+    assert os.path.isfile(page), os.listdir(os.path.dirname(bundle))
+    proxy = RecordingProxy()
+    try:
+        shot = os.path.join(artifacts_dir(), "incident-page-long-evaluation.png")
+        made = chromium(start_job, tmp_path, proxy, "file://" + page, "--window-size=1280,2400",
+                        f"--screenshot={shot}")
+        print(f"\nscreenshot of the incident page: {shot}")
+        assert png_size(shot) == (1280, 2400)
+        dom_path = str(tmp_path / "dom.html")
+        made += chromium(start_job, tmp_path, proxy, "file://" + page, "--dump-dom",
+                         out=dom_path)
+        assert made == [], f"the page made external requests: {made}"
+    finally:
+        proxy.close()
+    dom = html5lib.HTMLParser(namespaceHTMLElements=True).parse(open(dom_path).read())
+    band = next(svg for svg in dom.iter(f"{{{NS['s']}}}svg")
+                if "verdicts" in (svg.get("class") or ""))
+    drawn = [r.get("data-verdict") for r in band.iter(f"{{{NS['s']}}}rect")]
+    # earlier evaluations (paused) before the stall the long one became
+    assert drawn.count("paused") >= 2 and drawn[-1] == "hung_outside_collective", drawn
+    kinds = ["".join(td.itertext()) for td in
+             dom.findall(".//h:table[@id='pauses']/h:tbody/h:tr/h:td[3]", NS)]
+    assert kinds.count("evaluation") >= 2, kinds

@@ -43,6 +43,9 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
     work = tempfile.mkdtemp(prefix=".tmp-", dir=root)
     try:
         doc = {"incident": to_json(incident), **report.as_json(view.judgement, view.last)}
+        over = report.over_time_json(getattr(view, "over_time", None), full=True)
+        if over:
+            doc["over_time"] = over  # the verdicts before the stall, time by state
         with open(os.path.join(work, "report.json"), "w") as f:
             json.dump(doc, f, indent=1)
         snapshot.save(list(history), os.path.join(work, "snapshots.json"))

@@ -59,7 +59,7 @@ def dumps(doc, **kw) -> bytes:
 def status_document(view) -> dict:
     """The same `job` and `ranks[]` as `diagnose --json` (for the most severe job),
     every job under `jobs`, and the incidents."""
-    jobs = [dict(key=j.key, **report.as_json(j.judgement, j.last), **over_time_json(j.over_time))
+    jobs = [dict(key=j.key, **report.as_json(j.judgement, j.last), **report.over_time_json(j.over_time))
             for j in view.jobs]
     first = jobs[0] if jobs else {"job": {"verdict": "healthy", "culprits": [],
                                           "summary": "No DDP job on this node."}, "ranks": []}
@@ -70,26 +70,6 @@ def status_document(view) -> dict:
             # why the daemon may be blind or behind (issue 14): failed stages, probe errors
             "stage_failures": dict(view.stage_failures or {}),
             "probe_errors": {p.name: p.error for p in view.probes if not p.ok}}
-
-
-def over_time_json(over) -> dict:
-    """A job's judgement over time (watch/job.py OverTime) for /status: the pause in
-    progress (what, where, how long, its bound), where each rank's time went, and
-    the job's verdicts over time."""
-    if over is None:
-        return {}
-    pause = None
-    if over.pause is not None:
-        p = over.pause
-        pause = {"rank": p.rank, "pid": p.pid, "kind": p.kind, "site": p.site,
-                 "elapsed_s": p.elapsed_s, "bound_s": round(p.bound_s, 1),
-                 "earlier_s": list(p.earlier), "timeout_s": p.timeout_s,
-                 "left_s": round(p.left_s, 1), "over": p.over}
-    return {"pause": pause, "pauses_note": over.note,
-            "time_s": {str(rank): states for rank, states in over.time.items()},
-            "time_last_10min_s": {str(rank): {k: round(v, 1) for k, v in states.items()}
-                                  for rank, states in over.recent.items()},
-            "timeline": [{"at": t, "verdict": v, "pause": k} for t, v, k in over.timeline[-50:]]}
 
 
 class Server:

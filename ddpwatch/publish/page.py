@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from . import page_model as model
-from .page_svg import esc, states_svg, timeline_svg
+from .page_svg import esc, states_svg, time_svg, timeline_svg, verdicts_svg
 
 FRAMES_SHOWN = 16  # per stack: the outermost 4 and the innermost 12
 LATE_S = 0.0005  # arrivals closer than this are the same moment, not a late rank
@@ -93,6 +93,7 @@ def render(report: dict, history: tuple, incident: dict | None = None,
                      'Heartbeats would add the timeline: call <code>ddpwatch.instrument()</code> '
                      'before <code>init_process_group</code> in the training script.</div>')
     parts.append(_ranks_table(ranks))
+    parts.append(_over_time(report.get("over_time"), incident))
     parts.append(_states(ranks, tuple(history)))
     parts.append(_findings(ranks))
     parts.append(_stacks(ranks, tuple(history)))
@@ -210,6 +211,37 @@ def _lateness(tl: model.Timeline) -> str:
             'first rank each rank entered the collective (the last to arrive in red).</p><table class="lateness"><thead><tr>'
             f"<th>seq</th><th>op</th><th>bytes</th>{head}</tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
+
+
+def _over_time(over: dict | None, incident: dict | None) -> str:
+    """The job before the stall (the daemon's watch of it, watch/job.py): its
+    verdicts over the last hour, its earlier pauses, where each rank's time went."""
+    if not over or not over.get("timeline"):
+        return ""
+    now = (incident or {}).get("updated_at") or over["timeline"][-1]["at"]
+    parts = ['<h2 id="over-time">The job over time</h2>',
+             '<p class="meta">Its verdict as the daemon judged it each tick, over the last '
+             'hour: pauses (a rank working outside the collectives while the others wait) '
+             'are light blue; what paged is red.</p>',
+             verdicts_svg(over["timeline"], now)]
+    if over.get("pauses_note"):
+        parts.append(f'<p class="pauses-note">{esc(over["pauses_note"])}.</p>')
+    pauses = over.get("pauses") or []
+    if pauses:
+        rows = "".join(f"<tr><td>{esc(_when(p['started_at']))}</td><td>rank {p['rank']}</td>"
+                       f"<td>{esc(p['kind'])}</td><td><code>{esc(p['site'] or '?')}</code></td>"
+                       f"<td>{p['length_s']:.1f} s</td></tr>" for p in pauses[-20:])
+        parts.append('<table class="pauses" id="pauses"><caption>Earlier pauses (the last '
+                     f'{min(len(pauses), 20)})</caption><tr><th>began</th><th>rank</th>'
+                     '<th>kind</th><th>where</th><th>lasted</th></tr>' + rows + "</table>")
+    hour = over.get("time_last_hour_s") or {}
+    if hour:
+        parts.append('<p class="meta">Where each rank\'s time went over the last hour '
+                     '(from the verdicts; without heartbeats a rank\'s training time is all '
+                     'counted as computing).</p>')
+        parts.append(time_svg([(f"rank {rank}", states) for rank, states in
+                               sorted(hour.items(), key=lambda kv: int(kv[0]))]))
+    return "\n".join(parts)
 
 
 def _states(ranks, history) -> str:

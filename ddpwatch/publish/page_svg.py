@@ -182,3 +182,68 @@ def states_svg(rows: list[tuple[str, dict[str, float], float | None]]) -> str:
         out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)
+
+
+# --- the job over time (publish/report.py over_time_json): verdicts, time by state
+TIME_COLOURS = {"computing": "#2e7d32", "collective": "#4a78b5", "waiting": "#e08a00",
+                "paused": "#7fb3e0", "stalled": "#c62828", "starting": "#9e9e9e",
+                "unknown": "#cccccc"}
+VERDICT_COLOURS = {"healthy": "#2e7d32", "warming_up": "#9e9e9e", "paused": "#7fb3e0",
+                   "waiting_on_peer": "#e0c000", "straggler": "#e08a00",
+                   "unknown": "#cccccc"}  # any other verdict is a problem: red
+
+
+def verdicts_svg(timeline: list[dict], now: float, span_s: float = 3600.0) -> str:
+    """The job's verdict over the last `span_s` (one band, a colour per verdict,
+    each stretch titled with its verdict, pause kind and length)."""
+    x0, x1 = LABEL_W, 960
+    start = max(now - span_s, timeline[0]["at"]) if timeline else now - span_s
+    width = max(now - start, 1.0)
+    out = [f'<svg class="verdicts" role="img" viewBox="0 0 {W} 64" width="100%" '
+           'aria-label="the job\'s verdict over time">',
+           "<title>The job's verdict over time</title>",
+           _text(8, 26, "job verdict", "label")]
+    for i, entry in enumerate(timeline):
+        t0 = max(entry["at"], start)
+        t1 = timeline[i + 1]["at"] if i + 1 < len(timeline) else now
+        if t1 <= start:
+            continue
+        x, w = x0 + (t0 - start) / width * (x1 - x0), max(1.0, (t1 - t0) / width * (x1 - x0))
+        colour = VERDICT_COLOURS.get(entry["verdict"], "#c62828")
+        what = entry["verdict"].replace("_", " ") + (f" ({entry['pause']})"
+                                                     if entry.get("pause") else "")
+        out.append(f'<rect class="verdict" data-verdict="{esc(entry["verdict"])}" '
+                   f'x="{x:.1f}" y="10" width="{w:.1f}" height="24" fill="{colour}">'
+                   f"<title>{esc(what)} for {_seconds(t1 - t0)}</title></rect>")
+    out.append(_text(x0, 52, f"{_seconds(now - start)} ago", "sub"))
+    out.append(_text(x1, 52, "now", "sub", "end"))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def time_svg(rows: list[tuple[str, dict[str, float]]]) -> str:
+    """rows: (label, state -> seconds). One stacked bar per rank: where its time went."""
+    x0, x1, h = LABEL_W, 860, 34
+    out = [f'<svg class="time" role="img" viewBox="0 0 {W} {len(rows) * h + 10}" '
+           'width="100%" aria-label="where each rank\'s time went">',
+           "<title>Where each rank's time went</title>"]
+    for i, (label, seconds) in enumerate(rows):
+        y, total = 4 + i * h, sum(seconds.values())
+        out.append(f'<g class="time-row" data-row="{i}">')
+        out.append(_text(8, y + 18, esc(label), "label"))
+        x = x0
+        for state in sorted(seconds, key=lambda k: list(TIME_COLOURS).index(k)
+                            if k in TIME_COLOURS else 99):
+            share = seconds[state] / total if total else 0.0
+            w = share * (x1 - x0)
+            out.append(f'<rect class="time-state" data-state="{esc(state)}" x="{x:.1f}" '
+                       f'y="{y + 4}" width="{w:.1f}" height="20" '
+                       f'fill="{TIME_COLOURS.get(state, "#999999")}"><title>{esc(state)} '
+                       f'{share:.0%} ({_seconds(seconds[state])})</title></rect>')
+            if w > 70:
+                out.append(_text(x + 4, y + 19, esc(f"{state} {share:.0%}"), "in-bar"))
+            x += w
+        out.append(_text(x1 + 10, y + 18, _seconds(total), "sub"))
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)

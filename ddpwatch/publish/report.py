@@ -28,6 +28,38 @@ def as_json(judgement: Judgement, last: Snapshot) -> dict:
     }
 
 
+def over_time_json(over, full: bool = False) -> dict:
+    """A job's judgement over time (watch/job.py OverTime) for /status and, `full`,
+    the incident bundle: the pause in progress (what, where, how long, its bound),
+    where each rank's time went, the job's verdicts over time and, `full`, its
+    earlier pauses and the last hour's time by state (the incident page's bars)."""
+    if over is None:
+        return {}
+    pause = None
+    if over.pause is not None:
+        p = over.pause
+        pause = {"rank": p.rank, "pid": p.pid, "kind": p.kind, "site": p.site,
+                 "elapsed_s": p.elapsed_s, "bound_s": round(p.bound_s, 1),
+                 "earlier_s": list(p.earlier), "timeout_s": p.timeout_s,
+                 "left_s": round(p.left_s, 1), "over": p.over}
+    doc = {"pause": pause, "pauses_note": over.note,
+           "time_s": {str(rank): states for rank, states in over.time.items()},
+           "time_last_10min_s": _rounded(over.recent),
+           "timeline": [{"at": t, "verdict": v, "pause": k}
+                        for t, v, k in over.timeline[-(512 if full else 50):]]}
+    if full:
+        doc["time_last_hour_s"] = _rounded(over.hour)
+        doc["pauses"] = [{"rank": e.rank, "kind": e.kind, "site": e.site,
+                          "started_at": round(e.started_wall, 1), "length_s": e.length_s}
+                         for e in over.pauses]
+    return doc
+
+
+def _rounded(by_rank: dict) -> dict:
+    return {str(rank): {k: round(v, 1) for k, v in states.items()}
+            for rank, states in by_rank.items()}
+
+
 def _wrap(text: str, indent: str) -> str:
     return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
 

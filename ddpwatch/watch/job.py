@@ -31,6 +31,7 @@ class OverTime:
     pauses: tuple                             # ended pauses (watch/pauses.Ended)
     note: str                                 # what the pauses cost, in words
     totals: dict = dataclasses.field(default_factory=dict)  # (rank, state, kind) -> s
+    hour: dict = dataclasses.field(default_factory=dict)    # rank -> state -> s, last hour
 
 
 class WatchedJob:
@@ -74,11 +75,14 @@ class WatchedJob:
         note = "; ".join(filter(None, (self.pauses.summary(wall), self.time.idle_note(wall))))
         if pause is not None:
             judged = dataclasses.replace(judged, job=_with_pause(judged.job, pause, note))
-        self.time.add(judged, now, wall, pause.kind if pause is not None else "")
+        # the timeline names the pause's kind where the job is judged paused (or the
+        # pause became the hang): a pause in its end grace is healthy training again
+        shown = pause is not None and (judged.job.verdict == "paused" or pause.over)
+        self.time.add(judged, now, wall, pause.kind if shown else "")
         self.verdict = judged.job.verdict
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
-                                dict(self.time.totals))
+                                dict(self.time.totals), self.time.recent(wall, 3600.0))
 
 
 def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:
