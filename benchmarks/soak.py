@@ -7,7 +7,8 @@ to its page.
     python benchmarks/soak.py --minutes 3 --faults    # then faults mid-run
 
 Each job is a real torchrun job (tests/jobs/thirdparty/nanogpt_ddp.py: rank 0
-alone evaluates every few seconds, and saves a 300 MB checkpoint in the other).
+alone evaluates every few seconds; in the other it evaluates and saves a 300 MB
+checkpoint, and that job writes heartbeats: DDPWATCH_AUTO=1).
 The daemon runs with its defaults but for a generic webhook, pause_floor_s
 (--floor, so that the busy-loop fault pages within minutes) and resolve_after_s
 10 s; what is measured is what a user gets. tests/test_soak.py runs a short
@@ -37,8 +38,10 @@ THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
 # name -> environment of a nanoGPT-style job (tests/jobs/thirdparty/nanogpt_ddp.py)
 JOBS = {
     "eval": {"DDPWATCH_TEST_EVAL_INTERVAL": "150", "DDPWATCH_TEST_EVAL_ITERS": "150"},
+    # with heartbeats (DDPWATCH_AUTO=1, what `ddpwatch exec` sets): the waiting rank's
+    # record says how long it has waited; the other job is judged without any
     "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
-                   "DDPWATCH_TEST_CKPT_MB": "300"},
+                   "DDPWATCH_TEST_CKPT_MB": "300", "DDPWATCH_AUTO": "1"},
 }
 class Receiver:
     """A generic webhook receiver: every message kept with its arrival time."""
