@@ -10,8 +10,9 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
     token: ""                    # bearer token for /status; required off loopback
     tick_s: 1.0                  # one discovery -> probes -> judge -> publish cycle
     window_s: 2.0                # CPU and progress are judged over this much history
-    heartbeat_dir: ""            # default $DDPWATCH_DIR or /dev/shm/ddpwatch; the
-                                 # ranks' own DDPWATCH_DIR are read too
+    heartbeat_dir: ""            # default $DDPWATCH_DIR or /dev/shm/ddpwatch and its
+                                 # per-user directories; the ranks' own DDPWATCH_DIR
+                                 # are read too
     state_dir: ""                # incident bundles; default /var/lib/ddpwatch (root)
                                  # or ~/.local/state/ddpwatch
     stacks_min_interval_s: 5.0   # py-spy at most this often per job (only on suspicion)

@@ -74,14 +74,27 @@ def test_another_node_defers_to_a_claim_and_never_doubles_it():
     assert route.forget("i1") is False         # never fired here: no resolved from here
 
 
-def test_a_peer_already_claiming_the_job_is_left_to_send_even_by_its_owner():
-    """Judgements can differ for a tick (one node saw the culprit first): whoever
-    claimed the job first keeps it, so no receiver gets the problem twice."""
+def test_the_owner_never_defers_to_a_peers_claim():
+    """A peer's claim is its word over a label any user picks: the owner (rank 0's
+    node by its own judgement) pages whoever claims the job."""
     route = AlertRoute(grace_s=5.0)
     claims = {"node-b": frozenset({"job"})}
-    assert not route.route("i1", "job", "node-a", "node-a", claims, now=0.0)
-    assert route.alerts_from("i1", "node-a") == "node-b"
-    assert route.route("i1", "job", "node-a", "node-a", {}, now=1.0)  # node-b went away
+    assert route.route("i1", "job", "node-a", "node-a", claims, now=0.0)
+    assert route.alerts_from("i1", "node-a") == "node-a"
+
+
+def test_only_the_owners_claim_silences_a_node():
+    """node-a judges rank 0 on node-b: node-c's claim of the label is ignored (it
+    waits for node-b and pages after the grace), node-b's is taken."""
+    route = AlertRoute(grace_s=5.0)
+    hostile = {"node-c": frozenset({"job"}), "node-b": frozenset({"another-job"})}
+    assert not route.route("i1", "job", "node-b", "node-a", hostile, now=0.0)
+    assert route.alerts_from("i1", "node-a") == ""                 # waiting, not deferring
+    assert route.route("i1", "job", "node-b", "node-a", hostile, now=5.0)
+    owners = AlertRoute(grace_s=5.0)
+    both = {"node-c": frozenset({"job"}), "node-b": frozenset({"job"})}
+    assert not owners.route("i2", "job", "node-b", "node-a", both, now=0.0)
+    assert owners.alerts_from("i2", "node-a") == "node-b"
 
 
 def test_no_claim_within_the_grace_and_this_node_alerts():

@@ -16,6 +16,7 @@ from ddpwatch.observe.rootfile import FileRefused, read_in_root
 from ddpwatch.observe.snapshot import load, save
 from ddpwatch.publish import page
 
+ME = (os.getuid(), frozenset(os.getgroups()) | {os.getgid()})  # who reads (rootfile.readable_by)
 HOSTS = """127.0.0.1 localhost
 127.0.1.1   Node1 node1.lan # Debian's line
 10.0.0.2 node0
@@ -65,35 +66,35 @@ def root(tmp_path, request, monkeypatch):
 
 
 def test_reads_the_ranks_file(root):
-    assert read_in_root(str(root), "/etc/hosts") == HOSTS
+    assert read_in_root(str(root), "/etc/hosts", ME) == HOSTS
 
 
 def test_a_symlink_out_of_the_root_stays_inside_it(root, tmp_path):
     os.remove(root / "etc" / "hosts")
     os.symlink(str(tmp_path / "secret"), root / "etc" / "hosts")  # absolute: the host's
     with pytest.raises(OSError):  # resolved in the root (no such file) or refused
-        read_in_root(str(root), "/etc/hosts")
+        read_in_root(str(root), "/etc/hosts", ME)
     os.remove(root / "etc" / "hosts")
     os.symlink("../../secret", root / "etc" / "hosts")  # .. stops at the root
     with pytest.raises(OSError):
-        read_in_root(str(root), "/etc/hosts")
+        read_in_root(str(root), "/etc/hosts", ME)
     os.rename(root / "etc", root / "real")
     os.symlink(str(tmp_path), root / "etc")  # a directory on the way
     with pytest.raises(OSError):
-        read_in_root(str(root), "/etc/secret")
+        read_in_root(str(root), "/etc/secret", ME)
 
 
 def test_a_fifo_or_a_huge_file_is_refused_without_blocking(root):
     os.remove(root / "etc" / "hosts")
     os.mkfifo(root / "etc" / "hosts")
     with pytest.raises(FileRefused, match="not a regular file"):
-        read_in_root(str(root), "/etc/hosts")
+        read_in_root(str(root), "/etc/hosts", ME)
     os.remove(root / "etc" / "hosts")
     (root / "etc" / "hosts").write_text("x" * 2000)
     with pytest.raises(FileRefused, match="larger than 1000 bytes"):
-        read_in_root(str(root), "/etc/hosts", limit=1000)
+        read_in_root(str(root), "/etc/hosts", ME, limit=1000)
     with pytest.raises(ValueError):
-        read_in_root(str(root), "/etc/../secret")
+        read_in_root(str(root), "/etc/../secret", ME)
 
 
 class _Snap:

@@ -12,7 +12,8 @@ import stat
 from dataclasses import dataclass
 
 from . import launchers as L
-from .probes.process import CLK_TCK, parse_cmdline, parse_environ, parse_stat
+from .probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
+                             parse_environ, parse_stat, read_head)
 from .snapshot import Job
 
 
@@ -35,9 +36,11 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
     its (cmdline, env), which change only at exec. The identity is pid, start time
     and the executable's path: a launch script that `exec`s torchrun changes the
     executable. A process younger than CACHE_AFTER_S is never cached: a fork not
-    yet exec'd shows its parent's command line for a moment."""
+    yet exec'd shows its parent's command line for a moment. The cache holds at
+    most CACHE_BYTES (by `_cost`): past that, processes are read anew each time."""
     table, seen = {}, set()
     uptime = _uptime(procfs)
+    cached_bytes = sum(_cost(v) for v in cache.values()) if cache is not None else 0
     for name in os.listdir(procfs):
         if not name.isdigit():
             continue
@@ -54,8 +57,9 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
                 cmdline, env = cache[key]
             else:
                 cmdline, env = _read_exec(procfs, pid)
-                if key is not None:  # empty too: kernel threads, zombies
-                    cache[key] = (cmdline, env)
+                if key is not None and cached_bytes + _cost((cmdline, env)) <= CACHE_BYTES:
+                    cache[key] = (cmdline, env)  # empty too: kernel threads, zombies
+                    cached_bytes += _cost((cmdline, env))
         except (OSError, IndexError, ValueError):
             continue
         if key is not None:
@@ -95,16 +99,31 @@ def _exe(procfs: str, pid: int) -> str:
         return ""  # kernel threads, or another user's process
 
 
+# What the command lines kept between reads may cost, whatever users run: each
+# entry is bounded (process.CMDLINE_LIMIT, MAX_ARGS, MAX_VALUE; OTHER_ARGS for
+# processes that are neither Python nor a launcher), and the whole by this.
+CACHE_BYTES = 4 * 2**20
+OTHER_ARGS = 4  # launcher_kind looks at argv[:4]; nothing reads further in a non-Python process
+
+
+def _cost(entry: tuple) -> int:
+    """About what one cached (cmdline, env) holds in memory, in bytes: a str is
+    ~50 bytes of header, a tuple or dict slot 8 to ~100."""
+    cmdline, env = entry
+    return (120 + sum(57 + len(a) for a in cmdline)
+            + sum(200 + len(k) + len(v) for k, v in env.items()))
+
+
 def _read_exec(procfs: str, pid: int) -> tuple[tuple[str, ...], dict[str, str]]:
-    with open(f"{procfs}/{pid}/cmdline", "rb") as f:
-        cmdline = parse_cmdline(f.read())
+    cmdline = parse_cmdline(read_head(f"{procfs}/{pid}/cmdline", CMDLINE_LIMIT))
     env = {}
     if is_python(cmdline) or is_launcher(cmdline):
         try:
-            with open(f"{procfs}/{pid}/environ", "rb") as f:
-                env = parse_environ(f.read())
+            env = parse_environ(read_head(f"{procfs}/{pid}/environ", ENVIRON_LIMIT))
         except OSError:
             pass
+    else:  # `sleep`, shells, editors: only whether it launches anything is asked of them
+        cmdline = cmdline[:OTHER_ARGS]
     return cmdline, env
 
 

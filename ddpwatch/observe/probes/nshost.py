@@ -29,7 +29,7 @@ import psutil
 
 from ... import codec
 from ..netns import run_in_ns
-from ..rootfile import read_in_root
+from ..rootfile import read_in_root, reader_of
 from . import Look, ProbeContext, register
 from .host import Interface, build_interfaces
 
@@ -129,9 +129,9 @@ def _ns(procfs: str, pid, kind: str) -> str:
         return ""
 
 
-def _text(root: str, path: str) -> tuple[str | None, str]:
+def _text(root: str, path: str, reader) -> tuple[str | None, str]:
     try:
-        return read_in_root(root, path), ""
+        return read_in_root(root, path, reader), ""
     except FileNotFoundError:
         return None, "none there"
     except OSError as err:
@@ -160,8 +160,15 @@ def read_view(procfs: str, pid: int, differs: dict[str, bool]) -> tuple:
     addrs, resolved = (), False
     if hostname:
         root = f"{procfs}/{pid}/root"
-        hosts, error = _text(root, "/etc/hosts")
-        nsswitch, _ = _text(root, "/etc/nsswitch.conf")
+        try:  # read only what the rank's own user could read (rootfile.readable_by)
+            reader = reader_of(procfs, pid)
+        except (OSError, ValueError, KeyError, IndexError):
+            reader = None
+        if reader is None:
+            hosts, error, nsswitch = None, "its user could not be told", None
+        else:
+            hosts, error = _text(root, "/etc/hosts", reader)
+            nsswitch, _ = _text(root, "/etc/nsswitch.conf", reader)
         addrs, resolved, missing = resolution(hostname, hosts, nsswitch, error)
         if missing:
             unseen.append(missing)

@@ -143,21 +143,59 @@ def parse_schedstat(text: str) -> SchedStat:
     return SchedStat(int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices))
 
 
-def parse_cmdline(data: bytes) -> tuple[str, ...]:
-    """NUL-separated argv. Kernel threads and zombies have none: ()."""
+# A process's argv and environment are its owner's, any size (`ulimit -s unlimited`
+# gives megabytes): the daemon reads only their head, and keeps a bounded part of
+# that. What discovery needs is at the front of argv (the interpreter, a launcher's
+# flags, `--local-rank`, `--multiprocessing-fork`); torchrun appends RANK & co. to
+# its workers' environment after the user's own, which on HPC nodes with modules
+# loaded runs to tens of KiB, so environ gets more room than argv. The read buffer
+# is transient (one process at a time); what is kept is the allow-listed part.
+CMDLINE_LIMIT = 4096
+ENVIRON_LIMIT = 32 * 1024
+MAX_ARGS = 128
+MAX_VALUE = 256  # an allow-listed variable's value (hostnames, ports, paths)
+
+
+def read_head(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of `path` from its start; when the file held more, cut
+    back to the last NUL so no half-read argument or variable is taken for a whole
+    one (`MASTER_PORT=29500` read as `MASTER_PORT=295`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks, left = [], limit + 1  # one byte more tells "exactly limit" from "more"
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        data = data[:data.rfind(b"\0", 0, limit) + 1]
+    return data
+
+
+def parse_cmdline(data: bytes, max_args: int = MAX_ARGS) -> tuple[str, ...]:
+    """NUL-separated argv, its first `max_args`. Kernel threads and zombies have
+    none: ()."""
     if data.endswith(b"\0"):
         data = data[:-1]
-    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0")) if data else ()
+    if not data:
+        return ()
+    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0", max_args)[:max_args])
 
 
 def parse_environ(data: bytes, allow: frozenset[str] = ENV_ALLOW) -> dict[str, str]:
-    """NUL-separated exec-time environment, restricted to `allow`."""
+    """NUL-separated exec-time environment, restricted to `allow`, each value cut
+    to MAX_VALUE characters."""
     env = {}
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         k = key.decode("utf-8", "replace")
         if sep and k in allow:
-            env[k] = value.decode("utf-8", "replace")
+            env[k] = value[:MAX_VALUE].decode("utf-8", "replace")
     return env
 
 
@@ -324,11 +362,11 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
         source = "environ" if env else ""
     else:
         try:
-            cmdline = parse_cmdline(_read(f"{base}/cmdline", binary=True))
+            cmdline = parse_cmdline(read_head(f"{base}/cmdline", CMDLINE_LIMIT))
         except OSError:
             cmdline = ()
         try:  # zombies answer ESRCH, other users' processes EACCES
-            env = parse_environ(_read(f"{base}/environ", binary=True))
+            env = parse_environ(read_head(f"{base}/environ", ENVIRON_LIMIT))
             source = "environ" if env else ""
         except OSError:
             env, source = {}, ""

@@ -9,10 +9,21 @@ eight sets of webhooks.
 The node that alerts is the one hosting the lowest rank judged: every node
 joined by the peer view sees the same ranks, so they agree on it, and it stays
 the same while the verdict and its culprit change (the alert carries the whole
-judgement, culprit included, from whichever node sends it). A node defers to
-any peer that already claims the job in its /peer answer (peers.py); a node
-that is not the owner waits for the owner's claim, and alerts itself if none
-comes within a grace: that daemon may not be configured to ask this node. A
+judgement, culprit included, from whichever node sends it). A node that is not
+the owner defers to the owner's claim of the job in its /peer answer (peers.py),
+waits for it, and alerts itself if none comes within a grace: that daemon may
+not be configured to ask this node.
+
+Who may silence this node: only the owner, by this node's own judgement. A
+claim names a job by its label, which users choose (a run id, the master's
+address and port, or one read from /metrics), and comes in a peer's answer:
+a claim from any peer but the owner is ignored, and the owner's own node never
+defers at all. So a peer (or a user's look-alike job on a peer's node) that
+claims a label cannot mute a job whose rank 0 is judged here or on another
+node. What is left: the owner itself can claim and not send, and the peers'
+node names are their own word (peers are reached by their configured URLs and
+token; README, "Trust model"). If two nodes judge themselves owner for a tick,
+both may page once. A
 node with no webhooks says so in its /peer answer and is passed over: the next
 lowest rank's node alerts, without waiting, so three or more nodes still page
 once. A peer whose answers went stale has its ranks left out of the
@@ -49,11 +60,11 @@ class AlertRoute:
     def route(self, incident_id: str, job: str, owner: str, here: str,
               claims: dict[str, frozenset], now: float) -> bool:
         """True if this node sends the incident's alerts. claims: peer node ->
-        the job keys it alerts for, from its fresh /peer answers."""
+        the job keys it alerts for, from its fresh /peer answers; only the
+        owner's counts (the module's doc)."""
         if incident_id in self._sending:
             return True
-        claimer = next((node for node in sorted(claims) if node != here and job in claims[node]),
-                       None)
+        claimer = owner if owner != here and job in claims.get(owner, ()) else None
         if claimer is not None:
             self._elsewhere[incident_id] = claimer
             self._waiting.pop(incident_id, None)
