@@ -42,6 +42,9 @@ JOBS = {
     # record says how long it has waited; the other job is judged without any
     "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
                    "DDPWATCH_TEST_CKPT_MB": "300", "DDPWATCH_AUTO": "1"},
+    # Lightning validates on both ranks and saves from rank 0 behind a barrier
+    # (tests/jobs/thirdparty/lightning_eval_ddp.py); no faults are given to it
+    "lightning": {"script": "lightning_eval_ddp.py", "MASTER_PORT": "{port}"},
 }
 class Receiver:
     """A generic webhook receiver: every message kept with its arrival time."""
@@ -156,10 +159,13 @@ class Soak:
         for name, env in jobs.items():
             port = free_port()
             self.store_ports[name] = port
+            env = {k: v.replace("{port}", str(port)) for k, v in env.items()}
+            script = os.path.join(THIRDPARTY, env.pop("script", "nanogpt_ddp.py"))
+            argv = ([sys.executable, script] if "lightning" in os.path.basename(script) else
+                    [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                     "--master_addr=127.0.0.1", f"--master_port={port}", script])
             self.jobs[name] = self._start(
-                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                 "--master_addr=127.0.0.1", f"--master_port={port}",
-                 os.path.join(THIRDPARTY, "nanogpt_ddp.py")],
+                argv,
                 dict(env, DDPWATCH_TEST_OUT=workdir, DDPWATCH_TEST_FAULT_FILE=self.fault_file(name),
                      DDPWATCH_TEST_FAULT=(faults or {}).get(name, "")), name)
         self.readings: list[tuple[float, dict]] = []
