@@ -16,7 +16,8 @@
 # Needs root, mmdebstrap and podman (dev.sh installs them). Environment:
 #   DDPWATCH_IMAGE_CACHE   where the rootfs tarball and wheels are kept
 #                          (default /var/cache/ddpwatch-image: outside the checkout,
-#                          so a fresh clone, as CI makes, still finds it)
+#                          so a fresh clone, as CI makes, still finds it; inside
+#                          it, /.image-cache/ is ignored by git)
 #   DDPWATCH_IMAGE_NAME    the image's name (default localhost/ddpwatch)
 #   DDPWATCH_DEBIAN_MIRROR a deb822 .sources file or a mirror URL for mmdebstrap
 #                          (default: this machine's own Debian sources)
@@ -94,9 +95,9 @@ podman_opts "$base" "$CACHE" || die "podman cannot start a container on this mac
 
 # --- 2. the wheels: once per content of what goes into the wheel ------------------
 # Hashing the working tree (not the last commit) so an edit not yet committed is
-# built too. deploy/image is hashed as well: the Containerfile shapes the image.
+# built too. The Containerfile is hashed as well: it shapes the image.
 src_hash="$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard -- \
-        ddpwatch rules systemd grafana setup.cfg setup.py pyproject.toml deploy/image \
+        ddpwatch rules systemd grafana setup.cfg setup.py pyproject.toml deploy/image/Containerfile \
     | sort -z | xargs -0 sha256sum 2>/dev/null | sha)"
 version="$(cd "$REPO" && "$PYTHON" -c 'import re;print(re.search(r"__version__\s*=\s*\"([^\"]+)\"", open("ddpwatch/__init__.py").read()).group(1))')"
 tag="$NAME:$version-$src_hash"
