@@ -296,6 +296,43 @@ def test_slurm_taskprolog_turns_heartbeats_on_per_user():
     assert taskprolog({"DDPWATCH_AUTO": "0"}) == ""  # a job that said no is left alone
 
 
+def test_slurm_job_under_the_taskprolog_writes_heartbeats_the_daemon_reads(
+        start_job, tmp_path, hb_dir, tmp_path_factory):
+    """The recipe on the one-node SLURM cluster (tests/slurm.py): slurm.conf's
+    TaskProlog is deploy/slurm/taskprolog.sh, the job script has no ddpwatch in it
+    (tests/jobs/thirdparty/srun_ddp.py), and the node's daemon reads its ranks'
+    heartbeats: DDPWATCH_AUTO=1 came from the prolog alone."""
+    from slurm import Slurm
+    from test_daemon import DaemonRun, with_heartbeats
+    cluster = Slurm(tmp_path_factory.mktemp("slurm"),
+                    (f"TaskProlog={os.path.join(DEPLOY, 'slurm', 'taskprolog.sh')}",))
+    try:
+        daemon = DaemonRun(start_job, tmp_path, hb_dir, {})
+        env = dict(cluster.env, MASTER_PORT=str(free_port()))
+        env.pop("DDPWATCH_AUTO", None)
+        # the records go to this test's directory (the prolog keeps a DDPWATCH_DIR
+        # the job already has), not the node's per-user one
+        script = os.path.join(REPO, "tests", "jobs", "thirdparty", "srun_ddp.py")
+        job = start_job(["srun", "-n", "2", sys.executable, script], env=env, name="srun")
+
+        def slurm_job_with_heartbeats():
+            for found in daemon.status()["jobs"]:
+                if found["job"]["launcher_kind"] == "slurm" and with_heartbeats(found):
+                    return found
+            return None
+        found = wait_until(slurm_job_with_heartbeats, 240, what="the srun job's heartbeats")
+        assert sorted(r["rank"] for r in found["ranks"]) == [0, 1]
+        # the tasks carry the job's tag through srun (--export=ALL): they are its
+        assert {r["pid"] for r in found["ranks"]} <= {p.pid for p in job.processes()}
+        for rank in found["ranks"]:
+            with open(f"/proc/{rank['pid']}/environ", "rb") as f:
+                assert b"DDPWATCH_AUTO=1" in f.read().split(b"\0")
+        assert sorted(os.listdir(hb_dir)) == sorted(
+            f"rank{r['rank']}-pid{r['pid']}.hb" for r in found["ranks"])
+    finally:
+        cluster.close()
+
+
 # --- the image ----------------------------------------------------------------------
 
 def build_image() -> str:
