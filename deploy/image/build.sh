@@ -129,6 +129,10 @@ else
     rm -rf "$ctx"
 fi
 podman tag "$tag" "$NAME:latest" >/dev/null
+# Earlier builds of this name are left to no one: drop them so the store stays one
+# image deep (one still used by a container stays; podman refuses, and that is fine).
+podman images --format '{{.Repository}}:{{.Tag}}' "$NAME" | grep -v -e ':latest$' -e "^$tag\$" \
+    | xargs -r podman rmi >/dev/null 2>&1 || true
 
 if [ -n "$SAVE" ]; then
     say "saving $tag to $SAVE"
