@@ -22,7 +22,8 @@ NODE = "dwnode"
 
 
 class Slurm:
-    def __init__(self, root):
+    def __init__(self, root, extra_config: tuple[str, ...] = ()):
+        """`extra_config`: more slurm.conf lines, e.g. a TaskProlog (tests/test_deploy.py)."""
         need(os.geteuid() == 0 and all(shutil.which(t) for t in TOOLS),
              "needs root and SLURM's slurmctld, slurmd and srun (Debian package slurm-wlm)")
         self.root = str(root)
@@ -30,7 +31,8 @@ class Slurm:
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         self.conf = os.path.join(self.root, "slurm.conf")
         with open(self.conf, "w") as f:
-            f.write(self._config(socket.gethostname()))
+            f.write(self._config(socket.gethostname()) + "".join(
+                line + "\n" for line in extra_config))
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self.daemons = []
         try:
