@@ -343,7 +343,9 @@ def main() -> int:
             while time.monotonic() < end:
                 time.sleep(min(5.0, max(0.0, end - time.monotonic())))
             hours = (time.monotonic() - started) / 3600
-            firing = soak.receiver.firing()
+            # the daemon watches every job on the node: only ours count here
+            ours = {soak.label_of(name) for name in names}
+            firing = [(t, m) for t, m in soak.receiver.firing() if m.get("job") in ours]
             print(f"healthy training watched: {hours * 60:.1f} min, {len(names)} job(s) "
                   f"({', '.join(names)}), 2 CPU ranks each, pause_floor_s {args.floor:g}")
             print(f"false pages: {len(firing)} firing message(s), "

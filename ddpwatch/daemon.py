@@ -267,12 +267,13 @@ class Daemon:
             incident = event.incident
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
                         incident.verdict, list(incident.culprits))
-            if event.kind in ("opened", "changed"):
+            if event.kind in ("opened", "changed") and event.evidence:
                 self._write_bundle(incident, by_key[incident.owner])
             elif incident.bundle:  # resolved: the page says when and how
                 self._guard("bundle", lambda: rewrite_page(incident.bundle, incident), "")
-            if event.kind != "resolved" and event.notify:
-                news.add(incident.id)  # people hear of it (publish/incidents.py Event)
+            if event.kind != "resolved":
+                if event.notify:  # people hear of it (publish/incidents.py Event)
+                    news.add(incident.id)
             elif self.alert_route.forget(incident.id):  # it fired from here: resolve it here
                 self._send(incident)
         if self.dispatcher is None:

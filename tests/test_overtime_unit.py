@@ -215,3 +215,14 @@ def test_the_incident_page_shows_the_job_over_time():
                      "hung_outside_collective"], drawn
     assert html.count("<td>evaluation</td>") == 2
     assert 'data-state="waiting"' in html and 'data-state="paused"' in html
+
+
+def test_the_evidence_of_a_hang_is_not_overwritten_by_its_milder_end():
+    book = IncidentBook(resolve_after_s=30.0)
+    hung = ("hung_outside_collective", (0,), "rank 0 hung")
+    book.update({"j": hung}, 0.0)
+    book.update({"j": hung}, 1.0)
+    (milder,) = book.update({"j": ("straggler", (0,), "rank 0 straggles")}, 2.0)
+    assert milder.kind == "changed" and not milder.evidence and not milder.notify
+    (worse,) = book.update({"j": ("stopped", (0,), "rank 0 stopped")}, 3.0)
+    assert worse.evidence and worse.notify

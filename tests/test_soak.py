@@ -47,8 +47,10 @@ def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
     began = soak.time.monotonic()
     soak.wait_for(lambda: soak.time.monotonic() - began >= HEALTHY_S, HEALTHY_S + 10,
                   "two minutes of training")
-    firing = watched.receiver.firing()
-    assert firing == [], "false pages on healthy training:\n" + "\n".join(
+    # the daemon watches every job on the node: ours are judged here
+    ours = {watched.label_of(name) for name in watched.jobs}
+    firing = [(t, m) for t, m in watched.receiver.firing() if m.get("job") in ours]
+    assert None not in ours and firing == [], "false pages on healthy training:\n" + "\n".join(
         f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}"
         for t, m in firing)
     pauses = watched.pauses_seen()
@@ -101,7 +103,8 @@ def test_the_page_of_a_real_stall_shows_the_pauses_before_it(watched, start_job,
                 if "verdicts" in (svg.get("class") or ""))
     drawn = [r.get("data-verdict") for r in band.iter(f"{{{NS['s']}}}rect")]
     # earlier evaluations (paused) before the stall the long one became
-    assert drawn.count("paused") >= 2 and drawn[-1] == "hung_outside_collective", drawn
+    assert "hung_outside_collective" in drawn, drawn
+    assert drawn[:drawn.index("hung_outside_collective")].count("paused") >= 2, drawn
     kinds = ["".join(td.itertext()) for td in
              dom.findall(".//h:table[@id='pauses']/h:tbody/h:tr/h:td[3]", NS)]
     assert kinds.count("evaluation") >= 2, kinds

@@ -32,6 +32,10 @@ class Event:
     # tell people (a webhook): every opened and resolved event; a changed one only
     # when the severity rose past what they were told, once per group interval
     notify: bool = True
+    # write the evidence bundle anew: opened, or changed to a judgement at least as
+    # severe as any before in this incident (a hang's evidence is not overwritten
+    # by the straggler its end looks like)
+    evidence: bool = True
 
 
 GROUP_INTERVAL_S = 60.0  # the config's group_interval_s by default
@@ -54,6 +58,7 @@ class IncidentBook:
         self.group_interval_s = group_interval_s
         # job key -> (the most severe verdict people were told, when a change was told)
         self._told: dict[str, tuple[str, float]] = {}
+        self._worst: dict[str, str] = {}  # job key -> the incident's most severe verdict
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
         # job key -> (problem ticks in a row, when the first of them was)
@@ -97,6 +102,7 @@ class IncidentBook:
                                     0.0, "", owner=key)
                 self._open[key] = incident
                 self._told[key] = (verdict, -1e18)
+                self._worst[key] = verdict
                 self.opened_total[verdict] = self.opened_total.get(verdict, 0) + 1
                 events.append(Event("opened", incident))
             else:
@@ -111,7 +117,11 @@ class IncidentBook:
                     # A first tick may see the victims before the culprit: the
                     # evidence follows the judgement, not its first draft; people
                     # hear of it when it is worse than what they were told.
-                    events.append(Event("changed", updated, notify=rose))
+                    worst = self._worst.get(key, verdict)
+                    as_bad = SEVERITY.index(verdict) <= SEVERITY.index(worst)
+                    if as_bad:
+                        self._worst[key] = verdict
+                    events.append(Event("changed", updated, notify=rose, evidence=as_bad))
         for key in set(self._troubled) - set(verdicts):
             del self._troubled[key]  # the job is gone
         for key in list(self._open):
@@ -125,6 +135,7 @@ class IncidentBook:
                                            resolution=resolution(verdict, now - since))
                 self._calm_since.pop(key, None)
                 self._told.pop(key, None)
+                self._worst.pop(key, None)
                 self._resolved.append(done)
                 events.append(Event("resolved", done))
         self._resolved = [i for i in self._resolved if now - i.resolved_at < KEEP_RESOLVED_S]
