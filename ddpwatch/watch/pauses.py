@@ -6,7 +6,7 @@ at 2 min). judge/overtime.py decides with what this keeps.
 A pause begins on the first tick a rank is judged pausing (signal `pausing`:
 busy outside the collectives while a peer waits) and ends once no rank has been
 pausing for END_GRACE_S: a tick judged from CPU alone (no fresh stack) may miss a
-pause that goes on. States: idle -> pausing -> idle (the length learned)."""
+pause that goes on. Its kind and site follow what the stacks say it does now. States: idle -> pausing -> idle (the length learned)."""
 from __future__ import annotations
 
 import collections
@@ -62,11 +62,14 @@ class PauseTracker:
                               for o in judgement.ranks if o.pid != r.pid] + [0.0])
                 cur = self._current = _Current(r.rank, r.pid, now, wall, waited)
             cur.last_seen = now
-            kind = r.signals.get("pause_kind")
-            if kind and kind != "unknown" and cur.kind == "unknown":
-                cur.kind, cur.site = kind, r.signals.get("pause_site") or ""
-            elif not cur.site and r.signals.get("pause_site"):
-                cur.site = r.signals["pause_site"]
+            # the pause is what it does now: rank 0 of a nanoGPT loop evaluates, then
+            # saves, in one pause (tests/test_soak.py's checkpoint job); its length
+            # is learned at the place it ended
+            kind, site = r.signals.get("pause_kind"), r.signals.get("pause_site") or ""
+            if kind and kind != "unknown":
+                cur.kind, cur.site = kind, site or cur.site
+            elif not cur.site and site:
+                cur.site = site
         elif cur is not None and now - cur.last_seen >= END_GRACE_S:
             self._end(cur)
             cur = self._current = None
