@@ -9,7 +9,9 @@ next step's gradient all-reduce. That is healthy training, not a hang.
 Knobs (environment): DDPWATCH_TEST_EVAL_INTERVAL (iterations, default 100),
 DDPWATCH_TEST_EVAL_ITERS (batches per split, default 30), DDPWATCH_TEST_CKPT_MB
 (0: no checkpoint; else rank 0 saves one of about that size after each
-evaluation), DDPWATCH_TEST_OUT (where). Faults (DDPWATCH_TEST_FAULT, README.md):
+evaluation), DDPWATCH_TEST_OUT (where), DDPWATCH_TEST_LOADER=1 (batches from a
+DataLoader with 2 workers that are not persistent: a pause at each epoch's
+start, DDPWATCH_TEST_EPOCH_BATCHES batches an epoch). Faults (DDPWATCH_TEST_FAULT, README.md):
 `hang:RANK:STEP`, `spin:RANK:STEP` (busy for ever outside any collective, in a
 function no pause ran before), `longeval:STEP:FACTOR` (that iteration's
 evaluation runs FACTOR times as long as the others). A test that must choose
@@ -81,6 +83,30 @@ def get_batch(split):
     return x, y
 
 
+class Windows(torch.utils.data.Dataset):
+    """The training half as a map-style dataset, for DDPWATCH_TEST_LOADER=1: a
+    DataLoader with worker processes that are not persistent, so each epoch
+    starts by forking its workers again and waiting for their first batches."""
+
+    def __len__(self):
+        return int(os.environ.get("DDPWATCH_TEST_EPOCH_BATCHES", "300")) * batch_size
+
+    def __getitem__(self, i):
+        j = (i * 7919) % (90_000 - block_size - 1)
+        return data[j:j + block_size], data[j + 1:j + 1 + block_size]
+
+
+def batches():
+    """Training batches for ever: get_batch's, or a DataLoader's epoch after epoch."""
+    if os.environ.get("DDPWATCH_TEST_LOADER") != "1":
+        while True:
+            yield get_batch("train")
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=batch_size, shuffle=True,
+                                         num_workers=2, persistent_workers=False)
+    while True:
+        yield from loader
+
+
 @torch.no_grad()
 def estimate_loss(model, iters):
     out = {}
@@ -150,6 +176,7 @@ def main():
     model = DDP(GPT())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     iter_num, factor = 0, 1
+    train_batches = batches()
     while STEPS <= 0 or iter_num < STEPS:
         for fault in file_fault(rank):
             if fault[0] == "longeval":
@@ -177,7 +204,7 @@ def main():
                 torch.save(checkpoint, os.path.join(out_dir, f"ckpt-{os.getpid()}.pt"))
         maybe_hang(rank, iter_num)
         spin_forever(rank, iter_num)
-        X, Y = get_batch("train")
+        X, Y = next(train_batches)
         _, loss = model(X, Y)
         loss.backward()
         optimizer.step()
