@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,27 +85,34 @@ class Receiver:
         self.server.server_close()
 
 
+TAG = "DDPWATCH_SOAK_PROC"
+
+
 class Proc:
-    """A process group of ours, killed (with everything it started) on close."""
+    """A process of ours and everything it started, killed on close. torchrun
+    starts each worker in a session of its own, and a worker whose agent died is
+    re-parented: an environment tag finds them all (tests/conftest.py does the
+    same). A spinning rank left behind would load every later measurement."""
 
     def __init__(self, argv, env, log_path):
         self.log = open(log_path, "wb")
         self.log_path = log_path
-        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     cwd=REPO)
+        self.tag = uuid.uuid4().hex
+        self.proc = subprocess.Popen(argv, env=dict(env, **{TAG: self.tag}), stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, cwd=REPO)
 
     def pids(self) -> list[int]:
-        """The group's processes now (torchrun's workers share its session)."""
+        """Every process now running with this one's tag in its environment."""
+        needle = f"{TAG}={self.tag}".encode()
         out = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        fields = f.read().rsplit(b")", 1)[1].split()
-                    if int(fields[3]) == self.proc.pid:  # the session id
-                        out.append(int(entry))
-                except (OSError, IndexError, ValueError):
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            out.append(int(entry))
+                except OSError:
                     continue
         return out
 
@@ -114,12 +122,18 @@ class Proc:
             return f.read().decode("utf-8", "replace")
 
     def close(self):
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            left = self.pids()
+            if not left:
+                break
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                for pid in left:
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            time.sleep(0.1)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
