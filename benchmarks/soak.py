@@ -43,10 +43,6 @@ JOBS = {
     # record says how long it has waited; the other job is judged without any
     "checkpoint": {"DDPWATCH_TEST_EVAL_INTERVAL": "200", "DDPWATCH_TEST_EVAL_ITERS": "10",
                    "DDPWATCH_TEST_CKPT_MB": "300", "DDPWATCH_AUTO": "1"},
-    # a DataLoader whose workers are not persistent: each epoch starts by forking
-    # them again; no evaluation
-    "loader": {"DDPWATCH_TEST_EVAL_INTERVAL": "1000000", "DDPWATCH_TEST_LOADER": "1",
-               "DDPWATCH_TEST_EPOCH_BATCHES": "200"},
     # Lightning validates on both ranks and saves from rank 0 behind a barrier
     # (tests/jobs/thirdparty/lightning_eval_ddp.py); no faults are given to it
     "lightning": {"script": "lightning_eval_ddp.py", "MASTER_PORT": "{port}"},
