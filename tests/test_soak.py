@@ -58,8 +58,9 @@ def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
     # The checkpoint job writes heartbeats: its waiting rank is blocked (and its
     # rank 0 pausing) only once it waits past its collective's learned bound
     # (max(2 s, 10x its recent durations)), which a fast machine's save may not
-    # reach. Whatever /status named there is a pause of the right kind.
-    assert set(pauses["checkpoint"]) <= {"evaluation", "checkpoint"}, pauses
+    # reach. Whatever /status named there is a pause of the right kind, or of no
+    # kind yet (its first ticks, before a stack dump says what it does).
+    assert set(pauses["checkpoint"]) - {"unknown"} <= {"evaluation", "checkpoint"}, pauses
 
 
 FAULTS: dict = {}  # what test_faults_mid_run... measured, for the page test after it
