@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from common import free_port  # benchmarks/common.py
+from common import free_port, wait_for  # benchmarks/common.py
 
 import argparse
 import json
@@ -77,13 +77,10 @@ def get(url):
 
 
 def wait(pred, timeout, what="a condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    sys.exit(f"benchmark: {what} was not reached within {timeout:.0f} s")
+    try:
+        return wait_for(pred, timeout, what, interval=0.05)
+    except TimeoutError:
+        sys.exit(f"benchmark: {what} was not reached within {timeout:.0f} s")
 
 
 def tokens_per_s(env, steps) -> float:

@@ -31,7 +31,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import free_port  # noqa: E402
+from common import free_port, wait_for  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
@@ -265,16 +265,6 @@ class Soak:
         for proc in reversed(self.procs):
             proc.close()
         self.receiver.close()
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def pages_since(soak: Soak, name: str, since: float) -> list[tuple[float, dict]]:

@@ -9,6 +9,7 @@ from collections import Counter
 
 from .spec import NUMBER, declare
 from .process import IDLE_CPU
+from .stack import rank_name
 from .window import THROTTLED, cpu_wanted
 
 SIGNALS = declare(
@@ -147,9 +148,6 @@ def link(ranks: list[dict]) -> None:
     joining = sum(1 for p in ranks if p.get("alive") and (
         p.get("stack") == "rendezvous" or p.get("hb_phase") in ("rendezvous", "init")))
 
-    def is_stopped(p):
-        return bool(p.get("alive") and p.get("state") in ("T", "t"))
-
     def is_dead(p):  # a missing rank while peers still join has not started: not dead
         return not p.get("alive") and p.get("hb_phase") != "exited" and not (
             p.get("missing") and joining)
@@ -157,9 +155,9 @@ def link(ranks: list[dict]) -> None:
     blocked = sum(1 for s in ranks if s.get("blocked"))
     dead = sum(1 for s in ranks if is_dead(s))
     exited = sum(1 for s in ranks if not s.get("alive") and s.get("hb_phase") == "exited")
-    stopped = sum(1 for s in ranks if is_stopped(s))
+    stopped = sum(1 for s in ranks if _is_stopped(s))
     # a stopped rank's stack still shows where it was stopped: it compiles nothing
-    compiling = [p for p in ranks if p.get("alive") and not is_stopped(p)
+    compiling = [p for p in ranks if p.get("alive") and not _is_stopped(p)
                  and p.get("warming_up") and p.get("stack") == "compile"]
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
@@ -167,7 +165,7 @@ def link(ranks: list[dict]) -> None:
     # A stopped rank waits in nothing: SIGSTOP caught Lightning's rank 1 inside its
     # per-step broadcast (#N) while rank 0, past it, waited in the bucket all-reduce
     # (#N+1), and rank 0 was called a desync victim of a rank that was only stopped.
-    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in") and not is_stopped(p)]
+    stuck = [p for p in ranks if p.get("blocked") and p.get("waiting_in") and not _is_stopped(p)]
     ops_differ = len(stuck) >= 2 and len({p["waiting_in"] for p in stuck}) > 1
     for s in ranks:
         s["compute_s"] = _compute_s(s)
@@ -189,7 +187,7 @@ def link(ranks: list[dict]) -> None:
             s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
         s["peer_dead"] = dead - me_dead > 0
         s["peer_exited"] = exited - (not me_alive and s.get("hb_phase") == "exited") > 0
-        s["peer_stopped"] = stopped - is_stopped(s) > 0
+        s["peer_stopped"] = stopped - _is_stopped(s) > 0
         if s.get("hb_seq") is not None and len(seqs) > 1:
             furthest = seqs[1] if s["hb_seq"] == seqs[0] else seqs[0]
             s["seq_behind"] = furthest - s["hb_seq"]
@@ -230,13 +228,11 @@ def link_pauses(ranks: list[dict]) -> None:
     """Who works outside the collectives while its peers wait (DESIGN.md "Is
     anybody working?"): somebody working is a pause, nobody is a hang. After
     stack.link_start (ddp_starting) and window.link (cpu_wanted)."""
-    def is_stopped(p):
-        return bool(p.get("alive") and p.get("state") in ("T", "t"))
     for s in ranks:
         busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"
         named = s.get("pause_kind") not in (None, "unknown")
         s["pausing"] = bool(
-            s.get("alive") and not is_stopped(s) and not s.get("in_collective")
+            s.get("alive") and not _is_stopped(s) and not s.get("in_collective")
             and (s.get("peers_blocked") or 0) >= 1 and (busy or named)
             and s.get("stack") not in ("rendezvous", "agent")
             and not s.get("ddp_starting") and not (s.get("warming_up")
@@ -246,11 +242,10 @@ def link_pauses(ranks: list[dict]) -> None:
         others = [p for p in pausing if p is not s]
         s["peers_paused"] = len(others)
         s["paused_peer"] = "; ".join(
-            f"{_who(p)} ({p.get('pause_kind') or 'unknown'}"
+            f"{rank_name(p)} ({p.get('pause_kind') or 'unknown'}"
             + (f" at {p['pause_site']}" if p.get("pause_site") else "") + ")"
             for p in others) or None
 
 
-def _who(s: dict) -> str:
-    rank = s.get("rank")
-    return f"rank {rank}" if isinstance(rank, int) and rank >= 0 else f"pid {s.get('pid')}"
+def _is_stopped(p: dict) -> bool:
+    return bool(p.get("alive") and p.get("state") in ("T", "t"))

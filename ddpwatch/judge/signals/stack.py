@@ -119,7 +119,7 @@ def link(ranks: list[dict]) -> None:
     for s in stuck:
         s["desync_deviant"] = common is not None and s["waiting_in"] != common
         s["desync_others"] = "; ".join(
-            f"{_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
+            f"{rank_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
 
 
 def _in_backward(dump) -> bool:
@@ -156,9 +156,10 @@ def link_start(ranks: list[dict]) -> None:
             or (busy(s) and not s.get("in_collective") and any(meets(o) for o in peers)))
 
 
-def _name(s: dict) -> str:
+def rank_name(s: dict) -> str:
+    """"rank N", or "pid P" for a rank whose number is unknown."""
     rank = s.get("rank")
     return f"rank {rank}" if isinstance(rank, int) and rank >= 0 else f"pid {s.get('pid')}"
 
 
-__all__ = ["SIGNALS", "measure", "link", "link_start"]
+__all__ = ["SIGNALS", "measure", "link", "link_start", "rank_name"]
