@@ -32,9 +32,12 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
     pause_factor: 3.0
     collective_timeout_s: 0.0    # the jobs' collective timeout; a pause pages before it
                                  # kills the job. 0: by backend (NCCL 600, else Gloo 1800)
+    straggler_after_s: 30.0      # a rank slower than its peers is `slowing` (calm) until
+                                 # it has been so this long, most of the time; then it
+                                 # is a straggler (and paged)
     open_after_s: {}             # a job verdict opens an incident once it lasted this
                                  # long; over the defaults {rendezvous_wait: 60,
-                                 # straggler: 30, waiting_on_peer: 30, slow_collective: 30}
+                                 # slow_collective: 30}
                                  # (any other problem: at once, on its second tick)
     probes: {stacks: true, sockets: true}   # switch probes off by name (also host,
                                  # traffic: the packet socket that sees connects dropped;
@@ -91,6 +94,7 @@ class Config:
     pause_floor_s: float = 300.0
     pause_factor: float = 3.0
     collective_timeout_s: float = 0.0
+    straggler_after_s: float = 30.0
     open_after_s: dict[str, float] = field(default_factory=dict)
     probes: dict[str, bool] = field(default_factory=dict)
     rules: tuple[str, ...] = ()
@@ -142,7 +146,8 @@ BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
           "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
           "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0),
           "group_interval_s": (0.0, 86400.0), "pause_floor_s": (0.0, 7 * 86400.0),
-          "pause_factor": (1.0, 1000.0), "collective_timeout_s": (0.0, 7 * 86400.0)}
+          "pause_factor": (1.0, 1000.0), "collective_timeout_s": (0.0, 7 * 86400.0),
+          "straggler_after_s": (0.0, 86400.0)}
 # values never shown in an error or a log line
 SECRETS = ("token", "peer_token", "webhooks")
 

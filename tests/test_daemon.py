@@ -136,7 +136,8 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     os.kill(victim_pid, signal.SIGCONT)
     wait_until(lambda: [b for b in hook.bodies() if b["status"] == "resolved"
                         and b["job"] == key], 90, what="resolved webhook")
-    assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up")
+    # resumed, a rank catching up is at most `slowing` (calm: watch/slow.py)
+    assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up", "slowing")
 
 
 def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(

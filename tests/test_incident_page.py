@@ -149,7 +149,8 @@ def test_real_incident_page_in_headless_chromium(start_job, tmp_path, hb_dir, re
     # A healthy job has no incident page: still healthy three ticks later, nothing listed.
     tick = daemon.status()["tick"]
     wait_until(lambda: daemon.status()["tick"] >= tick + 3, 60, what="three more ticks")
-    assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up")
+    # resumed, a rank catching up is at most `slowing` (calm: watch/slow.py)
+    assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up", "slowing")
     assert our_incident(daemon, key) is None
     code, listing = get(daemon.url + "/incidents/")
     assert code == 200 and key not in listing.decode()

@@ -39,17 +39,19 @@ def test_waiting_at_rendezvous_opens_only_after_the_grace():
         ("opened", "rendezvous_wait", ())]
 
 
-def test_a_straggler_opens_once_it_has_lasted():
-    """A rank slowed for seconds (a checkpoint, a busy host) pages nobody."""
+def test_a_slow_collective_opens_once_it_has_lasted():
+    """Collectives slowed for seconds (a burst of traffic) page nobody. (A
+    straggler waits in the job's watch instead, watch/slow.py, so that /status
+    says `slowing` meanwhile: tests/test_overtime_unit.py.)"""
     book = IncidentBook(resolve_after_s=10.0)
-    straggler = ("straggler", (0,), "rank 0 arrives last")
+    slow = ("slow_collective", (), "collectives dominate")
     for t in range(5):
-        assert book.update({"job": straggler}, now=float(t)) == []
+        assert book.update({"job": slow}, now=float(t)) == []
     book.update({"job": HEALTHY}, now=5.0)
-    for t in range(6, 6 + int(OPEN_AFTER_S["straggler"])):
-        assert book.update({"job": straggler}, now=float(t)) == []
-    assert kinds(book.update({"job": straggler}, now=6.0 + OPEN_AFTER_S["straggler"])) == [
-        ("opened", "straggler", (0,))]
+    for t in range(6, 6 + int(OPEN_AFTER_S["slow_collective"])):
+        assert book.update({"job": slow}, now=float(t)) == []
+    assert kinds(book.update({"job": slow}, now=6.0 + OPEN_AFTER_S["slow_collective"])) == [
+        ("opened", "slow_collective", ())]
 
 
 def test_open_after_is_configurable_per_verdict():

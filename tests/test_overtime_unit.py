@@ -15,7 +15,8 @@ from ddpwatch.watch.job import WatchedJob
 from ddpwatch.watch.timebook import TimeBook
 
 SITE = "estimate_loss <- train.py:260"
-CONFIG = SimpleNamespace(pause_floor_s=20.0, pause_factor=3.0, collective_timeout_s=0.0)
+CONFIG = SimpleNamespace(pause_floor_s=20.0, pause_factor=3.0, collective_timeout_s=0.0,
+                         straggler_after_s=30.0)
 
 
 def rank(r, verdict, role="none", **signals) -> RankVerdict:
@@ -226,3 +227,57 @@ def test_the_evidence_of_a_hang_is_not_overwritten_by_its_milder_end():
     assert milder.kind == "changed" and not milder.evidence and not milder.notify
     (worse,) = book.update({"j": ("stopped", (0,), "rank 0 stopped")}, 3.0)
     assert worse.evidence and worse.notify
+
+
+STRAGGLING = judgement(rank(0, "waiting_on_peer", "victim", cpu_ratio=0.03),
+                       rank(1, "straggler", "culprit", cpu_ratio=0.3))
+
+
+def test_a_rank_slow_for_a_few_seconds_is_slowing_and_a_straggler_once_it_lasts():
+    """A straggler is slow over many steps (watch/slow.py, overtime.hold_slow): one
+    window of it (a start-up beside other jobs) is `slowing`, calm, what it would
+    be kept in signals; slow in most ticks for straggler_after_s, it is named."""
+    job = WatchedJob("k", 0.0)
+    (judged, over), t = run(job, 3.0, STRAGGLING, 0.0)
+    assert judged.job.verdict == "slowing" and judged.job.culprits == ()
+    victim, culprit = judged.ranks
+    assert (culprit.verdict, culprit.role, culprit.rule) == ("slowing", "none", "slowing-briefly")
+    assert culprit.signals["slow_as"] == "straggler" and victim.signals["slow_as"] == \
+        "waiting_on_peer"
+    assert "falls behind its peers for 2s so far" in culprit.evidence
+    assert "rank 1 evidence" in culprit.evidence and "30s (straggler_after_s)" in culprit.evidence
+    assert over.slow.elapsed_s == 2.0 and not over.slow.confirmed
+    # its time is what it would be: the slow rank computes, its peer waits
+    assert over.time[0].get("waiting") == 2.0 and over.time[1].get("computing") == 2.0
+    # a contended rank's windows alternate slow and healthy: one spell
+    for _ in range(13):
+        (judged, over), t = run(job, 1.0, HEALTHY, t)
+        (judged, over), t = run(job, 1.0, STRAGGLING, t)
+    assert judged.job.verdict == "slowing" and over.slow.share >= 0.5
+    assert over.slow.elapsed_s == 28.0
+    (judged, over), t = run(job, 2.0, STRAGGLING, t)
+    assert over.slow.confirmed and judged.job.verdict == "straggler"
+    assert judged.job.culprits == (1,) and judged.ranks[1].rule == ""  # the classifier's
+    # the spell ends after GAP_S without a slow tick: the next one is held again
+    (judged, over), t = run(job, 10.0, HEALTHY, t)
+    assert over.slow is None and judged.job.verdict == "healthy"
+    (judged, over), t = run(job, 1.0, STRAGGLING, t)
+    assert judged.job.verdict == "slowing"
+
+
+def test_a_rank_slow_in_few_of_its_ticks_is_no_straggler():
+    job = WatchedJob("k", 0.0)
+    t = 0.0
+    for _ in range(20):  # one slow tick in three over a minute
+        (judged, over), t = run(job, 1.0, STRAGGLING, t)
+        (judged, over), t = run(job, 2.0, HEALTHY, t)
+    assert over.slow is not None and over.slow.elapsed_s >= 30 and over.slow.share < 0.5
+    (judged, over), t = run(job, 1.0, STRAGGLING, t)
+    assert judged.job.verdict == "slowing"
+
+
+def test_straggler_after_zero_names_a_straggler_at_once():
+    job = WatchedJob("k", 0.0)
+    config = SimpleNamespace(**{**vars(CONFIG), "straggler_after_s": 0.0})
+    judged, over = job.over_time(STRAGGLING, 0.0, 1_000_000.0, config)
+    assert judged.job.verdict == "straggler" and over.slow.confirmed

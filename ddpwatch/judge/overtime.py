@@ -131,3 +131,51 @@ def _victim(r: RankVerdict, p: Pause) -> RankVerdict:
         evidence=f"waits in a collective for rank {p.rank}, which has worked outside the "
                  f"collectives for {p.elapsed_s:.0f}s, past its bound ({p.bound_s:.0f}s)",
         remedy="Nothing to fix on this rank: see the culprit.")
+
+
+# --- a straggler is slow over many steps ------------------------------------
+# The classifier judges one window of a few seconds: a rank that computes while
+# its peers wait, or whose threads waited for a CPU, is a straggler there. Over a
+# few seconds that is normal training on a busy host (a start-up beside other
+# jobs, one rank's batch taking longer); a straggler is one that stays slow. The
+# job's watch (watch/slow.py) follows how long its ranks have been slow; until
+# that passes straggler_after_s the slow ranks are `slowing`, calm.
+SLOW = frozenset({"straggler", "waiting_on_peer"})
+SLOW_SHARE = 0.5   # slow in at least this share of the ticks since it began
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A spell of slowness in progress, as the job's watch has followed it."""
+    elapsed_s: float   # since the first slow tick of the spell
+    share: float       # of the spell's ticks judged slow
+    after_s: float     # straggler_after_s
+
+    @property
+    def confirmed(self) -> bool:
+        return self.elapsed_s >= self.after_s and self.share >= SLOW_SHARE
+
+
+def hold_slow(judgement: Judgement, slow: Slow | None) -> Judgement:
+    """`judgement` with its stragglers and their waiting peers `slowing` (calm,
+    role none) while their spell is shorter than straggler_after_s, the verdict
+    they would have in signals `slow_as`. Unchanged once the spell is confirmed."""
+    if slow is None or slow.confirmed:
+        return judgement
+    if not any(r.verdict in SLOW for r in judgement.ranks):
+        return judgement
+    ranks = tuple(_slowing(r, slow) if r.verdict in SLOW else r for r in judgement.ranks)
+    return dataclasses.replace(judgement, ranks=ranks, job=job_verdict(ranks))
+
+
+def _slowing(r: RankVerdict, s: Slow) -> RankVerdict:
+    what = "falls behind its peers" if r.verdict == "straggler" else "waits for a slower peer"
+    evidence = (f"{what} for {s.elapsed_s:.0f}s so far ({s.share:.0%} of the readings): "
+                f"{r.evidence}; a {r.verdict.replace('_', ' ')} once it lasts "
+                f"{s.after_s:.0f}s (straggler_after_s)")
+    return dataclasses.replace(
+        r, verdict="slowing", role="none", rule="slowing-briefly", confidence=r.confidence,
+        evidence=evidence,
+        remedy="Nothing to do while it is brief: a busy host or one long batch slows a "
+               "rank for a few seconds; if it lasts, it is named a straggler.",
+        signals={**r.signals, "slow_as": r.verdict, "slow_rule": r.rule})

@@ -31,13 +31,15 @@ class Verdict:
 # Declaration order is the order of metrics series and of the dashboard's value
 # mappings (0, 1, 2...): append new verdicts at the end.
 #
-# Slow problems wait before they page (open_after_s): every job waits at rendezvous
-# while its last node is being started (by hand: seconds to a minute); a rank slow
-# for a few seconds (a checkpoint, a busy host) is no page, one slow for half a
-# minute is. Stalls and culprits open at once.
+# Slow problems wait before they page: every job waits at rendezvous while its
+# last node is being started (by hand: seconds to a minute: open_after_s); a rank
+# slow for a few seconds (a busy host) is `slowing`, no page, and one slow for
+# straggler_after_s (half a minute) is a straggler, paged (the wait is in the
+# daemon's per-job watch, watch/slow.py, so /status says it too). Stalls and
+# culprits open at once.
 VERDICTS: tuple[Verdict, ...] = (
-    Verdict("healthy", 13, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
-    Verdict("warming_up", 11, True, True, 0.0,
+    Verdict("healthy", 14, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
+    Verdict("warming_up", 12, True, True, 0.0,
             "first steps, compilation, or not yet at the first collective", "blue"),
     Verdict("blocked_in_collective", 6, False, False, 0.0,
             "victim: idle inside a collective its peers have not joined", "orange"),
@@ -45,8 +47,8 @@ VERDICTS: tuple[Verdict, ...] = (
             "culprit: idle elsewhere while its peers wait in a collective", "red"),
     Verdict("stopped", 1, False, False, 0.0, "process stopped (SIGSTOP, debugger)", "red"),
     Verdict("dead", 0, False, False, 0.0, "rank process gone", "dark-red"),
-    Verdict("straggler", 5, False, False, 30.0, "culprit: advancing, but arrives last", "red"),
-    Verdict("waiting_on_peer", 9, False, False, 30.0,
+    Verdict("straggler", 5, False, False, 0.0, "culprit: advancing, but arrives last", "red"),
+    Verdict("waiting_on_peer", 9, False, False, 0.0,
             "victim: advancing, but mostly waiting for a straggler", "yellow"),
     Verdict("slow_collective", 7, False, False, 30.0,
             "time inside collectives dominates, bytes flow slowly", "yellow"),
@@ -55,12 +57,18 @@ VERDICTS: tuple[Verdict, ...] = (
     Verdict("unreachable_peer", 4, False, False, 0.0,
             "connects to the store or a peer go unanswered", "red"),
     Verdict("desync", 3, False, False, 0.0, "ranks inside different collectives", "purple"),
-    Verdict("unknown", 12, False, True, 0.0, "could not be observed", "text"),
+    Verdict("unknown", 13, False, True, 0.0, "could not be observed", "text"),
     # A pause pages only past what is normal for its job (judge/overtime.py turns
     # one that lasts too long into hung_outside_collective): calm here.
     Verdict("paused", 10, False, True, 0.0,
             "a rank works outside the collectives (evaluation, checkpoint, data...) while "
             "its peers wait for it", "light-blue"),
+    # A straggler is slow over many steps: one slower for less than
+    # straggler_after_s (a busy host, a few seconds of one rank computing while its
+    # peers wait) is `slowing`, calm; judge/overtime.py hold_slow, watch/slow.py.
+    Verdict("slowing", 11, False, True, 0.0,
+            "a rank falls behind its peers, not yet for long enough to be a straggler",
+            "light-yellow"),
 )
 BY_NAME = {v.name: v for v in VERDICTS}
 NAMES = tuple(v.name for v in VERDICTS)

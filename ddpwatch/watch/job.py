@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..judge.classify import JobVerdict
-from ..judge.overtime import Pause, escalate
+from ..judge.overtime import Pause, Slow, escalate, hold_slow
 from ..judge.pausekind import describe
 from ..observe.duty import merge as merge_duties
 from .pauses import PauseTracker
+from .slow import SlowTracker
 from .timebook import TimeBook
 
 
@@ -32,6 +33,7 @@ class OverTime:
     note: str                                 # what the pauses cost, in words
     totals: dict = dataclasses.field(default_factory=dict)  # (rank, state, kind) -> s
     hour: dict = dataclasses.field(default_factory=dict)    # rank -> state -> s, last hour
+    slow: Slow | None = None                  # a spell of slowness in progress
 
 
 class WatchedJob:
@@ -43,6 +45,7 @@ class WatchedJob:
         self.verdict: str | None = None       # last tick's job verdict
         self.view = None                       # last tick's JobView
         self.pauses = PauseTracker()
+        self.slow = SlowTracker()
         self.time = TimeBook()
 
     def window(self, snap, duty, window_s: float):
@@ -67,11 +70,14 @@ class WatchedJob:
 
     def over_time(self, judgement, now: float, wall: float, config):
         """(the judgement to publish and page, OverTime): a pause past what is
-        normal for this job becomes the hang it is (judge/overtime.py)."""
+        normal for this job becomes the hang it is, and a rank slow for a few
+        seconds is not yet a straggler (judge/overtime.py)."""
         pause = self.pauses.update(judgement, now, wall, floor_s=config.pause_floor_s,
                                    factor=config.pause_factor,
                                    timeout_s=config.collective_timeout_s)
         judged = escalate(judgement, pause)
+        slow = self.slow.update(judged, now, config.straggler_after_s)
+        judged = hold_slow(judged, slow)
         note = "; ".join(filter(None, (self.pauses.summary(wall), self.time.idle_note(wall))))
         if pause is not None:
             judged = dataclasses.replace(judged, job=_with_pause(judged.job, pause, note))
@@ -82,7 +88,7 @@ class WatchedJob:
         self.verdict = judged.job.verdict
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
-                                dict(self.time.totals), self.time.recent(wall, 3600.0))
+                                dict(self.time.totals), self.time.recent(wall, 3600.0), slow)
 
 
 def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:

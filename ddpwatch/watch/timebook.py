@@ -90,6 +90,8 @@ class TimeBook:
 
 def split(r) -> list[tuple[str, str, float]]:
     """(state, pause kind, share) of one rank's verdict for one tick."""
+    if r.verdict == "slowing":  # its time is what it would be as a straggler or victim
+        return [(_BY_VERDICT.get(str(r.signals.get("slow_as")), "computing"), "", 1.0)]
     if r.verdict == "paused":
         if r.signals.get("pausing"):
             return [("paused", str(r.signals.get("pause_kind") or "unknown"), 1.0)]

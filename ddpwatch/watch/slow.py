@@ -1,0 +1,41 @@
+"""A job's spells of slowness: how long its ranks have been judged stragglers
+(or waiting on one), so that judge/overtime.hold_slow names a straggler only
+once it has been slow over many steps (straggler_after_s), not for one window.
+
+A spell begins on the first tick a rank is judged slow and ends once none has
+been for GAP_S: a contended rank's windows alternate slow and healthy, and that
+is one spell (confirmed when slow in most of its ticks). States: calm -> slow
+(spell open) -> calm."""
+from __future__ import annotations
+
+import collections
+
+from ..judge.overtime import SLOW, Slow
+
+GAP_S = 10.0       # no slow tick for this long: the spell is over
+MAX_TICKS = 4096   # a spell's ticks remembered (a tick a second: over an hour)
+
+
+class SlowTracker:
+    def __init__(self):
+        self._since: float | None = None
+        self._last_slow = 0.0
+        self._ticks: collections.deque[bool] = collections.deque(maxlen=MAX_TICKS)
+
+    def update(self, judgement, now: float, after_s: float) -> Slow | None:
+        """Follow this tick's judgement (before overtime.hold_slow); the spell in
+        progress, if any."""
+        slow = any(r.verdict in SLOW for r in judgement.ranks)
+        if slow:
+            if self._since is None:
+                self._since = now
+                self._ticks.clear()
+            self._last_slow = now
+        elif self._since is not None and now - self._last_slow >= GAP_S:
+            self._since = None
+        if self._since is None:
+            return None
+        self._ticks.append(slow)
+        share = sum(self._ticks) / len(self._ticks)
+        return Slow(elapsed_s=round(now - self._since, 1), share=round(share, 2),
+                    after_s=after_s)
