@@ -152,3 +152,47 @@ def test_hostile_numbers_are_unknown_not_ranks():
     assert not L.is_lightning_child({"LOCAL_RANK": "1", "NODE_RANK": "x", "MASTER_PORT": "1",
                                      "WORLD_SIZE": "2"})
     assert L.local_rank_arg(("python", "t.py", "--local_rank")) == -1
+
+
+def test_a_ranks_dataloader_workers_are_no_ranks_however_they_were_started():
+    """A DataLoader's workers inherit their rank's environment: forked (Linux's
+    default: the rank's command line and environment) or spawned (a copy of its
+    RANK and MASTER_*). They are the rank's, not ranks of a second job (the soak's
+    DataLoader job was judged two dead jobs of workers: tests/test_soak.py)."""
+    agent = P(400, 100, (PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "t.py"), {}, 20)
+    envs = [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"} for r in (0, 1)]
+    ranks = [P(401 + r, 400, (PY, "-u", "t.py"), envs[r], 30) for r in (0, 1)]
+    forked = [P(410 + i, 401 + r, (PY, "-u", "t.py"), envs[r], 90) for i, r in
+              enumerate((0, 0, 1, 1))]
+    spawned = [P(420 + r, 401 + r, (PY,) + SPAWN, envs[r], 95) for r in (0, 1)]
+    t = table(shell(), agent, *ranks, *forked, *spawned)
+    (job,) = D.all_jobs(t)
+    assert job.rank_pids == (401, 402) and job.ranks == (0, 1) and job.launcher_pid == 400
+    for worker in (410, 412, 420, 421):  # a person typed a worker's pid: its rank's job
+        assert D.find_job(worker, t).rank_pids == (401, 402)
+    # a worker that writes a heartbeat record says it is a rank
+    assert D.is_worker_of(forked[0], ranks[0]) and not D.is_worker_of(forked[0], ranks[0],
+                                                                      frozenset({410}))
+
+
+def test_workers_of_mp_spawn_lightning_and_hand_started_ranks_are_no_ranks():
+    # mp.spawn's ranks with spawned DataLoader workers: still two ranks, numbered
+    t = spawn_table()
+    env = t[202].env
+    t.update(table(P(230, 202, (PY,) + SPAWN, env, 90), P(231, 203, (PY,) + SPAWN, env, 91)))
+    (job,) = D.all_jobs(t)
+    assert job.rank_pids == (202, 203) and job.ranks == (0, 1)
+    # Lightning's rank 0 (the launcher) and rank 1, each with forked workers
+    t = lightning_table()
+    t.update(table(P(310, 301, t[301].cmdline, t[301].env, 90),
+                   P(311, 302, t[302].cmdline, t[302].env, 91)))
+    (job,) = [j for j in D.all_jobs(t) if 301 in j.rank_pids]
+    assert job.rank_pids == (301, 302) and job.ranks == (0, 1)
+    # ranks started by hand (MASTER_* and RANK in the environment), forked workers
+    envs = [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": "29600"} for r in (0, 1)]
+    t = table(shell(), *(P(500 + r, 100, (PY, "t.py"), envs[r], 30) for r in (0, 1)),
+              *(P(510 + r, 500 + r, (PY, "t.py"), envs[r], 90) for r in (0, 1)))
+    (job,) = D.all_jobs(t)
+    assert job.rank_pids == (500, 501) and job.ranks == (0, 1)

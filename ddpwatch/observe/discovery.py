@@ -178,8 +178,39 @@ def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
     return is_python(info.cmdline) and not is_launcher(info.cmdline) and L.says_rank(info.env)
 
 
-def _children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
-    return sorted((p for p in table.values() if p.ppid == pid), key=lambda p: p.pid)
+def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> list[ProcInfo]:
+    """`pid`'s children, its own workers left out (`is_worker_of`)."""
+    parent = table.get(pid)
+    return sorted((p for p in table.values() if p.ppid == pid and not (
+        parent is not None and is_worker_of(p, parent, record_pids))), key=lambda p: p.pid)
+
+
+def is_worker_of(child: ProcInfo, parent: ProcInfo, record_pids=frozenset()) -> bool:
+    """Whether `child` is a worker a rank started (a DataLoader's, a
+    multiprocessing pool's), not a rank: it inherits the rank's environment, so
+    it says the same rank. Three shapes:
+    * forked without exec (DataLoader's default on Linux): the parent's command
+      line and environment, byte for byte; a launcher's is its rank, not a worker;
+    * spawned by a rank that was itself spawned (mp.spawn's rank's DataLoader);
+    * any child that claims the rank its parent claims (a "spawn" context copies
+      the rank's RANK, MASTER_* into the child).
+    A child that writes a heartbeat record is a rank, whatever its shape.
+    (tests/test_discovery_unit.py; a real job: tests/test_soak.py's DataLoader job,
+    whose workers were taken for ranks of a second, dead job)"""
+    if child.pid in record_pids or not is_python(parent.cmdline) or is_launcher(parent.cmdline):
+        return False
+    if child.cmdline == parent.cmdline and child.env == parent.env:
+        return True
+    if L.is_spawn_child(child.cmdline) and L.is_spawn_child(parent.cmdline):
+        return True
+    rank = L.env_rank(child.env)[0]
+    return rank >= 0 and rank == L.env_rank(parent.env)[0] and \
+        L.group_key(child.env) == L.group_key(parent.env)
+
+
+def _a_worker(info: ProcInfo, table: dict[int, ProcInfo], record_pids=frozenset()) -> bool:
+    parent = _alive_parent(table, info)
+    return parent is not None and is_worker_of(info, parent, record_pids)
 
 
 def _spawned(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
@@ -208,6 +239,8 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
     me = table.get(target)
     if me is None:
         return None
+    while _a_worker(me, table, record_pids):  # a person typed a DataLoader worker's pid
+        me = table[me.ppid]
     parent = _alive_parent(table, me)
     launcher, kind = None, "none"
     if is_launcher(me.cmdline):
@@ -224,10 +257,11 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         launcher, kind = me, "lightning"
     # a spawner of its own (Python: not a shell, slurmstepd or a container init)
     elif is_python(me.cmdline) and any(looks_like_rank(c, record_pids)
-                                       for c in _children(table, me.pid)):
+                                       for c in _children(table, me.pid, record_pids)):
         launcher, kind = me, "spawn"  # itself often rank 0
     elif (parent is not None and is_python(parent.cmdline) and looks_like_rank(me, record_pids)
-          and sum(looks_like_rank(c, record_pids) for c in _children(table, parent.pid)) > 1):
+          and sum(looks_like_rank(c, record_pids)
+                  for c in _children(table, parent.pid, record_pids)) > 1):
         launcher, kind = parent, "spawn"
 
     numbered: dict[int, tuple[int, int]] = {}  # pid -> (rank, world size)
@@ -240,14 +274,15 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         numbered = _lightning_ranks(launcher, ranks[1:])
     elif kind == "spawn":
         spawned = _spawned(table, launcher.pid)
-        ranks = spawned or [c for c in _children(table, launcher.pid)
+        ranks = spawned or [c for c in _children(table, launcher.pid, record_pids)
                             if looks_like_rank(c, record_pids)]
         if spawned:
             numbered = _spawn_ranks(spawned)
         if looks_like_rank(launcher, record_pids):
             ranks.append(launcher)
     elif kind == "mpirun":
-        ranks = [c for c in _children(table, launcher.pid) if looks_like_rank(c, record_pids)]
+        ranks = [c for c in _children(table, launcher.pid, record_pids)
+                 if looks_like_rank(c, record_pids)]
     else:  # torchrun-like agents: every child is a worker
         ranks = [c for c in _children(table, launcher.pid) if not L.is_mp_helper(c.cmdline)]
     rank_pids = tuple(sorted({p.pid for p in ranks}))
@@ -334,7 +369,8 @@ def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list
         return []
     # Another user's processes are never this job's, whatever their environment says.
     return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
-            and p.uid == me.uid and L.group_key(p.env) == key]
+            and p.uid == me.uid and L.group_key(p.env) == key
+            and not _a_worker(p, table, record_pids)]
 
 
 def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
@@ -344,8 +380,9 @@ def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
     record_pids = frozenset(record_pids)
     jobs, seen = [], set()
     launchers = [p for p in sorted(table) if is_launcher(table[p].cmdline)]
-    ranks = [p for p in sorted(table) if looks_like_rank(table[p], record_pids)
-             or _spawned_rank(table[p], table, record_pids)]
+    ranks = [p for p in sorted(table) if (looks_like_rank(table[p], record_pids)
+                                          or _spawned_rank(table[p], table, record_pids))
+             and not _a_worker(table[p], table, record_pids)]
     for pid in launchers + ranks:
         if pid in seen:
             continue
