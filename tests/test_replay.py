@@ -48,6 +48,9 @@ EXPECTED = {
     # busy outside the collectives while the peer waits: at first sight a pause
     # (of no known kind); the daemon pages it once it outlasts the pause floor
     # (judge/overtime.py, tests/test_overtime_unit.py)
+    # both ranks wait for their DataLoader's new workers at an epoch's start
+    "thirdparty_loader_epoch_start": ({0: ("paused", N, "paused-for-data"),
+                                       1: ("paused", N, "paused-for-data")}, [], {}),
     "trainer_busy_hang": ({0: ("paused", N, "waits-for-paused-peer"),
                            1: ("paused", N, "paused-working")}, [], {}),
     "trainer_bf16": ({0: OK, 1: OK}, [], {}),  # this CPU has avx512_bf16

@@ -21,7 +21,9 @@ SIGNALS = declare(
     ("pausing", bool, "works outside the collectives while a peer waits in one past its "
                       "bound: busy (CPU >= 5% wanted), in disk I/O (state D), or at a pause "
                       "its stack names (pause_kind other than unknown: a DataLoader's wait "
-                      "is idle); not stopped, compiling at start-up or meeting its peers. "
+                      "is idle); or waits for its DataLoader's workers (pause_kind data), "
+                      "whatever its peers do: every rank waits for its workers at an "
+                      "epoch's start; not stopped, compiling at start-up or meeting its peers. "
                       "A pause, not yet a hang: the daemon pages it only past what is "
                       "normal for the job (judge/overtime.py)"),
     ("peers_paused", int, "other ranks that are pausing"),
@@ -231,9 +233,12 @@ def link_pauses(ranks: list[dict]) -> None:
     for s in ranks:
         busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"
         named = s.get("pause_kind") not in (None, "unknown")
+        # its workers work for it: ranks whose loaders refork at each epoch's start
+        # all wait for them at once, nobody in a collective (tests/test_soak.py)
+        data = s.get("pause_kind") == "data"
         s["pausing"] = bool(
             s.get("alive") and not _is_stopped(s) and not s.get("in_collective")
-            and (s.get("peers_blocked") or 0) >= 1 and (busy or named)
+            and ((s.get("peers_blocked") or 0) >= 1 and (busy or named) or data)
             and s.get("stack") not in ("rendezvous", "agent")
             and not s.get("ddp_starting") and not (s.get("warming_up")
                                                    and s.get("stack") == "compile"))

@@ -11,7 +11,12 @@ DDPWATCH_TEST_EVAL_ITERS (batches per split, default 30), DDPWATCH_TEST_CKPT_MB
 (0: no checkpoint; else rank 0 saves one of about that size after each
 evaluation), DDPWATCH_TEST_OUT (where), DDPWATCH_TEST_LOADER=1 (batches from a
 DataLoader with 2 workers that are not persistent: a pause at each epoch's
-start, DDPWATCH_TEST_EPOCH_BATCHES batches an epoch). Faults (DDPWATCH_TEST_FAULT, README.md):
+start, DDPWATCH_TEST_EPOCH_BATCHES batches an epoch; each worker first works
+DDPWATCH_TEST_WORKER_INIT_S seconds, as one that opens its shards or builds an
+index does), DDPWATCH_TEST_COMPILE=1 (torch.compile the model before DDP, as
+nanoGPT does) with DDPWATCH_TEST_RECOMPILE_AT=N (at iteration N rank 1 alone trains
+on half-length sequences: a new shape, a recompile on that rank while rank 0
+waits in the gradients' all-reduce). Faults (DDPWATCH_TEST_FAULT, README.md):
 `hang:RANK:STEP`, `spin:RANK:STEP` (busy for ever outside any collective, in a
 function no pause ran before), `longeval:STEP:FACTOR` (that iteration's
 evaluation runs FACTOR times as long as the others). A test that must choose
@@ -96,13 +101,23 @@ class Windows(torch.utils.data.Dataset):
         return data[j:j + block_size], data[j + 1:j + 1 + block_size]
 
 
+def open_shards(worker_id):
+    """worker_init_fn: each worker of each epoch works this long before its first
+    batch (DDPWATCH_TEST_WORKER_INIT_S), while its rank waits for it."""
+    until = time.monotonic() + float(os.environ.get("DDPWATCH_TEST_WORKER_INIT_S", "0"))
+    x = 0
+    while time.monotonic() < until:
+        x += sum(range(1000))
+
+
 def batches():
     """Training batches for ever: get_batch's, or a DataLoader's epoch after epoch."""
     if os.environ.get("DDPWATCH_TEST_LOADER") != "1":
         while True:
             yield get_batch("train")
     loader = torch.utils.data.DataLoader(Windows(), batch_size=batch_size, shuffle=True,
-                                         num_workers=2, persistent_workers=False)
+                                         num_workers=2, persistent_workers=False,
+                                         worker_init_fn=open_shards)
     while True:
         yield from loader
 
@@ -173,7 +188,11 @@ def main():
     master_process = rank == 0
     announce(rank, int(os.environ["LOCAL_RANK"]), dist.get_world_size())
     torch.manual_seed(1337 + rank)
-    model = DDP(GPT())
+    model = GPT()
+    if os.environ.get("DDPWATCH_TEST_COMPILE") == "1":
+        model = torch.compile(model)  # nanoGPT compiles, then wraps in DDP
+    model = DDP(model)
+    recompile_at = int(os.environ.get("DDPWATCH_TEST_RECOMPILE_AT", "-1"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     iter_num, factor = 0, 1
     train_batches = batches()
@@ -205,8 +224,15 @@ def main():
         maybe_hang(rank, iter_num)
         spin_forever(rank, iter_num)
         X, Y = next(train_batches)
+        if iter_num == recompile_at and rank == 1:
+            print(f"thirdparty: rank 1 recompiles at step {iter_num}", flush=True)
+            X, Y = X[:, :block_size // 2].contiguous(), Y[:, :block_size // 2].contiguous()
+        step_began = time.monotonic()
         _, loss = model(X, Y)
         loss.backward()
+        if iter_num == recompile_at and rank == 1:
+            print(f"thirdparty: rank 1 recompiled in {time.monotonic() - step_began:.1f}s",
+                  flush=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
