@@ -66,7 +66,8 @@ def _no_orphan_though_detached(report: dict, tp: ThirdParty) -> None:
     ranks = by_rank(report)
     if psutil.Process(tp.pids[0]).ppid() == 1:  # not a subreaper, which ddpwatch cannot tell
         assert ranks[0]["signals"]["parent_gone"] is True, ranks[0]["signals"]
-    orphans = [r["rank"] for r in report["ranks"] if any(f["id"] == "orphan" for f in r["findings"])]
+    orphans = [r["rank"] for r in report["ranks"]
+               if any(f["id"] == "orphan" for f in r["findings"])]
     assert not orphans, report["ranks"]
 
 
