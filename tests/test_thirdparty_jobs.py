@@ -33,8 +33,10 @@ HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 
 
 class ThirdParty:
-    def __init__(self, launcher: str, job: Job, pids: dict[int, int], tmp):
+    def __init__(self, launcher: str, job: Job, pids: dict[int, int], tmp,
+                 detached: bool = False):
         self.launcher, self.job, self.pids, self.tmp = launcher, job, pids, tmp
+        self.detached = detached
 
     def until(self, state: str, expected: dict, timeout: float = 150) -> dict:
         """Diagnose rank 0 until every rank has its expected verdict and role; keep
@@ -44,6 +46,8 @@ class ThirdParty:
                                extra=("--save-snapshot", path))
         if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1" and state != "resumed":
             shutil.copy(path, SNAPSHOTS)
+        if self.detached:
+            _no_orphan_though_detached(report, self)
         return report
 
 
@@ -55,7 +59,22 @@ def need_package(launcher: str) -> None:
             need(False, f"{launcher} is not installed (setup.cfg extra 'test')")
 
 
-def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> ThirdParty:
+def _no_orphan_though_detached(report: dict, tp: ThirdParty) -> None:
+    """A live job whose starter exited (nohup, setsid, a closed SSH session) is no
+    leftover in any state: its rank 0 has lost its parent, and no rank is an
+    orphan (rules/default.yaml `orphan`)."""
+    ranks = by_rank(report)
+    if psutil.Process(tp.pids[0]).ppid() == 1:  # not a subreaper, which ddpwatch cannot tell
+        assert ranks[0]["signals"]["parent_gone"] is True, ranks[0]["signals"]
+    orphans = [r["rank"] for r in report["ranks"]
+               if any(f["id"] == "orphan" for f in r["findings"])]
+    assert not orphans, report["ranks"]
+
+
+def start(launcher: str, tmp, fault: str = "", env: dict | None = None,
+          detached: bool = False) -> ThirdParty:
+    """`detached`: started by a shell that exits at once, as nohup or setsid leave a
+    job: its first process is re-parented to init."""
     need_package(launcher)
     need(os.cpu_count() >= 2, "needs 2 CPUs")
     port = free_port()
@@ -64,6 +83,8 @@ def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> Third
     env.pop("DDPWATCH_DIR", None)
     script = os.path.join(THIRDPARTY, SCRIPTS[launcher])
     command = LAUNCH[launcher](port, script) if launcher in LAUNCH else [sys.executable, script]
+    if detached:
+        command = ["sh", "-c", '"$@" &', "sh", *command]
     job = Job(command, env, os.path.join(tmp, f"{launcher}.log"))
 
     def announced():
@@ -75,7 +96,7 @@ def start(launcher: str, tmp, fault: str = "", env: dict | None = None) -> Third
         job.kill()
         print(job.output()[-3000:])
         raise
-    return ThirdParty(launcher, job, pids, tmp)
+    return ThirdParty(launcher, job, pids, tmp, detached)
 
 
 def _ranks_are_the_scripts_own(report: dict, tp: ThirdParty) -> None:
@@ -235,9 +256,12 @@ def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
 
 # --- one shared job per launcher, last in the module: the last one lives until the
 # module ends and must not load the machine under the tests above --------------
+# Lightning's is started as nohup or setsid leave a job, its starter gone at once:
+# none of the states below is an orphan (ThirdParty.until checks every report).
 @pytest.fixture(scope="module", params=sorted(SCRIPTS))
 def third(request, tmp_path_factory):
-    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)))
+    tp = start(request.param, str(tmp_path_factory.mktemp(request.param)),
+               detached=request.param == "lightning")
     yield tp
     tp.job.kill()
 

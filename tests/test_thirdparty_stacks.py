@@ -1,7 +1,8 @@
 """Judgements from stacks alone for third-party jobs without heartbeats (issue 13):
 desync from the collectives and call sites the ranks wait at, bf16 compute from
 mixed-precision frames. Real mp.spawn, Lightning and accelerate jobs on 2 CPU ranks over Gloo
-(tests/jobs/thirdparty, faults `desync:RANK:STEP` and DDPWATCH_TEST_AUTOCAST), no
+(tests/jobs/thirdparty, faults `desync:RANK:STEP`, `uneven:RANK` and
+DDPWATCH_TEST_AUTOCAST), no
 ddpwatch inside them; then the pure parts on made-up stacks. bf16 expectations
 follow this machine's CPU flags, and the same real snapshot is replayed with the
 flags swapped. `DDPWATCH_SAVE_FIXTURES=1` keeps the snapshots as replay fixtures
@@ -19,7 +20,7 @@ from diag import by_rank, cpu_has_bf16, diagnose, until_verdict
 from test_thirdparty_jobs import ANNOUNCE, LAUNCH, SNAPSHOTS, THIRDPARTY, start
 
 from ddpwatch.judge.signals import stack as stack_family
-from ddpwatch.judge.stackmatch import bf16_evidence, call_site
+from ddpwatch.judge.stackmatch import bf16_evidence, call_site, loop_position
 from ddpwatch.observe.probes.stacks import PidStacks, find_py_spy, parse_dump
 
 DESYNC_STEP = 20
@@ -120,6 +121,35 @@ def test_bf16_mixed_precision_from_lightning_stacks(desynced, tmp_path, need_py_
     if os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":  # the edited twin, as trainer_bf16's
         swap_cpu_bf16(desynced.saved, os.path.join(
             SNAPSHOTS, "thirdparty_lightning_bf16_desync_no_cpu_bf16.json"), native)
+
+
+# --- uneven data: the rank that ran out left the training loop ---------------------------
+def test_uneven_data_names_the_rank_that_left_the_loop(tmp_path, need_py_spy):
+    """Lightning with half the data on rank 1: after its 4 batches it leaves the
+    epoch and waits in ModelCheckpoint's epoch-end collective, while rank 0, with 8,
+    waits in the next step's broadcast. Neither is DDP's all-reduce: only where
+    the stacks are in the loop names rank 1, and both places are shown."""
+    tp = start("lightning", str(tmp_path), fault="uneven:1",
+               env={"DDPWATCH_TEST_OUT": str(tmp_path)})
+    try:
+        report = tp.until("uneven", DESYNC, timeout=180)
+    finally:
+        tp.job.kill()
+    ranks = by_rank(report)
+    assert {r: (v["verdict"], v["role"], v["rule"]) for r, v in ranks.items()} == {
+        0: ("desync", "victim", "desync-stack"), 1: ("desync", "culprit", "desync-left-loop")}
+    assert report["job"]["verdict"] == "desync" and report["job"]["culprits"] == [1]
+    assert ranks[1]["signals"]["loop_position"] == "left_epoch"
+    assert ranks[0]["signals"]["loop_position"] == "in_epoch"
+    left = "out of the training loop at ModelCheckpoint.on_train_epoch_end"
+    mid = "mid-epoch at _TrainingEpochLoop.advance"
+    for r in (0, 1):  # each rank's evidence: both collectives, both places, the user's line
+        evidence = ranks[r]["evidence"]
+        assert left in evidence and mid in evidence, evidence
+        assert ranks[0]["signals"]["stack_site"] in evidence
+        assert ranks[1]["signals"]["stack_site"] in evidence
+        assert "at lightning_ddp.py:" in ranks[r]["signals"]["stack_site"]
+    assert left in report["job"]["summary"] and mid in report["job"]["summary"]
 
 
 # --- accelerate's bf16 autocast on a healthy job -----------------------------------------
@@ -239,6 +269,47 @@ def test_the_rank_that_left_the_common_path(stacks, deviant):
     stack_family.link(ranks)
     assert {s["rank"] for s in ranks if s["desync_deviant"]} == deviant
     assert all(f"rank {1 - i}" in ranks[i]["desync_others"] for i in (0, 1))
+
+
+LIGHTNING = SITE + "lightning/pytorch/"
+FIT = [("Trainer.fit", LIGHTNING + "trainer/trainer.py", 584),
+       ("main", "/home/u/train.py", 57), ("<module>", "/home/u/train.py", 61)]
+MID_EPOCH = [("broadcast", SITE + "torch/distributed/distributed_c10d.py", 3151),
+             ("_TrainingEpochLoop._broadcast_sigterm_tensor",
+              LIGHTNING + "loops/training_epoch_loop.py", 265),
+             ("_TrainingEpochLoop.advance", LIGHTNING + "loops/training_epoch_loop.py", 300),
+             ("_TrainingEpochLoop.run", LIGHTNING + "loops/training_epoch_loop.py", 153),
+             ("_FitLoop.advance", LIGHTNING + "loops/fit_loop.py", 469),
+             ("_FitLoop.run", LIGHTNING + "loops/fit_loop.py", 217)] + FIT
+EPOCH_END = [("barrier", SITE + "torch/distributed/distributed_c10d.py", 5356),
+             ("ModelCheckpoint.on_train_epoch_end",
+              LIGHTNING + "callbacks/model_checkpoint.py", 493),
+             ("_call_callback_hooks", LIGHTNING + "trainer/call.py", 228),
+             ("_FitLoop.on_advance_end", LIGHTNING + "loops/fit_loop.py", 484),
+             ("_FitLoop.run", LIGHTNING + "loops/fit_loop.py", 218)] + FIT
+
+
+def test_where_in_the_training_loop():
+    assert loop_position(_dump(1, MID_EPOCH)) == (
+        "in_epoch", "_TrainingEpochLoop.advance (training_epoch_loop.py:300)")
+    assert loop_position(_dump(1, EPOCH_END)) == (
+        "left_epoch", "ModelCheckpoint.on_train_epoch_end (model_checkpoint.py:493) <- "
+                      "_FitLoop.on_advance_end (fit_loop.py:484)")
+    assert loop_position(_dump(1, BROADCAST)) is None  # a plain script's loop is its own
+
+
+@pytest.mark.parametrize("positions, left", [
+    (("in_epoch", "left_epoch"), {1}),
+    (("left_epoch", "in_epoch", "in_epoch"), {0}),
+    (("in_epoch", "in_epoch"), set()),      # both mid-epoch: the other tie-breaks decide
+    (("left_epoch", None), set()),          # a rank's place unknown: no guess from it
+])
+def test_the_rank_out_of_the_loop_is_the_culprit(positions, left):
+    ranks = [dict(_rank(i, _dump(100 + i, BARRIER if i % 2 else BROADCAST)),
+                  loop_position=p) for i, p in enumerate(positions)]
+    stack_family.link(ranks)
+    assert {s["rank"] for s in ranks if s["left_loop"]} == left
+    assert {s["rank"] for s in ranks if s["desync_deviant"]} == left
 
 
 def test_bf16_evidence_only_from_frames_that_mean_it():

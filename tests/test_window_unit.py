@@ -149,6 +149,10 @@ def test_orphan_is_a_leftover_only():
     progressing = {"orphan": True, "cpu_ratio": 0.8, "gloo_unconnected": 0}
     assert orphan_signals(progressing)["orphan"] is False
     assert orphan_signals({"orphan": True, "hb_advanced": True})["orphan"] is False
+    # stuck beside a live peer (stopped, hung): the job's hang, not a leftover
     stuck = {"orphan": True, "cpu_ratio": 0.0, "blocked": True, "peers_alive": 1}
-    assert orphan_signals(stuck) == {"parent_gone": True, "progressing": False, "orphan": True}
+    assert orphan_signals(stuck) == {"parent_gone": True, "progressing": False, "orphan": False}
+    alone = {"orphan": True, "cpu_ratio": 0.0, "blocked": True, "peers_alive": 0}
+    assert orphan_signals(alone) == {"parent_gone": True, "progressing": False, "orphan": True}
+    assert orphan_signals({"orphan": True, "cpu_ratio": 0.0})["orphan"] is True  # no peers known
     assert orphan_signals({"orphan": False})["orphan"] is False

@@ -176,3 +176,39 @@ def bf16_evidence(dump) -> tuple[str, bool] | None:
             n.endswith(AUTOCAST_FILE) for n in files):
         return "accelerate's bf16 autocast around the model's forward", False
     return None
+
+
+# --- where in the training loop, for a person: mid-epoch or out of the loop ----------
+# Lightning runs each epoch's batches in its epoch loop, called from the fit loop;
+# its epoch-end hooks (ModelCheckpoint.on_train_epoch_end) run from the fit loop
+# outside it. A rank that ran out of batches first (uneven data) waits there, in a
+# collective of the epoch's end, while its peers wait in the next step's, mid-epoch
+# (tests/fixtures/snapshots/thirdparty_lightning_uneven: rank 1 in
+# ModelCheckpoint's reduce_boolean_decision, rank 0 in the step's SIGTERM broadcast).
+EPOCH_LOOP_FILES = ("lightning/pytorch/loops/training_epoch_loop.py",
+                    "pytorch_lightning/loops/training_epoch_loop.py")
+FIT_LOOP_FILES = ("lightning/pytorch/loops/fit_loop.py", "pytorch_lightning/loops/fit_loop.py")
+
+
+def _named(frame) -> str:
+    return f"{frame.name} ({frame.short_filename.split('/')[-1]}:{frame.line})"
+
+
+def loop_position(dump) -> tuple[str, str] | None:
+    """("in_epoch", where) for a main thread inside a known epoch loop (the frame its
+    run() called); ("left_epoch", where) for one in the fit loop outside any epoch
+    (its outermost hook there and the fit loop's line); None when no known loop is
+    on the stack (a plain script's loop is the user's own)."""
+    thread = main_thread(dump)
+    if thread is None:
+        return None
+    frames = [f for f in thread.frames if f.line]
+    epoch = [f for f in frames if _file(f).endswith(EPOCH_LOOP_FILES)]
+    if epoch:  # the step's place: the frame the loop's run() called (its advance)
+        return "in_epoch", _named(epoch[-2] if len(epoch) >= 2 else epoch[0])
+    fit = next((i for i, f in enumerate(frames) if _file(f).endswith(FIT_LOOP_FILES)), None)
+    if fit is None:
+        return None
+    hooks = [f for f in frames[:fit] if f.name.split(".")[-1].startswith("on_")]
+    where = " <- ".join(_named(f) for f in hooks[-1:] + [frames[fit]])
+    return "left_epoch", where

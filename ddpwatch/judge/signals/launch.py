@@ -82,13 +82,20 @@ def store_port(snap: Snapshot) -> int:
 
 
 def orphan(s: dict) -> dict:
-    """`orphan` is a leftover only (issue 13): its parent gone, and not a
-    progressing member of a live job; a rank whose launcher or shell went away
-    while it trains (nohup, a closed terminal, a container's init) is none.
-    Computed after the peers' signals (blocked, peers_alive)."""
+    """`orphan` is a leftover only: its parent gone, making no progress, and no
+    live rank of its job beside it (its peers died, or never joined: a rank 0
+    alone at rendezvous holding the master port, tests/fixtures/snapshots
+    leftover_rendezvous). A parent gone says nothing of a live job: nohup, setsid,
+    a closed terminal or SSH session re-parent every Lightning or by-hand rank 0
+    to init, and a rank stuck beside a live peer (stopped, hung, starved) is that
+    job's hang, judged by its verdict, whatever its parent (tests/
+    test_thirdparty_jobs.py's Lightning job, started by a shell that exits, has no
+    orphan in any of its states). Computed after the peers' signals (blocked,
+    peers_alive)."""
     progressing = bool(s.get("hb_advanced") or (
         (s.get("cpu_ratio") or 0) >= 0.3 and not s.get("blocked")
         and (s.get("gloo_unconnected") == 0 or s.get("peers_alive", 0) >= 1)))
     parent_gone = bool(s.get("orphan"))
+    alone = not s.get("peers_alive")
     return {"parent_gone": parent_gone, "progressing": progressing,
-            "orphan": parent_gone and not progressing}
+            "orphan": parent_gone and not progressing and alone}

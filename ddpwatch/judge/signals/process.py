@@ -22,8 +22,9 @@ SIGNALS = declare(
     ("competitors", str, "other processes that ran on those CPUs through the window (state R "
                          "at both ends, CPU time grown): the busiest, with their share of a "
                          "core"),
-    ("orphan", bool, "a leftover: its parent is gone (re-parented to init or a subreaper) and "
-                     "it makes no progress (launch.orphan decides, after the peers)"),
+    ("orphan", bool, "a leftover: its parent is gone (re-parented to init), it makes no "
+                     "progress and no rank of its job is alive beside it (launch.orphan "
+                     "decides, after the peers)"),
     ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
     ("window_s", NUMBER, "seconds between the oldest and newest snapshot"),
     ("all_ranks_local", bool, "every rank of the job runs on this node (master on loopback, "

@@ -6,7 +6,8 @@ from collections import Counter
 
 from ...observe.snapshot import Snapshot
 from ..pausekind import pause_of
-from ..stackmatch import bf16_evidence, call_site, classify_stack, describe_top, main_thread
+from ..stackmatch import (bf16_evidence, call_site, classify_stack, describe_top, loop_position,
+                          main_thread)
 from .lookup import stacks_of
 from .spec import declare
 
@@ -30,6 +31,17 @@ SIGNALS = declare(
     ("desync_deviant", bool, "its stacks wait in a collective none of the common path's ranks "
                              "wait in (see link)"),
     ("desync_others", str, "where the other stuck ranks wait, from their stacks"),
+    ("loop_position", str, "where the main thread is in a known training loop (Lightning's), "
+                           "the same in every sample of the window: in_epoch (in the epoch's "
+                           "batch loop) or left_epoch (in the fit loop outside any epoch: at "
+                           "an epoch-end hook)"),
+    ("loop_site", str, "the same for a person: \"mid-epoch at _TrainingEpochLoop.advance "
+                       "(training_epoch_loop.py:300)\", \"out of the training loop at "
+                       "ModelCheckpoint.on_train_epoch_end (model_checkpoint.py:493) <- "
+                       "_FitLoop.on_advance_end (fit_loop.py:484)\""),
+    ("left_loop", bool, "stuck in a collective out of the training loop (left_epoch) while "
+                        "every other stuck rank waits mid-epoch (see link): it ran out of "
+                        "batches first"),
     ("pause_kind", str, "what the main thread does outside the collectives at the last dump: "
                         "checkpoint, evaluation, compile, data, logging or unknown "
                         "(judge/pausekind.py); none while it waits in a collective"),
@@ -75,7 +87,21 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     if kinds[-1] not in WAITS + ("rendezvous", "agent"):
         s["pause_kind"], s["pause_site"] = pause_of(dumps[-1])
     s.update(_bf16(history, dumps))
+    s.update(_loop(dumps))
     return s
+
+
+LOOP_PHRASE = {"in_epoch": "mid-epoch at", "left_epoch": "out of the training loop at"}
+
+
+def _loop(dumps: list) -> dict:
+    """Where in the training loop, when every dump of the window agrees (a rank
+    training through its epochs moves in and out of it)."""
+    places = [loop_position(d) for d in dumps]
+    if places[-1] is None or len({p and p[0] for p in places}) != 1:
+        return {}
+    position, where = places[-1]
+    return {"loop_position": position, "loop_site": f"{LOOP_PHRASE[position]} {where}"}
 
 
 def _bf16(history: tuple[Snapshot, ...], dumps: list) -> dict:
@@ -106,6 +132,12 @@ def link(ranks: list[dict]) -> None:
       field notes' uneven shards) is the one whose path differs;
     * on a tie without it (a barrier against a broadcast, 2 ranks), no culprit: both
       are named as victims with both call sites (a guess would be silent).
+    Before all of these, where the ranks are in a known training loop: when some
+    stuck ranks are out of it (at an epoch's end) and all the others mid-epoch,
+    those that left it are the culprits (`left_loop`): they ran out of batches
+    first (uneven data; Lightning's rank at ModelCheckpoint's epoch-end collective
+    while its peer waits in the next step's broadcast, both outside DDP's
+    all-reduce: tests/test_thirdparty_stacks.py).
     Stopped ranks wait in nothing (their stack is not read) and do not count."""
     stuck = [s for s in ranks if s.get("blocked") and s.get("waiting_in")
              and s.get("stack_site") and s.get("state") not in ("T", "t")]
@@ -116,10 +148,17 @@ def link(ranks: list[dict]) -> None:
     leaders = [op for op, n in ops.items() if n == top]
     ddp = next((op for op in leaders if op == "ddp_bucket_all_reduce"), None)
     common = leaders[0] if len(leaders) == 1 else ddp
+    left = {id(s) for s in stuck if s.get("loop_position") == "left_epoch"}
+    split = 0 < len(left) < len(stuck) and all(
+        s.get("loop_position") == "in_epoch" for s in stuck if id(s) not in left)
     for s in stuck:
-        s["desync_deviant"] = common is not None and s["waiting_in"] != common
+        s["left_loop"] = split and id(s) in left
+        s["desync_deviant"] = (s["left_loop"] if split
+                               else common is not None and s["waiting_in"] != common)
         s["desync_others"] = "; ".join(
-            f"{rank_name(p)} waits in {p['stack_site']}" for p in stuck if p is not s)
+            f"{rank_name(p)} waits in {p['stack_site']}"
+            + (f", {p['loop_site']}" if p.get("loop_site") else "")
+            for p in stuck if p is not s)
 
 
 def _in_backward(dump) -> bool:

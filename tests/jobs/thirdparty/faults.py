@@ -52,6 +52,13 @@ def extra_samples(rank):
     return sum(1 for (fault_rank,) in _faults("data") if fault_rank == rank)
 
 
+def uneven_ranks():
+    """uneven:RANK - that rank's dataset has half the samples (uneven shards): it
+    runs out of batches mid-epoch, leaves the training loop and meets its peers in
+    an epoch-end collective while they wait in the next step's."""
+    return {fault_rank for (fault_rank,) in _faults("uneven")}
+
+
 def announce(rank, local_rank, world_size):
     print(f"thirdparty: rank={rank} local_rank={local_rank} world={world_size} "
           f"pid={os.getpid()}", flush=True)
