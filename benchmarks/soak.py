@@ -3,12 +3,14 @@ webhook receiver, for minutes. Prints false pages per hour of healthy training,
 the pauses /status named (by kind), and, with --faults, the time from each fault
 to its page.
 
-    python benchmarks/soak.py --minutes 30            # healthy jobs only
+    python benchmarks/soak.py --minutes 30            # healthy jobs only (all five)
     python benchmarks/soak.py --minutes 3 --faults    # then faults mid-run
 
-Each job is a real torchrun job (tests/jobs/thirdparty/nanogpt_ddp.py: rank 0
-alone evaluates every few seconds; in the other it evaluates and saves a 300 MB
-checkpoint, and that job writes heartbeats: DDPWATCH_AUTO=1).
+Each job is a real job: torchrun jobs of tests/jobs/thirdparty/nanogpt_ddp.py
+(rank 0 alone evaluates every few seconds; in another it evaluates and saves a
+300 MB checkpoint, and that job writes heartbeats: DDPWATCH_AUTO=1; one fed by a
+DataLoader whose workers are not persistent; one torch.compiled whose rank 1
+recompiles mid-run) and a Lightning job (validation, ModelCheckpoint).
 The daemon runs with its defaults but for a generic webhook, pause_floor_s
 (--floor, so that the busy-loop fault pages within minutes) and resolve_after_s
 10 s; what is measured is what a user gets. tests/test_soak.py runs a short
@@ -46,6 +48,17 @@ JOBS = {
     # Lightning validates on both ranks and saves from rank 0 behind a barrier
     # (tests/jobs/thirdparty/lightning_eval_ddp.py); no faults are given to it
     "lightning": {"script": "lightning_eval_ddp.py", "MASTER_PORT": "{port}"},
+}
+# Pauses of other kinds, without faults: a DataLoader whose workers are not
+# persistent (every rank waits for its new workers at each epoch's start, ~10 s
+# apart), and torch.compile with a cold cache whose rank 1 alone recompiles at
+# step 400 (a new shape; tens of seconds on 2 cores) while rank 0 waits
+MORE_JOBS = {
+    "loader": {"DDPWATCH_TEST_LOADER": "1", "DDPWATCH_TEST_EPOCH_BATCHES": "60",
+               "DDPWATCH_TEST_WORKER_INIT_S": "3", "DDPWATCH_TEST_EVAL_INTERVAL": "100000"},
+    "compile": {"DDPWATCH_TEST_COMPILE": "1", "DDPWATCH_TEST_RECOMPILE_AT": "400",
+                "DDPWATCH_TEST_EVAL_ITERS": "10", "DDPWATCH_TEST_EVAL_INTERVAL": "200",
+                "TORCHINDUCTOR_CACHE_DIR": "{workdir}/inductor-cache"},
 }
 class Receiver:
     """A generic webhook receiver: every message kept with its arrival time."""
@@ -173,7 +186,8 @@ class Soak:
         for name, env in jobs.items():
             port = free_port()
             self.store_ports[name] = port
-            env = {k: v.replace("{port}", str(port)) for k, v in env.items()}
+            env = {k: v.replace("{port}", str(port)).replace("{workdir}", workdir)
+                   for k, v in env.items()}
             script = os.path.join(THIRDPARTY, env.pop("script", "nanogpt_ddp.py"))
             argv = ([sys.executable, script] if "lightning" in os.path.basename(script) else
                     [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
@@ -336,10 +350,18 @@ def main() -> int:
     parser.add_argument("--floor", type=float, default=60.0,
                         help="pause_floor_s of the daemon (default 60: the busy-loop fault "
                              "pages at it)")
+    parser.add_argument("--jobs", choices=("all", "faulted", "more"), default="all",
+                        help="all five jobs; the three the faults are given to (eval, "
+                             "checkpoint, lightning); or the DataLoader and compile jobs")
     args = parser.parse_args()
-    names = list(JOBS)
+    jobs = {"all": {**JOBS, **MORE_JOBS}, "faulted": JOBS, "more": MORE_JOBS}[args.jobs]
+    if args.faults and args.jobs == "more":
+        parser.error("--faults needs the eval and checkpoint jobs (--jobs all or faulted)")
+    # a timeout's SIGTERM ends the run through `finally`: no job left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    names = list(jobs)
     with tempfile.TemporaryDirectory(prefix="soak-") as workdir:
-        soak = Soak(workdir, JOBS, config={"pause_floor_s": args.floor,
+        soak = Soak(workdir, jobs, config={"pause_floor_s": args.floor,
                                            "resolve_after_s": 10})
         try:
             started = soak.wait_started()

@@ -4,6 +4,7 @@ where the ranks' time went (watch/timebook.py) and one page per incident
 (publish/incidents.py). Judgements are built in code with a fixed clock."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from ddpwatch.judge.classify import Judgement, RankVerdict, job_verdict
@@ -281,3 +282,27 @@ def test_straggler_after_zero_names_a_straggler_at_once():
     config = SimpleNamespace(**{**vars(CONFIG), "straggler_after_s": 0.0})
     judged, over = job.over_time(STRAGGLING, 0.0, 1_000_000.0, config)
     assert judged.job.verdict == "straggler" and over.slow.confirmed
+
+
+def test_a_recompile_while_a_peer_waits_is_a_pause_of_kind_compile_paged_past_its_bound():
+    """torch.compile on one rank while its peer waits (the classifier's warming_up,
+    unbounded) is a pause over time: named compile, learned, a hang past its bound."""
+    def compiling():
+        waits = dataclasses.replace(rank(0, "warming_up", in_collective=True),
+                                    rule="waits-for-compiling-peer")
+        busy = dataclasses.replace(rank(1, "warming_up", stack="compile", cpu_ratio=0.9,
+                                        pause_site="compile_fx <- train.py:80"),
+                                   rule="compiling-while-peers-wait")
+        return judgement(waits, busy)
+    job = WatchedJob("k", 0.0)
+    (judged, over), t = run(job, 5.0, compiling(), 0.0)
+    assert judged.job.verdict == "paused" and judged.job.culprits == ()
+    assert [r.rule for r in judged.ranks] == ["waits-for-compiling-peer", "paused-compiling"]
+    assert over.pause.kind == "compile" and over.pause.rank == 1
+    assert over.pause.site == "compile_fx <- train.py:80"
+    assert "a pause (compile)" in judged.ranks[1].evidence
+    (judged, over), t = run(job, 18.0, compiling(), t)  # past the 20 s floor: a hang
+    assert judged.job.verdict == "hung_outside_collective" and judged.job.culprits == (1,)
+    # both compiling at once: nobody waits, warming up
+    both = judgement(rank(0, "warming_up"), rank(1, "warming_up"))
+    assert WatchedJob("k", 0.0).over_time(both, 0.0, 1e6, CONFIG)[0].job.verdict == "warming_up"

@@ -10,7 +10,9 @@ and a rank waiting on a lock page within seconds; an evaluation 10x as long as
 the job's earlier ones pages once past its learned bound; a rank busy-looping
 where no pause ran before pages at the pause floor. Each incident pages once.
 The page of the long evaluation's incident, opened in headless Chromium, shows
-the job's verdicts over time with the evaluations before it.
+the job's verdicts over time with the evaluations before it. Before them, a
+DataLoader job and a torch.compile job with a recompile mid-run page nobody and
+their pauses are named data and compile.
 """
 from __future__ import annotations
 
@@ -30,6 +32,33 @@ import soak  # noqa: E402
 
 HEALTHY_S = 120.0
 FLOOR_S = 20.0  # pause_floor_s: the busy loop pages at it
+
+
+def test_a_dataloaders_epochs_and_a_recompile_are_pauses_that_page_nobody(tmp_path):
+    """The DataLoader job (workers not persistent: every rank waits for its new
+    workers at each epoch's start) and the torch.compile job (cold cache; rank 1
+    alone recompiles at step 400 for tens of seconds while rank 0 waits), under the
+    daemon's defaults, for two minutes and until the recompile is done. First in
+    this file: it runs before the module's three jobs start (2 cores)."""
+    run = soak.Soak(str(tmp_path), soak.MORE_JOBS, config={"resolve_after_s": 10})
+    try:
+        began = run.wait_started()
+        compiled = soak.wait_for(
+            lambda: "recompiled in" in run.jobs["compile"].output() and soak.time.monotonic(),
+            600, "rank 1's recompile")
+        soak.wait_for(lambda: soak.time.monotonic() >= max(began + HEALTHY_S, compiled + 5),
+                      HEALTHY_S + 10, "two minutes of training")
+        ours = {run.label_of(name) for name in run.jobs}
+        firing = [(t, m) for t, m in run.receiver.firing() if m.get("job") in ours]
+        assert None not in ours and firing == [], "false pages:\n" + "\n".join(
+            f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}"
+            for t, m in firing)
+        pauses, verdicts = run.pauses_seen(), run.verdicts_seen()
+        assert pauses["loader"]["data"] >= 2, (pauses, verdicts)  # more than one epoch
+        assert pauses["compile"]["compile"] >= 3, (pauses, verdicts, run.jobs["compile"]
+                                                   .output()[-2000:])
+    finally:
+        run.close()
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,35 @@ def timeout_for(backend: str, configured_s: float = 0.0) -> float:
     return DEFAULT_TIMEOUT_S.get((backend or "").lower(), DEFAULT_TIMEOUT_S["gloo"])
 
 
+# torch.compile while a peer waits: the classifier calls both ranks warming_up
+# (rules compiling-while-peers-wait, waits-for-compiling-peer), unbounded. Over
+# time it is a pause of kind compile like any other (a recompile mid-run: a new
+# shape on one rank), learned per site and paged past its bound: a compile that
+# never ends is a hang. Both compiling at once is nobody waiting: warming_up.
+COMPILING, WAITS_FOR_COMPILE = "compiling-while-peers-wait", "waits-for-compiling-peer"
+
+
+def compile_as_pause(judgement: Judgement) -> Judgement:
+    """`judgement` with a rank compiling while its peers wait `paused` (kind
+    compile, signal pausing) and its waiting peers `paused` too."""
+    if not any(r.rule == COMPILING and not r.remote for r in judgement.ranks):
+        return judgement
+    ranks = []
+    for r in judgement.ranks:
+        if r.rule == COMPILING and not r.remote:
+            ranks.append(dataclasses.replace(
+                r, verdict="paused", rule="paused-compiling",
+                evidence=r.evidence + ": a pause (compile), paged only past what is normal "
+                                      "for this job",
+                signals={**r.signals, "pausing": True, "pause_kind": "compile"}))
+        elif r.rule == WAITS_FOR_COMPILE:
+            ranks.append(dataclasses.replace(r, verdict="paused",
+                                             rule="waits-for-compiling-peer"))
+        else:
+            ranks.append(r)
+    return dataclasses.replace(judgement, ranks=tuple(ranks), job=job_verdict(ranks))
+
+
 def escalate(judgement: Judgement, pause: Pause | None) -> Judgement:
     """`judgement` with a pause past its bound turned into the hang it has become:
     the pausing rank the culprit (hung_outside_collective, rule pause-past-bound),

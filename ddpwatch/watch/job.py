@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..judge.classify import JobVerdict
-from ..judge.overtime import Pause, Slow, escalate, hold_slow
+from ..judge.overtime import Pause, Slow, compile_as_pause, escalate, hold_slow
 from ..judge.pausekind import describe
 from ..observe.duty import merge as merge_duties
 from .pauses import PauseTracker
@@ -72,6 +72,7 @@ class WatchedJob:
         """(the judgement to publish and page, OverTime): a pause past what is
         normal for this job becomes the hang it is, and a rank slow for a few
         seconds is not yet a straggler (judge/overtime.py)."""
+        judgement = compile_as_pause(judgement)
         pause = self.pauses.update(judgement, now, wall, floor_s=config.pause_floor_s,
                                    factor=config.pause_factor,
                                    timeout_s=config.collective_timeout_s)
