@@ -11,9 +11,10 @@ Each job is a real job: torchrun jobs of tests/jobs/thirdparty/nanogpt_ddp.py
 300 MB checkpoint, and that job writes heartbeats: DDPWATCH_AUTO=1; one fed by a
 DataLoader whose workers are not persistent; one torch.compiled whose rank 1
 recompiles mid-run) and a Lightning job (validation, ModelCheckpoint).
-The daemon runs with its defaults but for a generic webhook, pause_floor_s
-(--floor, so that the busy-loop fault pages within minutes) and resolve_after_s
-10 s; what is measured is what a user gets. tests/test_soak.py runs a short
+The daemon runs with its defaults but for a generic webhook and resolve_after_s
+10 s; what is measured is what a user gets. Before the faults its pause_floor_s
+is lowered by a reload (--fault-floor, 20 s), so that the busy-loop fault pages
+within the run. tests/test_soak.py runs a short
 version of the same in the suite (soak tests belong here).
 """
 from __future__ import annotations
@@ -173,7 +174,8 @@ class Soak:
         cfg = {"listen": f"127.0.0.1:{self.port}", "state_dir": os.path.join(workdir, "state"),
                "heartbeat_dir": self.hb_dir,
                "webhooks": [{"type": "generic", "url": self.receiver.url}], **(config or {})}
-        path = os.path.join(workdir, "ddpwatch.yaml")
+        path = self.config_path = os.path.join(workdir, "ddpwatch.yaml")
+        self.config = cfg
         with open(path, "w") as f:
             json.dump(cfg, f)  # JSON is YAML
         self.env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
@@ -200,6 +202,17 @@ class Soak:
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
         self._poller.start()
+
+    def reconfigure(self, **changes) -> None:
+        """Rewrite the daemon's config and reload it (SIGHUP), as an operator
+        would; returns once the daemon logged the reload. Its jobs' history stays."""
+        self.config = dict(self.config, **changes)
+        with open(self.config_path + ".new", "w") as f:
+            json.dump(self.config, f)
+        os.replace(self.config_path + ".new", self.config_path)
+        before = self.daemon.output().count("reloaded ")
+        os.kill(self.daemon.proc.pid, signal.SIGHUP)
+        wait_for(lambda: self.daemon.output().count("reloaded ") > before, 30, "the reload")
 
     def fault_file(self, name: str) -> str:
         return os.path.join(self.workdir, f"{name}.fault")
@@ -347,9 +360,12 @@ def main() -> int:
                         help="healthy training watched (after the jobs started)")
     parser.add_argument("--faults", action="store_true",
                         help="then inject faults mid-run and time their pages")
-    parser.add_argument("--floor", type=float, default=60.0,
-                        help="pause_floor_s of the daemon (default 60: the busy-loop fault "
-                             "pages at it)")
+    parser.add_argument("--floor", type=float, default=300.0,
+                        help="pause_floor_s of the daemon while healthy (default 300, the "
+                             "daemon's own)")
+    parser.add_argument("--fault-floor", type=float, default=20.0,
+                        help="pause_floor_s for the faults, set by a reload (SIGHUP) before "
+                             "them, so that the busy loop pages within the run (default 20)")
     parser.add_argument("--jobs", choices=("all", "faulted", "more"), default="all",
                         help="all five jobs; the three the faults are given to (eval, "
                              "checkpoint, lightning); or the DataLoader and compile jobs")
@@ -382,6 +398,9 @@ def main() -> int:
                 print(f"  {name}: verdicts {dict(soak.verdicts_seen().get(name, {}))}; "
                       f"pauses named {dict(soak.pauses_seen().get(name, {}))}")
             if args.faults:
+                if args.fault_floor != args.floor:
+                    soak.reconfigure(pause_floor_s=args.fault_floor)
+                    print(f"faults with pause_floor_s {args.fault_floor:g} (reloaded)")
                 for fault, got in faults(soak).items():
                     print(f"fault {fault} ({got['job']} job): first page after "
                           f"{got['to_page_s']}s, {got['pages']} firing message(s) for the "
