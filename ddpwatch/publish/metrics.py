@@ -72,8 +72,11 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "is not dumped).")),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
-        "started: busy_503 (every worker busy), evicted (too many waiting), expired (no "
-        "request in time), cut (a request too slow or too large), accept_errors.")),
+        "started: busy_503 (every worker of the request's class busy), evicted (too many "
+        "waiting), expired (no request in time), cut (a request too slow or too large), "
+        "slow_reader (an answer cut: read slower than the minimum rate, or past its "
+        "deadline), writers_full (an answer cut to make room for a newer one of its class), "
+        "accept_errors.")),
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
     "ddpwatch_incidents_without_bundle": ("gauge", (JOB,), (
         "Open incidents whose evidence bundle could not be written yet (retried each tick; "
