@@ -148,17 +148,19 @@ while time.monotonic() < end:
             break
     for c in list(conns):
         try:
-            data = c[0].recv(2)  # two bytes a round: a reader that barely reads
-        except BlockingIOError:
-            continue
+            c[0].recv(2)  # two bytes a round: a reader that barely reads
         except OSError:
-            data = b""
-        if not data:  # cut (or, were it ever, answered in full)
+            pass
+        # ended by the server (TCP_INFO's state no longer ESTABLISHED): a reset is
+        # seen at once, where reading on would take minutes through the buffer
+        if c[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 1:
             lives.append(time.monotonic() - c[1])
             c[0].close()
             conns.remove(c)
     time.sleep(0.5)
-print("ended", len(lives), "longest %.1f" % max(lives, default=0.0), flush=True)
+# still open at the end count as long as they have lasted
+longest = max(lives + [time.monotonic() - c[1] for c in conns], default=0.0)
+print("ended", len(lives), "longest %.1f" % longest, flush=True)
 """
 
 
@@ -199,8 +201,11 @@ def test_slow_readers_of_status_leave_metrics_answered_and_the_real_job_paged(
     assert int(ended.group(1)) >= 24, attacker.output()
     assert float(ended.group(2)) <= httpserve.BoundedServer.__init__.__kwdefaults__[
         "response_deadline_s"] + 2, attacker.output()
+    # cut by rate or deadline, or (24 > max_writers) to make room for newer ones of
+    # their class; bursts of 24 heavy requests also meet 503 (never /metrics: above)
     refused = refused_counts(daemon.metrics())
-    assert refused.get("slow_reader", 0) >= 24 and refused.get("busy_503", 0) == 0, refused
+    assert refused.get("slow_reader", 0) >= 1, refused
+    assert refused.get("slow_reader", 0) + refused.get("writers_full", 0) >= 24, refused
     assert daemon.job.proc.poll() is None
     keeps_ticking(daemon)
     no_traceback(daemon)
