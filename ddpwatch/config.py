@@ -51,8 +51,9 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
     peer_max_age_s: 5.0          # a peer's answer older than this is not used
     min_life_s: 10.0             # a rank's death pages only for a job that lived this long
                                  # (from its oldest process's start to the last tick it
-                                 # was seen alive): a fake rank that lives a second, or a
-                                 # job that fails at start in front of its user, does not
+                                 # was seen alive) or was judged healthy before: a fake
+                                 # rank that lives a second, or a job that fails at
+                                 # start in front of its user, does not
     uid_incidents: 10            # incidents the jobs of one uid may open at once; then
     uid_bundles: 20              # (and evidence bundles) one more each uid_refill_s; a
     uid_refill_s: 60.0           # problem held back opens when allowed, if it still stands

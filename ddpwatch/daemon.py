@@ -67,6 +67,7 @@ class Daemon:
         # (boot-time seconds), and a bucket of incidents and of bundles per uid
         self.boottime = boottime
         self._alive_at: dict[str, float] = {}
+        self._worked: set[str] = set()  # jobs judged healthy on some tick
         self._limit_buckets(config)
         self.bundles_limited = 0
         self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
@@ -118,7 +119,7 @@ class Daemon:
     def _may_open(self, key: str, verdict: str) -> str:
         """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
         if limits.too_young(verdict, limits.life_s(key, self._alive_at.get(key)),
-                            self.config.min_life_s):
+                            self.config.min_life_s, key in self._worked):
             return "young"
         if not self.incident_buckets.take(limits.owner_uid(key), self.clock()):
             return "uid_rate"
@@ -179,6 +180,7 @@ class Daemon:
                 views.append(view)
                 owners[owner] = view
         self._forget_vanished(set(owners))
+        self._worked |= {k for k, v in owners.items() if v.judgement.job.verdict == "healthy"}
         self._last_views = owners
         self._guard("incidents", lambda: self._incidents(owners), None)
         self._guard("bundle", self._retry_bundles, None)
@@ -299,6 +301,7 @@ class Daemon:
             del self.watched[key]
         for key in set(self._alive_at) - keys:
             del self._alive_at[key]
+        self._worked &= keys
         self.sampler.forget(gone)
         self.between.forget(gone)
 

@@ -37,6 +37,7 @@ def test_only_a_young_death_is_held_back():
     assert not limits.too_young("dead", None, 10.0)  # undated: pages
     assert not limits.too_young("stopped", 1.0, 10.0)  # a stall takes a live process
     assert not limits.too_young("dead", 1.0, 0.0)
+    assert not limits.too_young("dead", 1.0, 10.0, worked=True)  # it trained: pages
 
 
 def test_buckets_per_uid_burst_then_refill():

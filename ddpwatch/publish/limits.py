@@ -5,13 +5,16 @@ Any local user can start a process that looks like a rank (argv0 `python3`,
 an incident, wrote a bundle and sent a webhook at once, over and over
 (tests/test_floods.py). Three bounds, all pure here, applied by daemon.py:
 
-* A death pages only for a job that lived `min_life_s` (10 s): from the start of
+* A death pages only for a job that lived `min_life_s` (10 s), from the start of
   its oldest process (the owner key's start time, discovery.owner_key, so a
   daemon restarted beside an old job still pages it) to the last tick it was
-  seen alive. A training job takes longer than that to import torch and meet at
-  rendezvous; one that dies sooner failed in front of whoever started it (its
-  launcher says why), and a fake rank that lives a second never pages. Other
-  verdicts (a stall, a hang) open as before: those take a live process.
+  seen alive, or that was judged `healthy` on some tick before (it trained: a
+  small job is killed seconds after its first steps in
+  tests/test_thirdparty_killed.py, and must page). A job that dies sooner
+  without ever working failed at start in front of whoever started it (its
+  launcher says why), and a fake rank that sleeps a second never pages. A fake
+  that passes for healthy is bounded by the uid's bucket below. Other verdicts
+  (a stall, a hang) open as before: those take a live process.
 * Incidents and bundles per uid (the job owner's, from the owner key): a token
   bucket of `uid_incidents` (and `uid_bundles`) refilled one each
   `uid_refill_s`. A problem held back is not lost: it opens when the uid's bucket
@@ -55,10 +58,12 @@ def life_s(key: str, alive_at_s: float | None) -> float | None:
     return max(0.0, alive_at_s - born)
 
 
-def too_young(verdict: str, life: float | None, min_life_s: float) -> bool:
-    """A death of a job that did not live `min_life_s` (unknown life: not young,
-    so a job the daemon cannot date still pages)."""
-    return verdict in DEATHS and life is not None and life < min_life_s
+def too_young(verdict: str, life: float | None, min_life_s: float,
+              worked: bool = False) -> bool:
+    """A death of a job that did not live `min_life_s` and was never judged
+    healthy (`worked`); unknown life: not young, so a job the daemon cannot date
+    still pages."""
+    return verdict in DEATHS and not worked and life is not None and life < min_life_s
 
 
 class Buckets:
