@@ -14,8 +14,9 @@ for 30 s and discovery failed with EMFILE).
   back to the accepting thread, which sends it without blocking as the client
   reads. A client that does not read (a tiny receive window) holds no worker,
   only its answer's bytes, and only for a while: an answer is cut once it has
-  taken `response_deadline_s`, or once, after GRACE_S, fewer than
-  `min_bytes_per_s` bytes a second have gone out. At most `max_writers` answers
+  taken `response_deadline_s`, or once, after GRACE_S, the client has read
+  (acknowledged: `unsent`) fewer than `min_bytes_per_s` bytes a second; a cut
+  is a reset, so the kernel does not send the rest. At most `max_writers` answers
   per class are being sent; a new one beyond that cuts the oldest of its class.
 * Two classes of requests, counted apart (`light_workers` of the `workers` are
   kept for the light one): light are /metrics, /healthz and /readyz (what

@@ -96,8 +96,8 @@ class Dispatcher:
                 if closed:
                     lane.counts["dropped"] += 1
                     continue
-                lane.counts["dropped"] += len(lane.queue) >= lane.size
                 if len(lane.queue) >= lane.size:
+                    lane.counts["dropped"] += 1
                     at = drop_index(lane.queue, alert)
                     if at == len(lane.queue):
                         dropped.append((lane.sink.name, alert))
