@@ -49,6 +49,16 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
                                  # ranks' signals join this node's judgement (the peer view)
     peer_token: ""               # bearer token for the peers' /peer; default: token
     peer_max_age_s: 5.0          # a peer's answer older than this is not used
+    min_life_s: 10.0             # a rank's death pages only for a job that lived this long
+                                 # (from its oldest process's start to the last tick it
+                                 # was seen alive) or was judged healthy before: a fake
+                                 # rank that lives a second, or a job that fails at
+                                 # start in front of its user, does not
+    uid_incidents: 10            # incidents the jobs of one uid may open at once; then
+    uid_bundles: 20              # (and evidence bundles) one more each uid_refill_s; a
+    uid_refill_s: 60.0           # problem held back opens when allowed, if it still stands
+    bundle_max_age_s: 604800.0   # bundles of incidents no longer open are removed after
+    bundle_max_mb: 500           # this long (7 days), oldest first past this many MiB in all
     external_url: ""             # this daemon's base URL as people reach it (e.g.
                                  # https://node1.example:19500, or behind a proxy
                                  # https://ops.example/ddpwatch/node1): webhook messages
@@ -104,6 +114,12 @@ class Config:
     peer_token: str = ""
     peer_max_age_s: float = 5.0
     external_url: str = ""
+    min_life_s: float = 10.0
+    uid_incidents: int = 10
+    uid_bundles: int = 20
+    uid_refill_s: float = 60.0
+    bundle_max_age_s: float = 7 * 86400.0
+    bundle_max_mb: int = 500
     source: str = "defaults"
 
     @property
@@ -147,7 +163,11 @@ BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
           "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0),
           "group_interval_s": (0.0, 86400.0), "pause_floor_s": (0.0, 7 * 86400.0),
           "pause_factor": (1.0, 1000.0), "collective_timeout_s": (0.0, 7 * 86400.0),
-          "straggler_after_s": (0.0, 86400.0)}
+          "straggler_after_s": (0.0, 86400.0), "min_life_s": (0.0, 3600.0),
+          "uid_refill_s": (0.0, 86400.0), "bundle_max_age_s": (60.0, 365 * 86400.0)}
+# Counts: (least, most).
+INT_BOUNDS = {"uid_incidents": (1, 10000), "uid_bundles": (1, 10000),
+              "bundle_max_mb": (1, 10**6)}
 # values never shown in an error or a log line
 SECRETS = ("token", "peer_token", "webhooks")
 
@@ -205,6 +225,15 @@ def _coerce(key: str, value, where: str):
             if not least <= number <= most:  # also false for nan
                 raise ConfigError(f"{where}: {key}: {yamlfile.show(value)} is not a number of "
                                   f"seconds within {least:g}..{most:g}")
+            return number
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise TypeError
+            number = int(value)
+            least, most = INT_BOUNDS[key]
+            if not least <= number <= most:
+                raise ConfigError(f"{where}: {key}: {yamlfile.show(value)} is not a whole "
+                                  f"number within {least}..{most}")
             return number
         if key == "external_url":
             if not isinstance(value, str) or not (value == "" or EXTERNAL_URL.fullmatch(value)):

@@ -18,7 +18,8 @@ from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery, helpers
 from .observe.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, owner_node
-from .publish.bundle import rewrite_page, write_bundle
+from .publish import limits
+from .publish.bundle import prune as prune_bundles, rewrite_page, write_bundle
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
@@ -36,6 +37,14 @@ log = logging.getLogger("ddpwatch")
 # meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
 # pay. Problems at start-up have verdicts of their own (sockets are still read).
 STARTUP_GRACE_S = 10.0
+PRUNE_EVERY_S = 30.0  # bundles are pruned (age, total size) at most this often
+HELD_BUNDLE = ("held back: the job owner's uid wrote its uid_bundles bundles; written "
+               "when its bucket refills (uid_refill_s), if the job is still here")
+
+
+def boot_time() -> float:
+    """Seconds since boot, as /proc/PID/stat's start times count (publish/limits.py)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def load_rules(config: Config) -> list:
@@ -44,7 +53,7 @@ def load_rules(config: Config) -> list:
 
 class Daemon:
     def __init__(self, config: Config, rules: list, dispatcher=None, clock=time.monotonic,
-                 peers=None):
+                 peers=None, boottime=boot_time):
         self.config = config
         self.peers = peers  # peers.PeerPoller when peers are configured (the peer view)
         self.rules = rules
@@ -53,7 +62,17 @@ class Daemon:
         self.node = socket.gethostname()
         self.view: DaemonView | None = None
         self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s,
-                                      config.group_interval_s)
+                                      config.group_interval_s, gate=self._may_open)
+        # floods of fake jobs (publish/limits.py): when each job was last seen alive
+        # (boot-time seconds), and a bucket of incidents and of bundles per uid
+        self.boottime = boottime
+        self._alive_at: dict[str, float] = {}
+        self._worked: set[str] = set()  # jobs judged healthy on some tick
+        self._limit_buckets(config)
+        self.bundles_limited = 0
+        self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
+        self.bundles_pruned = {"age": 0, "size": 0}
+        self._pruned_at = -1e18
         self.alert_route = AlertRoute(config.peer_max_age_s)
         # owner key -> the job's state between ticks (watch/job.py)
         self.watched: dict[str, WatchedJob] = {}
@@ -93,6 +112,19 @@ class Daemon:
                         incident_store.path_in(self.config.effective_state_dir()),
                         ", ".join(sorted(i.id for i in open_.values())))
 
+    def _limit_buckets(self, config: Config) -> None:
+        self.incident_buckets = limits.Buckets(config.uid_incidents, config.uid_refill_s)
+        self.bundle_buckets = limits.Buckets(config.uid_bundles, config.uid_refill_s)
+
+    def _may_open(self, key: str, verdict: str) -> str:
+        """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
+        if limits.too_young(verdict, limits.life_s(key, self._alive_at.get(key)),
+                            self.config.min_life_s, key in self._worked):
+            return "young"
+        if not self.incident_buckets.take(limits.owner_uid(key), self.clock()):
+            return "uid_rate"
+        return ""
+
     def _probe_context(self, config: Config) -> ProbeContext:
         return ProbeContext(heartbeat_dir=config.heartbeat_dir or None, clock=self.clock,
                             timeout_s=config.probe_timeout_s)
@@ -109,6 +141,10 @@ class Daemon:
         self.incidents.group_interval_s = config.group_interval_s
         self.alert_route.grace_s = config.peer_max_age_s
         self.between.glance_s = config.reading_s
+        if (config.uid_incidents, config.uid_bundles, config.uid_refill_s) != (
+                self.incident_buckets.burst, self.bundle_buckets.burst,
+                self.incident_buckets.refill_s):
+            self._limit_buckets(config)
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
                                  config.stacks_min_interval_s)
 
@@ -133,6 +169,10 @@ class Daemon:
         foreground = frozenset(pid for pid, info in table.items() if info.foreground)
         judged = self._guard("departures", lambda: self.departures.update(
             live, exits, self.clock(), self._rank_numbers(), foreground), live)
+        alive_at = self.boottime()
+        for owner, _, job in judged:
+            if job.rank_pids:
+                self._alive_at[owner] = alive_at
         for owner, label, job in judged:
             view = self._guard("judge", lambda: self._judge_job(job, statuses, owner, label),
                                None)
@@ -140,9 +180,11 @@ class Daemon:
                 views.append(view)
                 owners[owner] = view
         self._forget_vanished(set(owners))
+        self._worked |= {k for k, v in owners.items() if v.judgement.job.verdict == "healthy"}
         self._last_views = owners
         self._guard("incidents", lambda: self._incidents(owners), None)
         self._guard("bundle", self._retry_bundles, None)
+        self._guard("bundle", self._prune, None)
         self._guard("persist", self._persist, None)
         self._tick += 1
         if self.between.failures:  # counted by the reading thread, published here
@@ -153,6 +195,9 @@ class Daemon:
             tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
             incidents=self.incidents.all(), probes=tuple(statuses),
             incidents_opened_total=dict(self.incidents.opened_total), ready=True,
+            limits={"incidents_limited": dict(self.incidents.limited_total),
+                    "bundles_limited": self.bundles_limited,
+                    "bundles_pruned": dict(self.bundles_pruned)},
             peers=self.peers.views() if self.peers else (),
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
@@ -254,6 +299,9 @@ class Daemon:
         gone = set(self.watched) - keys
         for key in gone:
             del self.watched[key]
+        for key in set(self._alive_at) - keys:
+            del self._alive_at[key]
+        self._worked &= keys
         self.sampler.forget(gone)
         self.between.forget(gone)
 
@@ -298,7 +346,17 @@ class Daemon:
 
     def _write_bundle(self, incident, view) -> bool:
         """Write the incident's evidence; on failure (a full disk) the incident
-        says why in `bundle_error` and _retry_bundles tries again next tick."""
+        says why in `bundle_error` and _retry_bundles tries again next tick. At
+        most uid_bundles per uid, one more each uid_refill_s (publish/limits.py);
+        one held back is counted once and retried the same way."""
+        if not self.bundle_buckets.take(limits.owner_uid(incident.owner), self.clock()):
+            if incident.id not in self._bundles_held:
+                self._bundles_held.add(incident.id)
+                self.bundles_limited += 1
+            if not incident.bundle:  # a changed incident keeps its earlier evidence
+                self.incidents.attach_bundle(incident.id, "", HELD_BUNDLE)
+            return False
+        self._bundles_held.discard(incident.id)
         try:
             path = write_bundle(self.config.effective_state_dir(), incident, view,
                                 self.watched[incident.owner].history,
@@ -324,6 +382,23 @@ class Daemon:
             view = self.view_of(incident.owner)
             if not incident.bundle and incident.bundle_error and view is not None:
                 self._write_bundle(incident, view)
+        self._bundles_held &= {i.id for i in self.incidents.open()}
+
+    def _prune(self) -> None:
+        """Bundles of incidents no longer open, by age and total size, every
+        PRUNE_EVERY_S (publish/bundle.py prune)."""
+        now = self.clock()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        keep = frozenset(i.bundle for i in self.incidents.open() if i.bundle)
+        removed = prune_bundles(self.config.effective_state_dir(), self.config.bundle_max_age_s,
+                                self.config.bundle_max_mb * 2**20, keep, time.time())
+        for reason, n in removed.items():
+            self.bundles_pruned[reason] += n
+        if any(removed.values()):
+            log.info("bundles pruned: %d past bundle_max_age_s, %d past bundle_max_mb",
+                     removed["age"], removed["size"])
 
     def view_of(self, owner: str):
         return self._last_views.get(owner)

@@ -34,14 +34,14 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
 
 
 class DaemonRun:
-    def __init__(self, start_job, tmp_path, hb_dir, config: dict, name="daemon"):
+    def __init__(self, start_job, tmp_path, hb_dir, config: dict, name="daemon", env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = tmp_path / f"{name}.yaml"
         self.state_dir = str(tmp_path / "state")
         self.write(config)
         self.start_job, self.name = start_job, name
-        self.start()
+        self.start(env)
 
     def write(self, config: dict) -> None:
         full = {"listen": f"127.0.0.1:{self.port}", "state_dir": self.state_dir,

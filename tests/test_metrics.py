@@ -114,13 +114,13 @@ def dead_rank_job() -> JobView:
 
 
 def daemon_view(jobs, tick: int = 7, incidents=(), opened=None, peers=(),
-                alert_stats=None) -> DaemonView:
+                alert_stats=None, limits=None) -> DaemonView:
     probes = (ProbeStatus("heartbeats", True, 0.001), ProbeStatus("process", True, 0.004),
               ProbeStatus("process", True, 0.003), ProbeStatus("sockets", False, 0.02, "ss: boom"))
     return DaemonView(node="node-a", tick=tick, wall_time=WALL + tick, tick_duration_s=0.05,
                       jobs=tuple(jobs), incidents=tuple(incidents), probes=probes,
                       incidents_opened_total=dict(opened or {}), ready=True,
-                      peers=tuple(peers), alert_stats=alert_stats)
+                      peers=tuple(peers), alert_stats=alert_stats, limits=limits)
 
 
 PEERS = (PeerView("http://node-b:19500", "node-b", "", 0.4, True),
@@ -148,7 +148,9 @@ def golden_view() -> DaemonView:
                  Incident("i0", "run-42", "resolved", "straggler", (1,), "s", WALL - 60,
                           WALL - 30, WALL - 30, ""))
     return daemon_view((straggler_job(), dead_rank_job(), paused_job()), incidents=incidents,
-                       opened={"dead": 1, "straggler": 2}, peers=PEERS, alert_stats=ALERT_STATS)
+                       opened={"dead": 1, "straggler": 2}, peers=PEERS, alert_stats=ALERT_STATS,
+                       limits={"incidents_limited": {"young": 12, "uid_rate": 3},
+                               "bundles_limited": 2, "bundles_pruned": {"size": 4}})
 
 
 # ------------------------------------------------------------------ reading /metrics

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import signal
 import sys
 import threading
@@ -11,9 +13,14 @@ import time
 from .. import config as config_mod, errors
 from ..daemon import Daemon, load_rules
 from ..publish.httpd import Server
-from ..sdnotify import notify
+from ..sdnotify import Watchdog, notify, watchdog_interval_s
 
 log = logging.getLogger("ddpwatch")
+
+# A test hook, not a setting: while the file this names exists, the tick loop
+# waits where a tick would run, as a tick stuck in a hung read would; the
+# watchdog pings stop with it (tests/test_watchdog.py). Unset, it costs nothing.
+HOLD_TICK_ENV = "DDPWATCH_HOLD_TICK_FILE"
 
 
 class JsonFormatter(logging.Formatter):
@@ -98,21 +105,34 @@ def main(args) -> int:
     signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
     log.info("ddpwatch run: listening on %s:%d, config %s, tick %.1fs", host, server.port,
              cfg.source, cfg.tick_s)
+    watchdog = Watchdog(watchdog_interval_s())
+    if watchdog.interval_s:
+        log.info("systemd watchdog: %.0fs, pinged from the tick loop", watchdog.interval_s)
+    hold = os.environ.get(HOLD_TICK_ENV, "")
     next_tick = time.monotonic()
     first = True
     while not stop.is_set():
         if reload_requested.is_set():
             reload_requested.clear()
             dispatcher, server = _reload(args, daemon, dispatcher, server, make_server)
+        if hold:
+            _held(hold, stop)
         daemon.tick()
         if first:
             notify("READY=1")
             first = False
+        watchdog.ping()  # only a loop that completes ticks says it is alive
         next_tick += daemon.config.tick_s
         now = time.monotonic()
         if next_tick < now:  # a slow tick: start the next one now, don't pile up
             next_tick = now
-        daemon.between_ticks(next_tick, stop)  # reads the ranks' states meanwhile
+        while not stop.is_set():  # reads the ranks' states meanwhile
+            # a long tick_s is waited in slices short enough for the watchdog
+            slice_end = min(next_tick, time.monotonic() + (watchdog.every_s or math.inf))
+            daemon.between_ticks(slice_end, stop)
+            if slice_end >= next_tick:
+                break
+            watchdog.ping()
     notify("STOPPING=1")
     if daemon.peers is not None:
         daemon.peers.stop()
@@ -121,6 +141,12 @@ def main(args) -> int:
     daemon.close()
     log.info("ddpwatch run: stopped (%d alert(s) left undelivered)", left)
     return errors.OK
+
+
+def _held(path: str, stop: threading.Event) -> None:
+    """The HOLD_TICK_ENV hook: wait while `path` exists (or until stopped)."""
+    while os.path.exists(path) and not stop.is_set():
+        stop.wait(0.1)
 
 
 def _reload(args, daemon, dispatcher, server, make_server):

@@ -95,6 +95,74 @@ def dir_name(incident_id: str) -> str:
     return f"{safe}-{hashlib.sha256(incident_id.encode()).hexdigest()[:8]}"
 
 
+def prune(state_dir: str, max_age_s: float, max_bytes: int, keep: frozenset[str],
+          now: float) -> dict[str, int]:
+    """Remove bundles under state_dir/incidents/: those older than `max_age_s`
+    (by their newest write), then the oldest while all of them hold more than
+    `max_bytes`; never one in `keep` (the open incidents' directories).
+    Work directories a crashed write left (".tmp-*", ".old") go after an hour.
+    Nothing is followed through a link. Returns {"age": n, "size": n} removed."""
+    root = os.path.join(state_dir, "incidents")
+    removed = {"age": 0, "size": 0}
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return removed
+        names = os.listdir(root)
+    except OSError:  # none yet
+        return removed
+    kept = {os.path.realpath(k) for k in keep}
+    bundles = []  # (newest write, bytes, path)
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or os.path.realpath(path) in kept:
+            continue
+        newest, size = _measure(path, st)
+        leftover = name.startswith(".tmp-") or name.endswith(".old")
+        if now - newest > (3600.0 if leftover else max_age_s):
+            shutil.rmtree(path, ignore_errors=True)
+            removed["age"] += 1
+        else:
+            bundles.append((newest, size, path))
+    total = sum(size for _, size, _ in bundles) + sum(
+        _measure(k, os.lstat(k))[1] for k in kept if os.path.isdir(k))
+    for _, size, path in sorted(bundles):
+        if total <= max_bytes:
+            break
+        shutil.rmtree(path, ignore_errors=True)
+        removed["size"] += 1
+        total -= size
+    return removed
+
+
+def _measure(path: str, st) -> tuple[float, int]:
+    """(newest mtime, bytes) of a bundle directory and the files in it, one level
+    down (records/); links are not followed."""
+    newest, size = st.st_mtime, 0
+    stack = [path]
+    for depth in range(3):
+        below = []
+        for directory in stack:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    est = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                newest = max(newest, est.st_mtime)
+                size += est.st_size
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(entry.path)
+        stack = below
+    return newest, size
+
+
 class BundleError(DdpwatchError):
     """A directory that is not a readable incident bundle."""
     exit_code = NO_INPUT

@@ -52,8 +52,13 @@ def resolution(verdict: str, calm_s: float) -> str:
 
 class IncidentBook:
     def __init__(self, resolve_after_s: float, open_after_s: dict[str, float] | None = None,
-                 group_interval_s: float = GROUP_INTERVAL_S):
+                 group_interval_s: float = GROUP_INTERVAL_S, gate=None):
         self.resolve_after_s = resolve_after_s
+        # gate(key, verdict) -> "" to open, else why the incident is held back
+        # (publish/limits.py: "young", "uid_rate"); asked only when one would open
+        self.gate = gate
+        self._held: dict[str, str] = {}  # job key -> why its incident is held back
+        self.limited_total: dict[str, int] = {}  # why -> jobs held back, since start
         self.open_after_s = open_after_s
         self.group_interval_s = group_interval_s
         # job key -> (the most severe verdict people were told, when a change was told)
@@ -87,6 +92,7 @@ class IncidentBook:
             current = self._open.get(key)
             if verdict in CALM:
                 self._troubled.pop(key, None)
+                self._held.pop(key, None)
                 continue
             self._calm_since.pop(key, None)
             ticks, since = self._troubled.get(key, (0, now))
@@ -94,6 +100,14 @@ class IncidentBook:
             if current is None and (ticks + 1 < OPEN_AFTER_TICKS
                                     or now - since < self._open_after_s.get(verdict, 0.0)):
                 continue
+            if current is None and self.gate is not None:
+                why = self.gate(key, verdict)
+                if why:  # counted once per job and reason, not per tick
+                    if self._held.get(key) != why:
+                        self.limited_total[why] = self.limited_total.get(why, 0) + 1
+                    self._held[key] = why
+                    continue
+                self._held.pop(key, None)
             if current is None:
                 self._counter += 1
                 label = labels.get(key, key)
@@ -124,6 +138,8 @@ class IncidentBook:
                     events.append(Event("changed", updated, notify=rose, evidence=as_bad))
         for key in set(self._troubled) - set(verdicts):
             del self._troubled[key]  # the job is gone
+        for key in set(self._held) - set(verdicts):
+            del self._held[key]
         for key in list(self._open):
             verdict = verdicts.get(key, ("gone", (), ""))[0]
             if verdict not in CALM and verdict != "gone":

@@ -38,6 +38,7 @@ JOB = "ddp_job"
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
+LIMITED = ("uid_rate", "young")  # why an incident was held back (daemon._may_open)
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")
 
@@ -72,17 +73,33 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "is not dumped).")),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
-        "started: busy_503 (every worker busy), evicted (too many waiting), expired (no "
-        "request in time), cut (a request too slow or too large), accept_errors.")),
+        "started: busy_503 (every worker of the request's class busy), evicted (too many "
+        "waiting), expired (no request in time), cut (a request too slow or too large), "
+        "slow_reader (an answer cut: read slower than the minimum rate, or past its "
+        "deadline), writers_full (an answer cut to make room for a newer one of its class), "
+        "accept_errors.")),
     "ddpwatch_incidents_open": ("gauge", (JOB,), "Incidents open or ongoing."),
     "ddpwatch_incidents_without_bundle": ("gauge", (JOB,), (
         "Open incidents whose evidence bundle could not be written yet (retried each tick; "
         "/status says why under bundle_error).")),
     "ddpwatch_incidents_opened_total": ("counter", ("verdict",), (
         "Incidents opened since the daemon started, by the verdict that opened them.")),
+    "ddpwatch_incidents_limited_total": ("counter", ("reason",), (
+        "Jobs whose problem opened no incident when it would have, since the daemon started: "
+        "young (a death of a job that lived less than min_life_s), uid_rate (its owner's "
+        "uid used up uid_incidents; it opens when the uid's bucket refills, if it still "
+        "stands).")),
+    "ddpwatch_bundles_limited_total": ("counter", (), (
+        "Incidents whose evidence bundle was held back because its owner's uid used up "
+        "uid_bundles (written when the bucket refills, if the job is still there).")),
+    "ddpwatch_bundles_pruned_total": ("counter", ("reason",), (
+        "Evidence bundles of incidents no longer open removed since the daemon started: age "
+        "(older than bundle_max_age_s), size (the oldest, while all held more than "
+        "bundle_max_mb).")),
     "ddpwatch_webhook_alerts_total": ("counter", ("sink", "outcome"), (
         "Alerts per webhook sink since the daemon started, by outcome: sent, failed (given up "
-        "after retries), dropped (the sink's queue was full); retried counts extra attempts.")),
+        "after retries), dropped (the sink's queue was full: the least severe pending alert "
+        "went, the oldest of those); retried counts extra attempts.")),
     "ddpwatch_webhook_alerts_pending": ("gauge", ("sink",), (
         "Alerts queued or in flight for the webhook sink.")),
     "ddpwatch_peer_up": ("gauge", ("peer",), (
@@ -276,6 +293,15 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
     # Every verdict from 0, so the first incident of a kind is an increase to rate().
     opened = dict.fromkeys(VERDICTS, 0) | dict(view.incidents_opened_total)
     rows += [("ddpwatch_incidents_opened_total", (v,), float(n)) for v, n in opened.items()]
+    if view.limits is not None:
+        held = dict.fromkeys(LIMITED, 0) | dict(view.limits.get("incidents_limited", {}))
+        rows += [("ddpwatch_incidents_limited_total", (why,), float(n))
+                 for why, n in sorted(held.items())]
+        rows.append(("ddpwatch_bundles_limited_total", (),
+                     float(view.limits.get("bundles_limited", 0))))
+        pruned = dict.fromkeys(("age", "size"), 0) | dict(view.limits.get("bundles_pruned", {}))
+        rows += [("ddpwatch_bundles_pruned_total", (why,), float(n))
+                 for why, n in sorted(pruned.items())]
     for sink, counts in sorted((view.alert_stats or {}).items()):
         rows += [("ddpwatch_webhook_alerts_total", (sink, outcome), float(counts[outcome]))
                  for outcome in ("sent", "failed", "dropped", "retried")]

@@ -2,8 +2,11 @@
 
 One lane per sink: a bounded FIFO and one worker thread, so a receiver that hangs
 delays only its own alerts, and firing-before-resolved holds per sink because a
-lane sends in order. When a lane is full the OLDEST pending alert goes (the
-newest says the most about now: a resolved beats the firing it follows).
+lane sends in order. When a lane is full the pending alert of the LEAST SEVERE
+verdict goes (judge/vocabulary.py SEVERITY), the oldest of those (the newest
+says the most about now: a resolved beats the firing it follows); the new alert
+itself when nothing pending is less severe. A flood of alerts of lesser
+verdicts never pushes out a graver one (tests/test_floods.py).
 
 A failed attempt is retried with exponential backoff and full jitter (AWS
 Architecture Blog, "Exponential Backoff And Jitter": uniform(0, min(cap, base*2^n))),
@@ -23,10 +26,23 @@ import random
 import threading
 import time
 
+from ...judge.vocabulary import SEVERITY
 from .base import Alert, DeliveryError
 
 log = logging.getLogger("ddpwatch.publish.alerts")
 COUNTERS = ("sent", "failed", "retried", "dropped")
+
+
+def drop_index(pending, new: Alert) -> int:
+    """Which alert a full lane drops: an index into `pending`, or len(pending)
+    for `new` itself. The least severe verdict (an unknown one least of all),
+    and of those the oldest; `new` is the newest."""
+    alerts = list(pending) + [new]
+
+    def rank(i: int) -> tuple[int, int]:
+        verdict = alerts[i].verdict
+        return (SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY), -i)
+    return max(range(len(alerts)), key=rank)
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, uniform=random.uniform) -> float:
@@ -81,13 +97,18 @@ class Dispatcher:
                     lane.counts["dropped"] += 1
                     continue
                 if len(lane.queue) >= lane.size:
-                    dropped.append((lane.sink.name, lane.queue.popleft()))
                     lane.counts["dropped"] += 1
+                    at = drop_index(lane.queue, alert)
+                    if at == len(lane.queue):
+                        dropped.append((lane.sink.name, alert))
+                        continue
+                    dropped.append((lane.sink.name, lane.queue[at]))
+                    del lane.queue[at]
                 lane.queue.append(alert)
                 lane.cond.notify()
         for name, old in dropped:  # log outside the locks
-            log.warning("alerts to %s: queue full, dropped oldest (%s %s)",
-                        name, old.status, old.incident_id)
+            log.warning("alerts to %s: queue full, dropped the least severe (%s %s %s)",
+                        name, old.status, old.verdict, old.incident_id)
         return not closed and not dropped
 
     def close(self, timeout_s: float) -> int:

@@ -1,0 +1,94 @@
+"""What a flood of fake jobs may cost the people the daemon pages.
+
+Any local user can start a process that looks like a rank (argv0 `python3`,
+`RANK` in its environment) and end it a second later: judged `dead`, it opened
+an incident, wrote a bundle and sent a webhook at once, over and over
+(tests/test_floods.py). Three bounds, all pure here, applied by daemon.py:
+
+* A death pages only for a job that lived `min_life_s` (10 s), from the start of
+  its oldest process (the owner key's start time, discovery.owner_key, so a
+  daemon restarted beside an old job still pages it) to the last tick it was
+  seen alive, or that was judged `healthy` on some tick before (it trained: a
+  small job is killed seconds after its first steps in
+  tests/test_thirdparty_killed.py, and must page). A job that dies sooner
+  without ever working failed at start in front of whoever started it (its
+  launcher says why), and a fake rank that sleeps a second never pages. A fake
+  that passes for healthy is bounded by the uid's bucket below. Other verdicts
+  (a stall, a hang) open as before: those take a live process.
+* Incidents and bundles per uid (the job owner's, from the owner key): a token
+  bucket of `uid_incidents` (and `uid_bundles`) refilled one each
+  `uid_refill_s`. A problem held back is not lost: it opens when the uid's bucket
+  has a token again, if it still stands; a bundle held back is retried each
+  tick while its job is there (daemon._retry_bundles).
+* What was held back is counted (/metrics: ddpwatch_incidents_limited_total,
+  ddpwatch_bundles_limited_total); bundles are pruned by age and total size
+  (bundle.prune), and the alert queues drop by severity (alerts/dispatch.py).
+"""
+from __future__ import annotations
+
+import re
+
+from ..observe.discovery import CLK_TCK
+
+DEATHS = frozenset({"dead"})  # verdicts held to min_life_s
+_KEY = re.compile(r"u(-?\d+)\.p-?\d+\.s(-?\d+)\Z")  # discovery.owner_key
+
+
+def owner_uid(key: str) -> int:
+    """The uid in an owner key; -1 when unknown (one bucket for all of those)."""
+    m = _KEY.match(key)
+    return int(m.group(1)) if m else -1
+
+
+def born_s(key: str) -> float | None:
+    """When the job's oldest process started, in seconds since boot
+    (CLOCK_BOOTTIME, as /proc/PID/stat counts), from its owner key; None if unknown."""
+    m = _KEY.match(key)
+    if not m or int(m.group(2)) < 0:
+        return None
+    return int(m.group(2)) / CLK_TCK
+
+
+def life_s(key: str, alive_at_s: float | None) -> float | None:
+    """How long the job lived until `alive_at_s` (boot-time seconds of the last
+    tick it had a live rank); None when either end is unknown."""
+    born = born_s(key)
+    if born is None or alive_at_s is None:
+        return None
+    return max(0.0, alive_at_s - born)
+
+
+def too_young(verdict: str, life: float | None, min_life_s: float,
+              worked: bool = False) -> bool:
+    """A death of a job that did not live `min_life_s` and was never judged
+    healthy (`worked`); unknown life: not young, so a job the daemon cannot date
+    still pages."""
+    return verdict in DEATHS and not worked and life is not None and life < min_life_s
+
+
+class Buckets:
+    """A token bucket per uid: `burst` at once, one more each `refill_s`."""
+
+    def __init__(self, burst: int, refill_s: float):
+        self.burst, self.refill_s = burst, refill_s
+        self._tokens: dict[int, tuple[float, float]] = {}  # uid -> (tokens, as of when)
+
+    def take(self, uid: int, now: float) -> bool:
+        tokens, at = self._tokens.get(uid, (float(self.burst), now))
+        if self.refill_s > 0:
+            tokens = min(float(self.burst), tokens + (now - at) / self.refill_s)
+        else:
+            tokens = float(self.burst)
+        if tokens < 1.0:
+            self._tokens[uid] = (tokens, now)
+            return False
+        self._tokens[uid] = (tokens - 1.0, now)
+        self._forget_full(now)
+        return True
+
+    def _forget_full(self, now: float) -> None:
+        """Buckets full again are the same as none: the map stays as small as the
+        uids recently limited."""
+        if len(self._tokens) > 64:
+            self._tokens = {u: (t, at) for u, (t, at) in self._tokens.items()
+                            if t + (now - at) / max(self.refill_s, 1e-9) < self.burst}
