@@ -92,3 +92,19 @@ def test_a_changed_culprit_is_an_event_and_a_vanished_job_resolves():
     assert kinds(book.update({"job": HUNG}, now=2.0)) == [
         ("changed", "hung_outside_collective", (1,))]
     assert kinds(book.update({}, now=3.0)) == [("resolved", "hung_outside_collective", (1,))]
+
+
+def test_a_slowing_tick_opens_nothing_but_confirms_the_death_after_it():
+    """`slowing` (a straggler in wait, watch/slow.py) pages nobody, however long;
+    a rank killed while its job was slowing is paged on the death's first tick
+    (the job may be gone the tick after: tests/test_thirdparty_killed.py)."""
+    book = IncidentBook(resolve_after_s=10.0)
+    slowing = ("slowing", (), "rank 1 falls behind")
+    for t in range(100):
+        assert book.update({"job": slowing}, now=float(t)) == []
+    assert kinds(book.update({"job": ("dead", (1,), "rank 1 died")}, now=100.0)) == [
+        ("opened", "dead", (1,))]
+    # after a healthy tick the death needs its second tick, as always
+    book = IncidentBook(resolve_after_s=10.0)
+    book.update({"job": HEALTHY}, now=0.0)
+    assert book.update({"job": ("dead", (1,), "rank 1 died")}, now=1.0) == []

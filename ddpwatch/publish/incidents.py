@@ -20,6 +20,7 @@ from ..judge.vocabulary import CALM, OPEN_AFTER_S, SEVERITY  # which verdicts pa
 from .view import Incident, IncidentState
 
 KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
+HELD = frozenset({"slowing"})  # calm, but not yet known to be fine
 OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
                           # one tick may see the victims before the culprit, or a rank
                           # between two states; the second confirms (and costs one tick)
@@ -90,6 +91,15 @@ class IncidentBook:
         events = []
         for key, (verdict, culprits, summary) in verdicts.items():
             current = self._open.get(key)
+            if verdict in HELD:
+                # a straggler in wait (watch/slow.py) opens nothing and resolves like
+                # calm, but is no healthy tick: the death or hang that follows it is
+                # confirmed on its next tick, as it was when this was a straggler
+                # (tests/test_thirdparty_killed.py: the job is gone a tick later)
+                ticks, since = self._troubled.get(key, (0, now))
+                self._troubled[key] = (min(ticks + 1, OPEN_AFTER_TICKS - 1), since)
+                self._held.pop(key, None)
+                continue
             if verdict in CALM:
                 self._troubled.pop(key, None)
                 self._held.pop(key, None)
