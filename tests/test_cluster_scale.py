@@ -98,3 +98,16 @@ def test_expectations_point_at_one_place_in_the_cluster():
                 assert labels.get("instance", sim.promtool_instance(c.node)) == \
                     sim.promtool_instance(c.node)
         assert cluster.expected(cluster.checks()[0], sim.promtool_instance) == {}
+
+
+def test_the_exporters_text_is_the_daemons_byte_for_byte():
+    """cluster_scale.Renderer fills values into a cached text: it must equal a
+    full render by the daemon's code as the series and values change."""
+    for scenario in sim.SCENARIOS:
+        cluster = sim.Cluster(scenario, 16, RANKS, "run-x", 30.0)
+        renderer = cluster_scale.Renderer()
+        for t in (5.0, 20.0, 31.5, 70.25, 200.0):
+            rows = cluster.rows(cluster.culprit.node, t)
+            if rows is not None:
+                full = generate_latest(cluster_scale._Families(to_families(rows)))
+                assert renderer.text(rows) == full, (scenario, t)
