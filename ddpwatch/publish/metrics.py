@@ -332,6 +332,12 @@ def families(view: DaemonView | None, errors: int = 0,
                 errors += 1
                 log.exception("metrics: could not export job %s", getattr(jv, "key", "?"))
     rows.append(("ddpwatch_collect_errors", (), float(errors)))
+    return to_families(rows)
+
+
+def to_families(rows: list[Row]) -> list[Metric]:
+    """Rows (name, label values in SPECS order, value) as metric families, in SPECS
+    order; benchmarks/cluster_scale.py renders its simulated daemons through this."""
     by_name: dict[str, list[Row]] = {}
     for row in rows:
         by_name.setdefault(row[0], []).append(row)
