@@ -16,11 +16,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from ..judge.vocabulary import CALM, OPEN_AFTER_S, SEVERITY  # which verdicts page, and when
+from ..judge.vocabulary import CALM, HELD, OPEN_AFTER_S, SEVERITY  # which verdicts page, and when
 from .view import Incident, IncidentState
 
 KEEP_RESOLVED_S = 600.0  # resolved incidents stay visible in /status this long
-HELD = frozenset({"slowing"})  # calm, but not yet known to be fine
 OPEN_AFTER_TICKS = 2      # a problem judged on this many ticks in a row opens an incident:
                           # one tick may see the victims before the culprit, or a rank
                           # between two states; the second confirms (and costs one tick)

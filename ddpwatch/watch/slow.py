@@ -8,19 +8,16 @@ is one spell (confirmed when slow in most of its ticks). States: calm -> slow
 (spell open) -> calm."""
 from __future__ import annotations
 
-import collections
-
 from ..judge.overtime import SLOW, Slow
 
 GAP_S = 10.0       # no slow tick for this long: the spell is over
-MAX_TICKS = 4096   # a spell's ticks remembered (a tick a second: over an hour)
 
 
 class SlowTracker:
     def __init__(self):
         self._since: float | None = None
         self._last_slow = 0.0
-        self._ticks: collections.deque[bool] = collections.deque(maxlen=MAX_TICKS)
+        self._ticks = self._slow_ticks = 0  # of the spell in progress
 
     def update(self, judgement, now: float, after_s: float) -> Slow | None:
         """Follow this tick's judgement (before overtime.hold_slow); the spell in
@@ -29,13 +26,14 @@ class SlowTracker:
         if slow:
             if self._since is None:
                 self._since = now
-                self._ticks.clear()
+                self._ticks = self._slow_ticks = 0
             self._last_slow = now
         elif self._since is not None and now - self._last_slow >= GAP_S:
             self._since = None
         if self._since is None:
             return None
-        self._ticks.append(slow)
-        share = sum(self._ticks) / len(self._ticks)
+        self._ticks += 1
+        self._slow_ticks += slow
+        share = self._slow_ticks / self._ticks
         return Slow(elapsed_s=round(now - self._since, 1), share=round(share, 2),
                     after_s=after_s)
