@@ -68,6 +68,7 @@ class Daemon:
         self.boottime = boottime
         self._alive_at: dict[str, float] = {}
         self._worked: set[str] = set()  # jobs judged healthy on some tick
+        self._verdicts: dict[str, tuple] = {}  # key -> last tick's verdict (for the log)
         self._limit_buckets(config)
         self.bundles_limited = 0
         self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
@@ -310,6 +311,11 @@ class Daemon:
         verdicts = {k: (v.judgement.job.verdict, v.judgement.job.culprits,
                         v.judgement.job.summary) for k, v in by_key.items()}
         labels = {k: v.key for k, v in by_key.items()}
+        for k, (verdict, culprits, _) in verdicts.items():
+            if self._verdicts.get(k, ("healthy",))[0] != verdict:  # the journal's story
+                log.info("job %s: %s -> %s culprits=%s", labels[k], self._verdicts.get(
+                    k, ("none",))[0], verdict, list(culprits))
+        self._verdicts = verdicts  # only this tick's jobs: bounded by them
         news = set()  # incidents opened or changed this tick
         for event in self.incidents.update(verdicts, time.time(), labels):
             incident = event.incident

@@ -255,6 +255,38 @@ def test_the_connector_reports_a_killed_child_here():
         watch.close()
 
 
+def test_a_held_jobs_rank_that_ends_later_is_seen_ending():
+    """A held job's ranks are departed, not live (observe/departures.py), yet one
+    may still be ending: Lightning's rank 0 alone is no job to discovery and may end
+    seconds after its peer's death. The sampler keeps watching a departed rank's
+    pid, tick after tick, so its end is seen and the job's first death known."""
+    from ddpwatch.observe.probes import Look, ProbeContext
+    from ddpwatch.observe.sampler import Sampler
+    need(os.geteuid() == 0, "the process-events connector needs CAP_NET_ADMIN")
+    sampler = Sampler(ProbeContext(clock=time.monotonic), lambda name: name == "exits")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        need(sampler.survey().exits is not None, "no process events on this machine")
+        held = Job(child.pid, -1, "spawn", (), "held", departed_pids=(child.pid,),
+                   departed_ranks=(0,))
+        for _ in range(4):  # more passes than the sampler remembers a pid unsampled
+            survey = sampler.survey()
+            sampler.sample(held, survey, Look.GLANCE)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+
+        def tick():  # as the daemon's tick: a survey, then the held job sampled
+            survey = sampler.survey()
+            sampler.sample(held, survey, Look.GLANCE)
+            return [e for e in survey.exits.exits if e.pid == child.pid]
+        got = wait_until(tick, 5, interval=0.05, what="the departed rank's exit")
+        assert got[0].signal == signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+        sampler.close()
+
+
 def test_a_rank_dying_in_a_window_is_named_beside_its_lingering_peer(tmp_path):
     """`diagnose`'s shape: the job found with both ranks, rank 1 gone by the
     window's end with its exit seen, rank 0 still waiting in its collective. Made

@@ -132,9 +132,15 @@ def test_killed_rank_is_the_culprit_after_the_job_is_gone(case, start_job, tmp_p
                              what=f"{launcher} job judged healthy by the daemon")
         key = healthy["key"]
         kill(tp.pids[1], tmp_path)
-        firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
-                                     and b["job"] == key and b["verdict"] == "dead"],
-                            60, what="firing webhook of the dead rank")
+        try:
+            firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
+                                         and b["job"] == key and b["verdict"] == "dead"],
+                                60, what="firing webhook of the dead rank")
+        except BaseException:  # what the daemon saw, for a run nobody can repeat
+            print("webhooks:", json.dumps(hook.bodies(), indent=1)[-4000:])
+            print("status:", json.dumps(daemon.status(), indent=1)[-6000:])
+            print("daemon:", daemon.job.output()[-4000:])
+            raise
         # the job is gone by now (the launcher ended it); the daemon holds it, judged
         tp.job.wait(timeout=60)
         held = _job_of(daemon.status(), pids)

@@ -26,8 +26,11 @@ jobs and exits.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from .snapshot import Job
+
+log = logging.getLogger("ddpwatch.departures")
 
 HOLD_S = 30.0  # how long a job gone with a rank's death stays judged
 WHOLE_S = 0.5  # every rank ended by one signal within this: the job was killed whole
@@ -60,6 +63,19 @@ def _stopped_at_terminal(job: Job, ended: dict, died: list) -> bool:
     return (all(e.at - first <= CTRL_C_S for e in ends)
             and not any(e.signal in CRASH_SIGNALS or (e.signal == 9 and e.oom_kills)
                         for e in died))
+
+
+def _how(e) -> str:
+    return f"signal {e.signal}" if e.signal else f"code {e.code}"
+
+
+def _why_not_held(job: Job, ended: dict, died: list) -> str:
+    if not died:
+        seen = ", ".join(f"{p}: {_how(e)}" for p, e in ended.items()) or "none seen"
+        return f"no abnormal end among its processes (ends: {seen})"
+    if died[0].asked_to_stop:
+        return f"pid {died[0].pid} was asked to stop ({_how(died[0])})"
+    return f"every rank ended by {_how(died[0])} at once (its process group was killed)"
 
 
 class Departures:
@@ -107,6 +123,8 @@ class Departures:
             died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
                           key=lambda e: e.at)
             if not died or died[0].asked_to_stop or _killed_whole(job, ended, died[0]):
+                # said once, as the job leaves: why a gone job pages nothing
+                log.info("job %s ended: not held (%s)", label, _why_not_held(job, ended, died))
                 continue
             if key in self._at_terminal:
                 if any(p not in ended for p in job.rank_pids + job.departed_pids) and \
@@ -114,10 +132,13 @@ class Departures:
                     pending[key] = (job, label)  # the rest may still be ending
                     continue
                 if _stopped_at_terminal(job, ended, died):
+                    log.info("job %s ended: not held (stopped at its terminal)", label)
                     continue
             gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
                                        job, ended, ranks_of.get(key, {}), every=True)
             self._held[key] = (gone, label, now + self.hold_s)
+            log.info("job %s ended: held %.0f s, first to end pid %d (%s)", label,
+                     self.hold_s, died[0].pid, _how(died[0]))
         for key, (job, label, until) in list(self._held.items()):
             if now > until:
                 del self._held[key]

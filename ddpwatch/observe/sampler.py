@@ -194,7 +194,11 @@ class Sampler:
         through `look_closer`, see there for `key` and `force_stacks`). Which job
         probes run is their registration's policy (probes/__init__.py ProbeSpec)."""
         pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-        self._watched.update(pids)
+        # departed ranks too: a held job's rank may still be ending (Lightning's rank
+        # 0 alone is no job to discovery, and may end seconds after its peer's
+        # death); an end not seen leaves the job's first death unknown
+        # (judge/signals/exits.py link)
+        self._watched.update(pids + job.departed_pids)
         ctx = self._ctx(survey, look)
         # An orphan rank's finding needs its listening sockets, and a job without
         # heartbeats has nothing but what the probes see: such jobs are "silent"
