@@ -196,3 +196,16 @@ def test_workers_of_mp_spawn_lightning_and_hand_started_ranks_are_no_ranks():
               *(P(510 + r, 500 + r, (PY, "t.py"), envs[r], 90) for r in (0, 1)))
     (job,) = D.all_jobs(t)
     assert job.rank_pids == (500, 501) and job.ranks == (0, 1)
+
+
+def test_a_process_that_set_its_title_is_python_by_its_executable():
+    """Ray's workers are titled "ray::RayTrainWorker" (argv no longer says python):
+    their executable does; a RANK in their environment makes them ranks as any."""
+    assert L.is_python_exe("/root/.pyenv/versions/3.11.7/bin/python3.11")
+    assert L.is_python_exe("/opt/venv/bin/python")
+    assert not L.is_python_exe("/usr/bin/bash")
+    assert not L.is_python_exe("")
+    titled = P(50, 1, ("ray::RayTrainWorker",), {"RANK": "0", "WORLD_SIZE": "2"},
+                      exe_python=True)
+    assert titled.python and not P(51, 1, ("ray::RayTrainWorker",), {}).python
+    assert D.looks_like_rank(titled, frozenset())

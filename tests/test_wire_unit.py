@@ -51,6 +51,30 @@ def test_an_open_group_leaves_unknown_ranks_unknown():
     assert wire.number(members, 10, False, {}) == ({10: 0}, -1)
 
 
+def test_a_store_every_member_dialled_and_no_one_else_makes_the_world_the_group():
+    """Ray Train's workers: both dialled the store rank 0 hosts, and each talks to
+    Ray's controller too (pid 30, a torch process, no rank). The group is open,
+    yet the store says who the world is: rank 1 is numbered."""
+    controller = (NS, (listen(40, 45000), est(41, 45000, 53000), est(42, 45000, 53001)))
+    sockets = pair_job(extra_for_1=(est(21, 53001, 45000),))
+    sockets[10] = (NS, sockets[10][1] + (est(22, 53000, 45000),))
+    sockets[30] = controller
+    members = {10, 11}
+    assert not wire.closed(members, sockets)
+    assert wire.store_complete(10, members, sockets)
+    assert wire.number(members, 10, True, {}) == ({10: 0, 11: 1}, 2)
+    # the DDP shape leaves the controller out
+    assert wire.ddp_groups(sockets) == [(10, frozenset({10, 11}))]
+
+
+def test_a_store_dialled_from_another_node_is_no_complete_world():
+    """A rank elsewhere dialled the store too: the local two are not the world."""
+    sockets = pair_job()
+    sockets[10] = (NS, sockets[10][1] + (est(23, 29500, 50555, paddr="10.0.0.2"),))
+    assert not wire.store_complete(10, {10, 11}, sockets)
+    assert not wire.store_complete(-1, {10, 11}, sockets)
+
+
 def test_no_store_no_rank_numbers():
     """file:// init: Gloo's connections only, nobody hosts a store."""
     sockets = {10: (NS, (listen(5, 40000), est(6, 40000, 50002))),

@@ -63,7 +63,7 @@ def find_job(ctx: ProbeContext, survey: Survey, pid: int) -> Job:
     info = survey.table.get(pid)
     if info is None:
         raise errors.Unavailable(f"pid {pid}: exited while being looked at")
-    if not (discovery.is_python(info.cmdline) or discovery.is_launcher(info.cmdline)
+    if not (info.python or discovery.is_launcher(info.cmdline)
             or pid in survey.live_record_pids):
         name = os.path.basename(info.cmdline[0]) if info.cmdline else "a kernel thread"
         raise errors.Unavailable(f"pid {pid} is {name}, not a Python process")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from .stackmatch import COMPILE_FILES, is_library, main_thread
+from .stackmatch import COMPILE_FILES, is_library, training_thread
 
 KINDS = ("checkpoint", "evaluation", "compile", "data", "logging", "unknown")
 
@@ -67,7 +67,7 @@ def pause_of(dump) -> tuple[str, str]:
     of the loop, whichever line inside it the dump caught, so a job's pauses can
     be learned per site. A stack no signature matches is kind "unknown", its site
     the innermost frame of the user's code that called it."""
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     if thread is None or not thread.frames:
         return "unknown", ""
     frames = thread.frames  # innermost first

@@ -43,13 +43,46 @@ def main_thread(dump):
                      threads[0] if threads else None))
 
 
+# Threads torch starts beside the training loop: their torch frames are no training.
+HELPER_FILES = ("torch/utils/data/_utils/pin_memory.py", "torch/utils/data/_utils/worker.py",
+                "torch/_inductor/compile_worker/", "torch/utils/_thread")
+
+
+def _trains(thread) -> bool:
+    """A thread in torch's Python frames or a native collective (not one of torch's
+    helper threads), or in the user's own code."""
+    files = [_file(f) for f in thread.frames if f.line]
+    if any(h in f for f in files for h in HELPER_FILES):
+        return False
+    return (any("/torch/" in f or not is_library_file(f) for f in files)
+            or any(any(sig in f.name for sig in NATIVE_COLLECTIVE) for f in thread.frames))
+
+
+def training_thread(dump):
+    """The thread that trains, whose stack is the rank's evidence. Usually the main
+    thread. Ray Train runs the training function in a thread of its own
+    ("TrainingThread") while the main thread idles in Ray's event loop, and other
+    worker pools do the same: a main thread wholly in library code (no frame of
+    torch's, none of the user's) is no evidence of anything while another thread
+    is in torch or the user's code; that thread is taken (the first in a
+    collective, else the first). tests/test_stackmatch_unit.py"""
+    main = main_thread(dump)
+    if main is None or _trains(main):
+        return main
+    others = [t for t in dump.threads if t is not main and t.frames and _trains(t)]
+    if not others:
+        return main
+    return next((t for t in others if any(
+        "torch/distributed/" in _file(f) for f in t.frames if f.line)), others[0])
+
+
 def _file(frame) -> str:
     return frame.filename.replace("\\", "/")
 
 
 def classify_stack(dump) -> str:
     """collective | ddp_backward | rendezvous | compile | agent | idle_user | active | unknown"""
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     if thread is None or not thread.frames:
         return "unknown"
     frames = thread.frames
@@ -80,7 +113,7 @@ def classify_stack(dump) -> str:
 
 
 def describe_top(dump, depth: int = 3) -> str:
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     if thread is None:
         return ""
     parts = []
@@ -99,7 +132,10 @@ DDP_GRADIENT_SYNC = "DDP's gradient all-reduce"
 
 
 def is_library(frame) -> bool:
-    name = _file(frame)
+    return is_library_file(_file(frame))
+
+
+def is_library_file(name: str) -> bool:
     return name.startswith("<") or bool(_LIBRARY.search(name))
 
 
@@ -117,7 +153,7 @@ def call_site(dump) -> str | None:
     kind = classify_stack(dump)
     if kind not in ("collective", "ddp_backward"):
         return None
-    frames = [f for f in main_thread(dump).frames if f.line]
+    frames = [f for f in training_thread(dump).frames if f.line]
     if kind == "ddp_backward":
         what = f"{DDP_GRADIENT_SYNC} in backward"
     else:
@@ -161,7 +197,7 @@ def bf16_evidence(dump) -> tuple[str, bool] | None:
     """(what in this dump says the rank computes in bf16, whether that says the CPU
     does it) or None. Python frames say a library's bf16 autocast is on, not which
     device it is for; a native bf16 kernel of libtorch_cpu says both."""
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     if thread is None:
         return None
     for f in thread.frames:
@@ -199,7 +235,7 @@ def loop_position(dump) -> tuple[str, str] | None:
     run() called); ("left_epoch", where) for one in the fit loop outside any epoch
     (its outermost hook there and the fit loop's line); None when no known loop is
     on the stack (a plain script's loop is the user's own)."""
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     if thread is None:
         return None
     frames = [f for f in thread.frames if f.line]

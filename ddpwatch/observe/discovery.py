@@ -27,6 +27,14 @@ class ProcInfo:
                       # and with the pid who it is
     uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
     foreground: bool = False  # in its terminal's foreground group: Ctrl-C reaches it
+    # its executable (/proc/PID/exe) is a Python interpreter: a process that set its
+    # title (Ray's "ray::RayTrainWorker", setproctitle, `exec -a`) is still Python
+    exe_python: bool = False
+
+    @property
+    def python(self) -> bool:
+        """A Python process, by what it runs (its executable) or what it says (argv)."""
+        return self.exe_python or L.is_python(self.cmdline)
 
 
 def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
@@ -50,13 +58,14 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
                 stat_fields = parse_stat(f.read())
                 uid = os.fstat(f.fileno()).st_uid
             ppid = stat_fields.ppid
+            exe = _exe(procfs, pid)
             key = None
             if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
-                key = (pid, stat_fields.start_time_s, _exe(procfs, pid))
+                key = (pid, stat_fields.start_time_s, exe)
             if key is not None and key in cache:
                 cmdline, env = cache[key]
             else:
-                cmdline, env = _read_exec(procfs, pid)
+                cmdline, env = _read_exec(procfs, pid, L.is_python_exe(exe))
                 if key is not None and cached_bytes + _cost((cmdline, env)) <= CACHE_BYTES:
                     cache[key] = (cmdline, env)  # empty too: kernel threads, zombies
                     cached_bytes += _cost((cmdline, env))
@@ -67,7 +76,8 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
         table[pid] = ProcInfo(pid, ppid, cmdline, env, start=round(stat_fields.start_time_s
                                                                     * CLK_TCK), uid=uid,
                               foreground=stat_fields.tty_nr != 0
-                              and stat_fields.tpgid == stat_fields.pgrp > 0)
+                              and stat_fields.tpgid == stat_fields.pgrp > 0,
+                              exe_python=L.is_python_exe(exe))
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]
@@ -114,10 +124,11 @@ def _cost(entry: tuple) -> int:
             + sum(200 + len(k) + len(v) for k, v in env.items()))
 
 
-def _read_exec(procfs: str, pid: int) -> tuple[tuple[str, ...], dict[str, str]]:
+def _read_exec(procfs: str, pid: int, exe_python: bool = False
+               ) -> tuple[tuple[str, ...], dict[str, str]]:
     cmdline = parse_cmdline(read_head(f"{procfs}/{pid}/cmdline", CMDLINE_LIMIT))
     env = {}
-    if is_python(cmdline) or is_launcher(cmdline):
+    if exe_python or is_python(cmdline) or is_launcher(cmdline):
         try:
             env = parse_environ(read_head(f"{procfs}/{pid}/environ", ENVIRON_LIMIT))
         except OSError:
@@ -147,7 +158,7 @@ def heartbeat_dirs(table: dict[int, ProcInfo], procfs: str = "/proc") -> tuple[s
     named: dict[str, list[int]] = {}
     for info in table.values():
         directory = info.env.get("DDPWATCH_DIR")
-        if directory and is_python(info.cmdline):
+        if directory and info.python:
             if directory not in named and len(named) >= MAX_NAMED_DIRS:
                 continue
             named.setdefault(directory, []).append(info.pid)
@@ -175,7 +186,7 @@ def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
     OMPI_COMM_WORLD_RANK, PMI_RANK, Lightning's LOCAL_RANK), or a heartbeat record."""
     if info.pid in record_pids:
         return True
-    return is_python(info.cmdline) and not is_launcher(info.cmdline) and L.says_rank(info.env)
+    return info.python and not is_launcher(info.cmdline) and L.says_rank(info.env)
 
 
 def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> list[ProcInfo]:
@@ -197,7 +208,7 @@ def is_worker_of(child: ProcInfo, parent: ProcInfo, record_pids=frozenset()) -> 
     A child that writes a heartbeat record is a rank, whatever its shape.
     (tests/test_discovery_unit.py; a real job: tests/test_soak.py's DataLoader job,
     whose workers were taken for ranks of a second, dead job)"""
-    if child.pid in record_pids or not is_python(parent.cmdline) or is_launcher(parent.cmdline):
+    if child.pid in record_pids or not parent.python or is_launcher(parent.cmdline):
         return False
     if child.cmdline == parent.cmdline and child.env == parent.env:
         return True
@@ -219,7 +230,7 @@ def _spawned(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
 
 
 def _lightning_children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
-    return [c for c in _children(table, pid) if is_python(c.cmdline)
+    return [c for c in _children(table, pid) if c.python
             and L.is_lightning_child(c.env)]
 
 
@@ -256,10 +267,10 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
     elif me.pid != 1 and _lightning_children(table, me.pid):
         launcher, kind = me, "lightning"
     # a spawner of its own (Python: not a shell, slurmstepd or a container init)
-    elif is_python(me.cmdline) and any(looks_like_rank(c, record_pids)
+    elif me.python and any(looks_like_rank(c, record_pids)
                                        for c in _children(table, me.pid, record_pids)):
         launcher, kind = me, "spawn"  # itself often rank 0
-    elif (parent is not None and is_python(parent.cmdline) and looks_like_rank(me, record_pids)
+    elif (parent is not None and parent.python and looks_like_rank(me, record_pids)
           and sum(looks_like_rank(c, record_pids)
                   for c in _children(table, parent.pid, record_pids)) > 1):
         launcher, kind = parent, "spawn"

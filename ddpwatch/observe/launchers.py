@@ -46,7 +46,15 @@ def number(value: str | None) -> int:
 
 
 def is_python(cmdline: tuple[str, ...]) -> bool:
+    """What argv says: a command line that runs python (a process that set its
+    title says nothing here: discovery.ProcInfo.python asks its executable too)."""
     return bool(cmdline) and "python" in os.path.basename(cmdline[0])
+
+
+def is_python_exe(exe: str) -> bool:
+    """The executable (/proc/PID/exe's target) is a Python interpreter: python,
+    python3, python3.11, python3.13t, a venv's copy of one."""
+    return os.path.basename(exe).startswith(("python", "pypy"))
 
 
 def launcher_kind(cmdline: tuple[str, ...]) -> str:

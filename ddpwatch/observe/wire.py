@@ -33,7 +33,7 @@ import os
 from collections import deque
 from dataclasses import replace
 
-from .launchers import env_rank, is_python, launcher_kind
+from .launchers import env_rank, launcher_kind
 from .probes.sockets import TableEntry, read_table, socket_inodes
 from .snapshot import Job
 
@@ -102,6 +102,23 @@ def store_host(members: set[int], sockets) -> int:
                        for e in sockets[m][1]) for m in members):
                 return pid
     return -1
+
+
+def store_complete(host: int, members: set[int], sockets) -> bool:
+    """Every connection to the store's port comes from a member. Every rank dials
+    the store in init_process_group and keeps that connection, so then the world
+    is the group, whatever else the members are connected to (a Ray Train
+    worker talks to Ray's controller and raylet too: tests/test_ray_jobs.py)."""
+    if host not in members:
+        return False
+    owner = _owners(sockets)
+    ns, entries = sockets[host]
+    for port in sorted({e.local_port for e in entries if e.state == "LISTEN"}):
+        accepted = [e for e in entries if e.state == "ESTABLISHED" and e.local_port == port]
+        dialled = {owner.get(_key(ns, e, reverse=True)) for e in accepted}
+        if members <= dialled:  # the store's port: every member dialled it
+            return dialled <= members
+    return False
 
 
 def closed(members: set[int], sockets) -> bool:
@@ -267,10 +284,10 @@ def extend(job: Job, table: dict, procfs: str = "/proc") -> Job:
     user it is connected to (launcher kind "wire")."""
     me = table.get(job.target_pid)
     if (job.launcher_kind != "none" or job.launcher_pid > 0 or len(job.rank_pids) > 1
-            or me is None or not is_python(me.cmdline)):
+            or me is None or not me.python):
         return job
     candidates = sorted(p.pid for p in table.values() if p.uid == me.uid and p.pid != 1
-                        and is_python(p.cmdline) and not launcher_kind(p.cmdline))
+                        and p.python and not launcher_kind(p.cmdline))
     if me.pid not in candidates[:MAX_CANDIDATES]:
         candidates = [me.pid] + candidates
     sockets = read_wire(procfs, candidates[:MAX_CANDIDATES])
@@ -283,12 +300,20 @@ def extend(job: Job, table: dict, procfs: str = "/proc") -> Job:
         if pid not in torch_cache:
             torch_cache[pid] = uses_torch(procfs, pid)
         return torch_cache[pid]
-    members = component(me.pid, linked, member)
+    # the DDP shape first (a store every member dialled, a full mesh): a Ray Train
+    # worker is connected to Ray's controller and the driver too, both torch
+    # processes; then any torch process it is connected to (two ranks by hand
+    # whose store connection closed)
+    shaped = [(host, set(group)) for host, group in ddp_groups(
+        {pid: s for pid, s in sockets.items() if pid == me.pid or member(pid)})
+        if me.pid in group]
+    members = shaped[0][1] if shaped else component(me.pid, linked, member)
     if len(members) < 2:
         return job
     env_ranks = {pid: env_rank(table[pid].env)[0] for pid in members if pid in table}
-    ranks, world = number(members, store_host(members, sockets), closed(members, sockets),
-                          env_ranks)
+    host = store_host(members, sockets)
+    ranks, world = number(members, host, closed(members, sockets)
+                          or store_complete(host, members, sockets), env_ranks)
     pids = tuple(sorted(members))
     return replace(job, launcher_kind="wire", rank_pids=pids,
                    ranks=tuple(ranks.get(pid, -1) for pid in pids), world_size=world)

@@ -1,4 +1,5 @@
-"""Stack family: what py-spy dumps say a rank's main thread is doing, and what
+"""Stack family: what py-spy dumps say a rank's training thread is doing (its
+main thread, unless that idles in a worker pool's loop: stackmatch.training_thread), and what
 the ranks' stacks say next to each other (`link`). Pure."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 from ...observe.snapshot import Snapshot
 from ..pausekind import pause_of
 from ..stackmatch import (bf16_evidence, call_site, classify_stack, describe_top, loop_position,
-                          main_thread)
+                          training_thread)
 from .lookup import stacks_of
 from .spec import declare
 
@@ -165,12 +166,12 @@ def _in_backward(dump) -> bool:
     """Autograd's backward on the main thread: only a step that ran forward gets
     there, so every rank is past rendezvous and DDP's constructor (a collective
     of all ranks)."""
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     return thread is not None and any(f.name == "_engine_run_backward" for f in thread.frames)
 
 
 def _in_ddp_init(dump) -> bool:
-    thread = main_thread(dump)
+    thread = training_thread(dump)
     return thread is not None and any(
         f.name == DDP_INIT[1] and f.filename.replace("\\", "/").endswith(DDP_INIT[0])
         for f in thread.frames)

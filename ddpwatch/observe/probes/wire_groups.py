@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import wire
-from ..launchers import env_rank, is_python, launcher_kind
+from ..launchers import env_rank, launcher_kind
 from ..snapshot import Job
 from . import register
 
@@ -65,7 +65,7 @@ class WireWatch:
         by_uid: dict[int, list] = {}
         for info in table.values():
             if (info.pid not in claimed and info.pid != 1 and info.uid >= 0
-                    and is_python(info.cmdline)):
+                    and info.python):
                 by_uid.setdefault(info.uid, []).append(info)
         live = {(info.pid, info.start) for info in table.values()}
         self._torch = {m: v for m, v in self._torch.items() if m in live}
@@ -108,7 +108,8 @@ class WireWatch:
         out = []
         for host, members in wire.ddp_groups(sockets):
             env_ranks = {pid: env_rank(table[pid].env)[0] for pid in members}
-            ranks, world = wire.number(set(members), host, wire.closed(members, sockets),
+            ranks, world = wire.number(set(members), host, wire.closed(members, sockets)
+                                       or wire.store_complete(host, set(members), sockets),
                                        env_ranks)
             out.append((tuple(sorted(((pid, table[pid].start), ranks.get(pid, -1))
                                      for pid in members)), world))
