@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import re
 import socket
 import time
 
@@ -37,6 +38,8 @@ log = logging.getLogger("ddpwatch")
 # meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
 # pay. Problems at start-up have verdicts of their own (sockets are still read).
 STARTUP_GRACE_S = 10.0
+# the label of a job known by its pid only (discovery.job_key's fallback)
+ANONYMOUS = re.compile(r"pid\d+")
 PRUNE_EVERY_S = 30.0  # bundles are pruned (age, total size) at most this often
 HELD_BUNDLE = ("held back: the job owner's uid wrote its uid_bundles bundles; written "
                "when its bucket refills (uid_refill_s), if the job is still here")
@@ -69,6 +72,7 @@ class Daemon:
         self._alive_at: dict[str, float] = {}
         self._worked: set[str] = set()  # jobs judged healthy on some tick
         self._verdicts: dict[str, tuple] = {}  # key -> last tick's verdict (for the log)
+        self._labels: dict[str, str] = {}  # owner key -> its label (see _label)
         self._limit_buckets(config)
         self.bundles_limited = 0
         self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
@@ -164,7 +168,7 @@ class Daemon:
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
-        live = [(owner, labels.get(owner) or discovery.job_key(job), job)
+        live = [(owner, self._label(owner, labels.get(owner) or discovery.job_key(job)), job)
                 for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
         exits = self._survey.exits if self._survey is not None else None
         foreground = frozenset(pid for pid, info in table.items() if info.foreground)
@@ -296,8 +300,22 @@ class Daemon:
         return {key: {r.pid: r.rank for r in view.judgement.ranks if not r.remote}
                 for key, view in self._last_views.items()}
 
+    def _label(self, owner: str, label: str) -> str:
+        """The label a job is known by, kept once it came from its run id: a job
+        whose ranks are ending (torchrun's agent alone a tick before it exits) has
+        no run id left to read, and its page must carry the name its status had
+        (tests/test_thirdparty_killed.py). A job's first ticks, before its ranks
+        are read, have only its pid ("pid123"): the run id replaces that."""
+        known = self._labels.get(owner)
+        if known is None or (ANONYMOUS.fullmatch(known) and not ANONYMOUS.fullmatch(label)):
+            self._labels[owner] = label
+            return label
+        return known
+
     def _forget_vanished(self, keys: set) -> None:
         gone = set(self.watched) - keys
+        for key in set(self._labels) - keys:
+            del self._labels[key]
         for key in gone:
             del self.watched[key]
         for key in set(self._alive_at) - keys:

@@ -108,3 +108,22 @@ def test_a_slowing_tick_opens_nothing_but_confirms_the_death_after_it():
     book = IncidentBook(resolve_after_s=10.0)
     book.update({"job": HEALTHY}, now=0.0)
     assert book.update({"job": ("dead", (1,), "rank 1 died")}, now=1.0) == []
+
+
+def test_a_job_keeps_the_label_its_run_id_gave_it_to_its_end(tmp_path):
+    """torchrun's agent alone, the tick before it exits, has no rank whose run id
+    can be read: its job must not page as "pid123" after /status showed it as its
+    run id (tests/test_thirdparty_killed.py). A pid label gives way to the run id."""
+    from ddpwatch.config import Config
+    from ddpwatch.daemon import Daemon
+    from ddpwatch.judge import rules as rules_mod
+    daemon = Daemon(Config(state_dir=str(tmp_path)), rules_mod.load_default(None))
+    try:
+        assert daemon._label("u0.p5.s1", "pid5") == "pid5"  # its ranks not read yet
+        assert daemon._label("u0.p5.s1", "127.0.0.1:29500") == "127.0.0.1:29500"
+        assert daemon._label("u0.p5.s1", "pid5") == "127.0.0.1:29500"  # ranks gone
+        assert daemon._label("u0.p9.s2", "run-b") == "run-b"
+        daemon._forget_vanished({"u0.p9.s2"})
+        assert daemon._label("u0.p5.s1", "pid5") == "pid5"  # a new job with that key
+    finally:
+        daemon.close()
