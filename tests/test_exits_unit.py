@@ -144,6 +144,27 @@ def test_a_job_gone_with_a_killed_rank_is_held_then_let_go():
     assert book.update([], ended, 31.5) == []
 
 
+def test_survivors_found_under_a_new_key_are_the_same_job_with_its_dead_rank():
+    """A job without a launcher is keyed by its lowest pid: when that rank dies
+    (Ray Train's rank 1 had the lower pid: tests/test_ray_jobs.py) its survivor is
+    found under another key. It is the same job: key, label and the dead rank kept."""
+    wire = Job(target_pid=11, launcher_pid=-1, launcher_kind="wire", rank_pids=(11, 12),
+               run_id="", ranks=(1, 0), world_size=2)
+    book = Departures()
+    book.update([("u0.p11", "pid11", wire)], _exits(), 0.0)
+    alone = Job(target_pid=12, launcher_pid=-1, launcher_kind="wire", rank_pids=(12,),
+                run_id="", ranks=(0,), world_size=2)
+    (key, label, job), = book.update([("u0.p12", "pid12", alone)],
+                                     _exits(_exit(11, 0.5, 9)), 1.0, {"u0.p11": {11: 1, 12: 0}})
+    assert (key, label) == ("u0.p11", "pid11")
+    assert (job.rank_pids, job.departed_pids, job.departed_ranks) == ((12,), (11,), (1,))
+    # a job whose key is still live keeps its own: two jobs never merge
+    book = Departures()
+    book.update([("a", "a", wire)], _exits(), 0.0)
+    assert [k for k, _, _ in book.update([("a", "a", wire), ("b", "b", alone)], _exits(),
+                                         1.0)] == ["a", "b"]
+
+
 def test_jobs_that_ended_cleanly_or_were_stopped_are_not_held():
     for ends in ((_exit(12, 1.0, 0), _exit(11, 1.0, 0)),           # finished
                  (_exit(12, 1.0, 2), _exit(11, 1.01, 0x100)),       # Ctrl-C: SIGINT first

@@ -27,9 +27,10 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
-from conftest import Receiver, free_port, need, wait_until
+from conftest import Receiver, _job_starter, free_port, need, wait_until
 from diag import by_rank, until_verdict
 from test_daemon import get
 from test_thirdparty_contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
@@ -45,7 +46,7 @@ def need_ray() -> None:
 
 
 @pytest.fixture(scope="module", params=["plain", "auto"])
-def ray(request, start_module_job):
+def ray(request):
     need_ray()
     need(len(MINE) >= 2, "needs 2 CPUs")
     auto = request.param == "auto"
@@ -53,6 +54,7 @@ def ray(request, start_module_job):
     # its HOME too (Ray writes an auth token there)
     tmp = tempfile.mkdtemp(prefix="ddpw-ray-", dir="/tmp")
     hook = Receiver()
+    start, jobs = _job_starter(Path(tmp), os.path.join(tmp, "hb"))
     port = free_port()
     config = os.path.join(tmp, "daemon.yaml")
     with open(config, "w") as f:
@@ -60,12 +62,12 @@ def ray(request, start_module_job):
                    "heartbeat_dir": "", "resolve_after_s": 10,
                    "webhooks": [{"type": "generic", "url": hook.url}]}, f)
     try:
-        daemon = start_module_job([sys.executable, "-m", "ddpwatch", "run", "--config", config],
-                                  name=f"daemon-{request.param}")
+        daemon = start([sys.executable, "-m", "ddpwatch", "run", "--config", config],
+                       name=f"daemon-{request.param}")
         env = {"HOME": tmp, "RAY_USAGE_STATS_ENABLED": "0",
                "DDPWATCH_AUTO": "1" if auto else "0"}
-        job = start_module_job([sys.executable, os.path.join(THIRDPARTY, "ray_ddp.py"), tmp],
-                               env=env, name=f"ray-{request.param}")
+        job = start([sys.executable, os.path.join(THIRDPARTY, "ray_ddp.py"), tmp],
+                    env=env, name=f"ray-{request.param}")
         try:
             pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
                 {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
@@ -78,6 +80,8 @@ def ray(request, start_module_job):
         yield {"mode": request.param, "pids": pids, "url": url, "hook": hook, "job": job,
                "daemon": daemon, "tmp": tmp}
     finally:
+        for started in jobs:  # Ray's processes first: they write under tmp
+            started.kill()
         hook.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -130,7 +134,9 @@ HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 def test_a_ray_train_job_is_found_numbered_and_pages_nobody(ray):
     job = until_daemon(ray, HEALTHY, [], timeout=180)
     source = {r["signals"].get("rank_source") for r in job["ranks"]}
-    assert source == ({"heartbeat"} if ray["mode"] == "auto" else {"wire"}), job["ranks"]
+    assert source == ({"record"} if ray["mode"] == "auto" else {"wire"}), job["ranks"]
+    # one job, found on the wire, whichever else numbers its ranks
+    assert job["job"]["launcher_kind"] == "wire", job["job"]
     # watched: no page while it trains (Ray's controller, driver and idle workers
     # beside it are no ranks and no job)
     started = time.monotonic()
@@ -172,8 +178,6 @@ def test_a_stopped_ray_worker_is_the_culprit(ray):
 
 
 def test_a_starved_ray_worker_is_the_straggler(ray):
-    if ray["mode"] == "auto":
-        pytest.skip("the starved worker is judged from CPU and stacks: once, in the plain mode")
     _pin(ray["pids"][1], str(MINE[1]))
     busy = _busy(MINE[1], BUSY)
     try:
@@ -182,10 +186,13 @@ def test_a_starved_ray_worker_is_the_straggler(ray):
         job = until_daemon(ray, {0: ("waiting_on_peer", "victim"),
                                  1: ("straggler", "culprit")}, [1], timeout=150)
         one = next(r for r in job["ranks"] if r["rank"] == 1)
-        assert one["rule"] == "straggler-starved", one
+        # its run-queue wait says why; with records, how late it arrives may say it first
+        assert one["rule"] == "straggler-starved" or (
+            ray["mode"] == "auto" and one["rule"] == "straggler"), one
         report = _until_diagnosed(ray, "contended", {0: ("waiting_on_peer", "victim"),
                                                      1: ("straggler", "culprit")})
-        assert "waiting for a CPU" in by_rank(report)[1]["evidence"]
+        if ray["mode"] == "plain":
+            assert "waiting for a CPU" in by_rank(report)[1]["evidence"]
     finally:
         _stop(busy)
         _pin(ray["pids"][1], ",".join(map(str, MINE)))
@@ -199,5 +206,5 @@ def test_a_killed_ray_worker_is_the_culprit(ray):
                                  if b["status"] == "firing" and b["verdict"] == "dead"],
                         90, what="the killed worker's page")
     alert = firing[-1]
-    assert alert["culprits"] == [1], alert
-    assert "was killed by SIGKILL" in alert["summary"], alert
+    assert alert["culprits"] == [1], (alert["summary"], ray["daemon"].output()[-3000:])
+    assert "was killed by SIGKILL" in alert["summary"], alert["summary"]

@@ -102,6 +102,7 @@ class Departures:
         `foreground`: pids in their terminal's foreground process group."""
         every = exits.exits if exits is not None else ()
         ranks_of = ranks_of or {}
+        live = self._same_jobs(live)
         out, keys = [], set()
         for key, label, job in live:
             keys.add(key)
@@ -150,6 +151,27 @@ class Departures:
             p in foreground for p in job.rank_pids + (job.launcher_pid,))} | set(pending)
         self._since = {key: at for key, at in self._since.items()
                        if key in self._last or key in self._held or key in pending}
+        return out
+
+    def _same_jobs(self, live: list[tuple[str, str, Job]]) -> list[tuple[str, str, Job]]:
+        """A job found under a new key whose ranks were all ranks of one job of the
+        last tick, gone under its key, is that job: a job without a launcher is keyed
+        by its lowest pid (discovery.owner_key), and when that rank dies its
+        survivors are found under another (tests/test_ray_jobs.py: Ray Train's rank 1
+        had the lower pid). It keeps its key and label, so its dead rank stays in
+        it as departed, and one incident tells the story."""
+        keys = {key for key, _, _ in live}
+        owner = {pid: key for key, (job, _) in self._last.items()
+                 for pid in job.rank_pids + job.departed_pids}
+        out, taken = [], set()
+        for key, label, job in live:
+            if key not in self._last and job.rank_pids:
+                olds = {owner.get(pid) for pid in job.rank_pids}
+                old = olds.pop() if len(olds) == 1 else None
+                if old is not None and old not in keys and old not in taken:
+                    taken.add(old)
+                    key, label = old, self._last[old][1]
+            out.append((key, label, job))
         return out
 
     def held(self) -> set[str]:

@@ -176,16 +176,25 @@ class Sampler:
         jobs = tuple(survey.jobs())
         if not self.enabled("wire_groups"):
             return dataclasses.replace(survey, found=jobs)
+        # A rank alone in its job (no launcher, nothing of its peers in its
+        # environment) may be one of a group only the wire shows: Ray Train's
+        # workers under DDPWATCH_AUTO=1 write records, so discovery finds each,
+        # alone (tests/test_ray_jobs.py). Left unclaimed, the wire groups them.
+        alone = {job.rank_pids[0] for job in jobs if len(job.rank_pids) == 1
+                 and job.launcher_pid <= 0 and job.launcher_kind == "none"}
         claimed = {pid for job in jobs for pid in job.rank_pids + (job.launcher_pid,
-                                                                    job.target_pid)}
+                                                                    job.target_pid)} - alone
         result = run_probe("wire_groups", dataclasses.replace(
             self.ctx, procs=survey.table, wire_watch=self._wire or WireWatch()),
             tuple(sorted(claimed)))
         status = status_of(result)
         if result.ok and result.data.note:  # a bound left processes out: partly blind
             status = dataclasses.replace(status, ok=False, error=result.data.note)
+        grouped = result.data.jobs if result.ok else ()
+        in_groups = {pid for job in grouped for pid in job.rank_pids}
+        jobs = tuple(job for job in jobs if not set(job.rank_pids) & in_groups)
         return dataclasses.replace(survey, probes=survey.probes + (status,),
-                                   found=jobs + (result.data.jobs if result.ok else ()))
+                                   found=jobs + grouped)
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
