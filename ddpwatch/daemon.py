@@ -329,10 +329,14 @@ class Daemon:
         verdicts = {k: (v.judgement.job.verdict, v.judgement.job.culprits,
                         v.judgement.job.summary) for k, v in by_key.items()}
         labels = {k: v.key for k, v in by_key.items()}
+        quiet = vocabulary.CALM | vocabulary.HELD
         for k, (verdict, culprits, _) in verdicts.items():
-            if self._verdicts.get(k, ("healthy",))[0] != verdict:  # the journal's story
-                log.info("job %s: %s -> %s culprits=%s", labels[k], self._verdicts.get(
-                    k, ("none",))[0], verdict, list(culprits))
+            was = self._verdicts.get(k, ("none",))[0]
+            # the journal's story: into and out of trouble, not a healthy job's
+            # every pause and slow spell (seconds apart on a busy node)
+            if was != verdict and not (was in quiet | {"none"} and verdict in quiet):
+                log.info("job %s: %s -> %s culprits=%s", labels[k], was, verdict,
+                         list(culprits))
         self._verdicts = verdicts  # only this tick's jobs: bounded by them
         news = set()  # incidents opened or changed this tick
         for event in self.incidents.update(verdicts, time.time(), labels):

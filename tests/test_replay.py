@@ -211,7 +211,7 @@ EXPECTED.update({
                                        [], {}),
 })
 # byhand: ranks started by hand, grouped by their connections (test_thirdparty_wire.py)
-LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun", "mpirun", "srun", "byhand")
+LAUNCHERS = ("spawn", "lightning", "accelerate", "torchrun", "mpirun", "srun", "byhand", "ray")
 for _launcher in LAUNCHERS:
     for _state, _expected in THIRDPARTY.items():
         if os.path.exists(os.path.join(SNAPSHOTS, f"thirdparty_{_launcher}_{_state}.json")):
