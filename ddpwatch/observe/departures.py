@@ -161,7 +161,10 @@ class Departures:
         had the lower pid). It keeps its key and label, so its dead rank stays in
         it as departed, and one incident tells the story."""
         keys = {key for key, _, _ in live}
-        owner = {pid: key for key, (job, _) in self._last.items()
+        # launcherless jobs only: a launcher's job is keyed by its launcher, and ranks
+        # outliving it are a job being killed whole, not the same job going on
+        # (tests/test_hostile_users.py: torchrun's agent killed before its workers)
+        owner = {pid: key for key, (job, _) in self._last.items() if job.launcher_pid <= 0
                  for pid in job.rank_pids + job.departed_pids}
         out, taken = [], set()
         for key, label, job in live:
