@@ -59,13 +59,14 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
                 uid = os.fstat(f.fileno()).st_uid
             ppid = stat_fields.ppid
             exe = _exe(procfs, pid)
+            exe_python = L.is_python_exe(exe)
             key = None
             if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
                 key = (pid, stat_fields.start_time_s, exe)
             if key is not None and key in cache:
                 cmdline, env = cache[key]
             else:
-                cmdline, env = _read_exec(procfs, pid, L.is_python_exe(exe))
+                cmdline, env = _read_exec(procfs, pid, exe_python)
                 if key is not None and cached_bytes + _cost((cmdline, env)) <= CACHE_BYTES:
                     cache[key] = (cmdline, env)  # empty too: kernel threads, zombies
                     cached_bytes += _cost((cmdline, env))
@@ -77,7 +78,7 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, Pr
                                                                     * CLK_TCK), uid=uid,
                               foreground=stat_fields.tty_nr != 0
                               and stat_fields.tpgid == stat_fields.pgrp > 0,
-                              exe_python=L.is_python_exe(exe))
+                              exe_python=exe_python)
     if cache is not None:
         for key in set(cache) - seen:
             del cache[key]
