@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import http.client
 import json
 import os
 import signal
@@ -233,7 +234,7 @@ class Soak:
             try:
                 with urllib.request.urlopen(self.url + "/status", timeout=10) as r:
                     self.readings.append((time.monotonic(), json.loads(r.read())))
-            except (OSError, ValueError):
+            except (OSError, ValueError, http.client.HTTPException):  # a cut answer
                 continue
 
     def wait_started(self, timeout: float = 240.0) -> float:
@@ -246,7 +247,21 @@ class Soak:
                 return time.monotonic()
             time.sleep(0.5)
         raise RuntimeError("jobs did not start: " + "; ".join(
-            f"{n}: {j.output()[-400:]}" for n, j in self.jobs.items()))
+            f"{n}: {j.output()[-400:]}" for n, j in self.jobs.items()) + "\n" + self.seen())
+
+    def seen(self) -> str:
+        """What the daemon showed last, for a failure's message: how old its last
+        /status reading is, each job there with its ranks' pids, its log's tail."""
+        lines = [f"{len(self.readings)} /status readings"]
+        if self.readings:
+            at, status = self.readings[-1]
+            lines.append(f"last {time.monotonic() - at:.1f}s ago:")
+            lines += [f"  {j.get('key')} {j['job'].get('verdict')} as {self.name_of(j)}: "
+                      + " ".join(f"{r.get('rank')}={r.get('pid')}" for r in j.get("ranks", ()))
+                      for j in status.get("jobs", ())]
+        lines.append("ranks announced: " + "; ".join(
+            f"{n} {rank_pids(j)}" for n, j in self.jobs.items()))
+        return "\n".join(lines) + "\ndaemon log:\n" + self.daemon.output()[-3000:]
 
     def job_status(self) -> dict[str, dict]:
         """job name -> its last /status entry (matched by the ranks' pids)."""

@@ -157,6 +157,28 @@ def test_with_ddpwatch_auto_records_and_a_hung_rank(kind, tmp_path):
         job.kill()
 
 
+def test_a_rank_hung_before_its_second_step_has_its_peer_waiting_in_ddps_bucket_rebuild(
+        tmp_path):
+    """Rank 1 stops right after step 0 (before step 1's forward). Rank 0 waits in
+    the broadcast of DDP's rebuilt bucket order, which DDP's C++ reducer makes in
+    the second forward, outside torch.distributed's Python functions: its record
+    must say so (inside, op ddp_rebuild_buckets), and rank 0 is the hung rank's
+    victim, not a rank warming up (its step is 1)."""
+    job = launch("torchrun", "auto", tmp_path, env={"DDPWATCH_TEST_FAULT": "hang:1:1"})
+    try:
+        wait_until(lambda: "rank 1 hangs at step 1" in job.output(), TIMEOUT,
+                   what="rank 1 hanging at step 1")
+        report = until_verdict(rank_pid(job, 0), {0: ("blocked_in_collective", "victim"),
+                                                  1: ("hung_outside_collective", "culprit")},
+                               TIMEOUT, hb_dir=job.hb_dir, extra=NO_STACKS)
+        zero = by_rank(report)[0]
+        assert (zero["signals"]["hb_op"], zero["signals"]["hb_step"]) == (
+            "ddp_rebuild_buckets", 1), zero["signals"]
+        assert "ddp_rebuild_buckets" in zero["evidence"], zero["evidence"]
+    finally:
+        job.kill()
+
+
 # --- Lightning under exec, bf16-mixed: one job for records, bf16 and a stop --------
 @pytest.fixture(scope="module")
 def lightning_bf16(tmp_path_factory):

@@ -2,6 +2,7 @@
 signed webhooks, retries, SIGHUP, restarts."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):  # refused, reset, cut
         return 0, b""
 
 

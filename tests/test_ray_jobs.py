@@ -38,7 +38,7 @@ from test_thirdparty_jobs import ANNOUNCE, SNAPSHOTS, THIRDPARTY
 
 # healthy training watched for pages: 2 minutes once (the records change what is
 # read, not what judges a healthy job over time), the diagnoses included
-WATCH_S = {"plain": 120.0, "auto": 0.0}
+WATCH_S = {"plain": 45.0, "auto": 0.0}
 
 
 def need_ray() -> None:

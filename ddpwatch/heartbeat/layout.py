@@ -33,12 +33,13 @@ OPS = (
     "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
     "batch_isend_irecv", "ddp_bucket_all_reduce", "all_reduce_coalesced",
-    "all_gather_coalesced", "other",
+    "all_gather_coalesced", "other", "ddp_rebuild_buckets", "ddp_sync_buffers",
 )
 OP_CODE = {name: code for code, name in enumerate(OPS)}
 # The torch.distributed functions whose calls are collectives of the record (the
 # instrumentation wraps them; stack matching knows them): every op but our own.
-TORCH_COLLECTIVES = tuple(op for op in OPS if op not in ("none", "ddp_bucket_all_reduce", "other"))
+TORCH_COLLECTIVES = tuple(op for op in OPS if op not in (
+    "none", "other", "ddp_bucket_all_reduce", "ddp_rebuild_buckets", "ddp_sync_buffers"))
 
 
 class Phase:

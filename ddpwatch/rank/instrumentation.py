@@ -262,8 +262,56 @@ def _patch_ddp():
 
     forward.__ddpwatch_original__ = original_forward
     DDP.forward = forward
+    _patch_ddp_setup_collectives(DDP)
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = register_builtin
+
+
+_REBUILD_OP = OP_CODE["ddp_rebuild_buckets"]
+_SYNC_BUFFERS_OP = OP_CODE["ddp_sync_buffers"]
+
+
+def _patch_ddp_setup_collectives(DDP):
+    """DDP's own collectives outside the gradients' all-reduce, made by its C++
+    reducer and not through torch.distributed's Python functions: the broadcast
+    of the rebuilt bucket order in the second iteration's forward (once a run),
+    and the buffers' broadcast before each forward of a model with buffers. A
+    rank whose peer stopped right after step 0's all-reduce waits in the first
+    for ever; unrecorded, its record said "outside, step 1" and it read as
+    warming up, not the stopped peer's victim (tests/test_autoinstrument.py
+    test_under_exec_records_and_a_stopped_rank). Each is recorded as one
+    collective of the record while it runs."""
+    original_pre, original_sync = DDP._pre_forward, getattr(DDP, "_sync_buffers", None)
+
+    @functools.wraps(original_pre)
+    def _pre_forward(self, *args, **kwargs):
+        # the bucket order is rebuilt once, in the first forward with gradients
+        # after a backward: never in the first forward, in each later one until done
+        d = self.__dict__
+        first, d["_ddpwatch_pre_seen"] = not d.get("_ddpwatch_pre_seen"), True
+        if first or d.get("_has_rebuilt_buckets", True) or not torch.is_grad_enabled():
+            return original_pre(self, *args, **kwargs)
+        token = _writer.enter(_REBUILD_OP, 0)
+        try:
+            return original_pre(self, *args, **kwargs)
+        finally:
+            _writer.exit(token)
+
+    _pre_forward.__ddpwatch_original__ = original_pre
+    DDP._pre_forward = _pre_forward
+    if original_sync is None:
+        return
+
+    @functools.wraps(original_sync)
+    def _sync_buffers(self, *args, **kwargs):
+        token = _writer.enter(_SYNC_BUFFERS_OP, 0)
+        try:
+            return original_sync(self, *args, **kwargs)
+        finally:
+            _writer.exit(token)
+
+    _sync_buffers.__ddpwatch_original__ = original_sync
+    DDP._sync_buffers = _sync_buffers
 
 
 def _first_forward(ddp):
