@@ -241,7 +241,7 @@ class Soak:
         """Until every job's two ranks announced themselves and the daemon judged
         each; returns when."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.daemon.proc.poll() is None:
             if all(len(rank_pids(j)) == 2 for j in self.jobs.values()) and len(
                     self.job_status()) >= len(self.jobs):
                 return time.monotonic()
@@ -252,7 +252,9 @@ class Soak:
     def seen(self) -> str:
         """What the daemon showed last, for a failure's message: how old its last
         /status reading is, each job there with its ranks' pids, its log's tail."""
-        lines = [f"{len(self.readings)} /status readings"]
+        lines = [f"the daemon exited {self.daemon.proc.returncode}"
+                 if self.daemon.proc.poll() is not None else "the daemon runs",
+                 f"{len(self.readings)} /status readings"]
         if self.readings:
             at, status = self.readings[-1]
             lines.append(f"last {time.monotonic() - at:.1f}s ago:")
