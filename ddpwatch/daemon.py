@@ -259,7 +259,10 @@ class Daemon:
             last = dataclasses.replace(sample(Look.DETAIL), duty=last.duty)
             watched.replace_last(last)
             judgement, remote = self._judge(key, (first, last), remote)
-        suspicious = judgement.job.verdict not in vocabulary.FINE
+        # a young job's rank starved as a straggler is, before anything read says it
+        # trains: its stacks say whether a backward pass ran (judge/signals/window.py)
+        suspicious = judgement.job.verdict not in vocabulary.FINE or any(
+            r.signals.get("slow_while_starting") for r in judgement.ranks)
         if judgement.job.verdict == "unknown":
             # a job no rule can judge yet in its first seconds is starting
             suspicious = self.clock() - watched.first_seen >= STARTUP_GRACE_S

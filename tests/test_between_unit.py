@@ -176,6 +176,13 @@ def test_a_crowded_node_slows_every_rank_alike_no_straggler():
              {"alive": True, "runqueue_wait_ratio": 0.6, "runqueue_wait_vs_peers": 12.0}]
     straggle_signals(alone)
     assert [s["straggles"] for s in alone] == [False, True]
+    # its peer waits too (beside the daemon), but it waits 5x as long: its own core
+    # holds it back (nanoGPT's rank 1 beside two busy loops, tests/test_thirdparty_contention.py)
+    pinned = [{"alive": True, "runqueue_wait_ratio": 0.27, "runqueue_wait_vs_peers": 0.2},
+              {"alive": True, "runqueue_wait_ratio": 1.35, "runqueue_wait_vs_peers": 5.0}]
+    straggle_signals(pinned)
+    assert [s["peers_starved"] for s in pinned] == [True, False]
+    assert [s["straggles"] for s in pinned] == [False, True]
 
 
 def test_a_rank_compiling_while_its_peer_waits_is_no_straggler():

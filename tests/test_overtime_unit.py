@@ -306,3 +306,34 @@ def test_a_recompile_while_a_peer_waits_is_a_pause_of_kind_compile_paged_past_it
     # both compiling at once: nobody waits, warming up
     both = judgement(rank(0, "warming_up"), rank(1, "warming_up"))
     assert WatchedJob("k", 0.0).over_time(both, 0.0, 1e6, CONFIG)[0].job.verdict == "warming_up"
+
+
+def test_a_job_seen_past_its_start_stays_so_for_the_same_ranks():
+    """The daemon reads stacks in a few looks only; one that saw a backward pass
+    (job_starting false) ends the start for the lean looks after it
+    (Snapshot.seen_training, judge/signals/window.link), until the ranks change."""
+    from ddpwatch.judge.signals.window import link
+    from ddpwatch.observe.snapshot import Job, Snapshot
+
+    def look(pids, t):
+        return Snapshot(1, t, t, Job(1, 9, "torchrun", pids, "", (0, 1), 2), None, None, None,
+                        None, None, ())
+    job = WatchedJob("k", 0.0)
+    _, last = job.window(look((100, 101), 0.0), None, 5.0)
+    assert last.seen_training is False
+    job.over_time(judgement(rank(0, "healthy", job_starting=True),
+                            rank(1, "healthy", job_starting=True)), 0.0, 0.0, CONFIG)
+    _, last = job.window(look((100, 101), 1.0), None, 5.0)
+    assert last.seen_training is False  # nothing said the start is over yet
+    job.over_time(judgement(rank(0, "healthy", job_starting=False),
+                            rank(1, "straggler", "culprit", job_starting=False)), 1.0, 1.0, CONFIG)
+    _, last = job.window(look((100, 101), 2.0), None, 5.0)
+    assert last.seen_training is True
+    # what the signals make of it: a young job without stacks in this look is no start
+    young = [{"alive": True, "rank_age_s": 9.0, "seen_training": True},
+             {"alive": True, "rank_age_s": 9.0}]
+    link(young)
+    assert [s["job_starting"] for s in young] == [False, False]
+    # torchrun restarted its workers: new ranks start again
+    _, last = job.window(look((200, 201), 3.0), None, 5.0)
+    assert last.seen_training is False

@@ -73,6 +73,11 @@ class Snapshot:
     # the ranks' own hostname, hosts file and interfaces where their namespaces are
     # not the watcher's (probes/nshost.py); None: not looked (older snapshots)
     ns_hosts: NsViews | None = None
+    # an earlier look of the watcher saw these very ranks past their start (a
+    # backward pass with every rank connected, heartbeats past the first steps,
+    # or older than judge/signals/window.STARTING_S): watch/job.py remembers it
+    # for the looks that read no stacks
+    seen_training: bool = False
 
 
 def status_of(result: ProbeResult) -> ProbeStatus:

@@ -47,12 +47,16 @@ class WatchedJob:
         self.pauses = PauseTracker()
         self.slow = SlowTracker()
         self.time = TimeBook()
+        self._started: frozenset = frozenset()  # rank pids a judgement saw past their start
 
     def window(self, snap, duty, window_s: float):
         """(first, last) snapshots of the judging window, `snap` added; the last
         carries the readings taken between the window's first snapshot and now
         (observe/between.py), so what is kept (bundles) replays as judged."""
         history = self.history
+        ranks = set(snap.job.rank_pids)
+        if ranks and ranks <= self._started:
+            snap = dataclasses.replace(snap, seen_training=True)
         history.append(snap)
         while len(history) > 2 and snap.taken_at - history[1].taken_at >= window_s:
             history.popleft()
@@ -72,6 +76,12 @@ class WatchedJob:
         """(the judgement to publish and page, OverTime): a pause past what is
         normal for this job becomes the hang it is, and a rank slow for a few
         seconds is not yet a straggler (judge/overtime.py)."""
+        # a job's start, once over, is over for these ranks (a look with stacks saw
+        # a backward pass): the lean looks between say nothing of it. New ranks (a
+        # launcher's restart) start again.
+        local = [r for r in judgement.ranks if not r.remote]
+        if local and any(r.signals.get("job_starting") is False for r in local):
+            self._started = frozenset(r.pid for r in local)
         judgement = compile_as_pause(judgement)
         pause = self.pauses.update(judgement, now, wall, floor_s=config.pause_floor_s,
                                    factor=config.pause_factor,
