@@ -283,7 +283,6 @@ def _patch_ddp_setup_collectives(DDP):
     collective of the record while it runs."""
     original_pre, original_sync = DDP._pre_forward, getattr(DDP, "_sync_buffers", None)
 
-    @functools.wraps(original_pre)
     def _pre_forward(self, *args, **kwargs):
         # the bucket order is rebuilt once, in the first forward with gradients
         # after a backward: never in the first forward, in each later one until done
@@ -291,27 +290,26 @@ def _patch_ddp_setup_collectives(DDP):
         first, d["_ddpwatch_pre_seen"] = not d.get("_ddpwatch_pre_seen"), True
         if first or d.get("_has_rebuilt_buckets", True) or not torch.is_grad_enabled():
             return original_pre(self, *args, **kwargs)
-        token = _writer.enter(_REBUILD_OP, 0)
-        try:
-            return original_pre(self, *args, **kwargs)
-        finally:
-            _writer.exit(token)
+        return _as_collective(_REBUILD_OP, original_pre, self, args, kwargs)
 
-    _pre_forward.__ddpwatch_original__ = original_pre
-    DDP._pre_forward = _pre_forward
-    if original_sync is None:
-        return
-
-    @functools.wraps(original_sync)
     def _sync_buffers(self, *args, **kwargs):
-        token = _writer.enter(_SYNC_BUFFERS_OP, 0)
-        try:
-            return original_sync(self, *args, **kwargs)
-        finally:
-            _writer.exit(token)
+        return _as_collective(_SYNC_BUFFERS_OP, original_sync, self, args, kwargs)
 
-    _sync_buffers.__ddpwatch_original__ = original_sync
-    DDP._sync_buffers = _sync_buffers
+    for name, original, wrapper in (("_pre_forward", original_pre, _pre_forward),
+                                    ("_sync_buffers", original_sync, _sync_buffers)):
+        if original is not None:
+            wrapper = functools.update_wrapper(wrapper, original)
+            wrapper.__ddpwatch_original__ = original
+            setattr(DDP, name, wrapper)
+
+
+def _as_collective(op_code: int, call, ddp, args, kwargs):
+    """`call(ddp, ...)` recorded as one collective (enter before, exit after)."""
+    token = _writer.enter(op_code, 0)
+    try:
+        return call(ddp, *args, **kwargs)
+    finally:
+        _writer.exit(token)
 
 
 def _first_forward(ddp):
