@@ -80,6 +80,32 @@ def test_instrument_never_raises_when_it_cannot_write(tmp_path):
     assert out.stdout.split("\n")[:2] == ["1", "[1.0, 1.0, 1.0]"]
 
 
+# a static graph's bucket order is learned over two iterations and rebuilt in the
+# third forward: the second forward's op is recorded too (nothing told it apart)
+@pytest.mark.parametrize("kwargs,rebuilds", [("", 1), ("find_unused_parameters=True", 0),
+                                              ("find_unused_parameters=True, static_graph=True", 2)])
+def test_ddps_bucket_rebuild_is_one_collective_only_where_ddp_makes_it(tmp_path, kwargs,
+                                                                       rebuilds):
+    """DDP's reducer broadcasts the rebuilt bucket order once, in the second forward,
+    and never with find_unused_parameters on a graph that is not static: a
+    recorded op there would be one for every step (instrumentation
+    _patch_ddp_setup_collectives). Buffers are broadcast before each forward."""
+    code = ("import torch, torch.nn as nn, torch.distributed as dist, ddpwatch\n"
+            "from ddpwatch.heartbeat import read_dir\n"
+            "ddpwatch.instrument()\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+            "net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))\n"
+            f"ddp = nn.parallel.DistributedDataParallel(net, {kwargs})\n"
+            "for _ in range(4):\n"
+            "    ddp(torch.randn(4, 8)).sum().backward()\n"
+            "import os; ops = [e.op for e in read_dir(os.environ['DDPWATCH_DIR'])[0][0].ring]\n"
+            "print(ops.count('ddp_rebuild_buckets'), ops.count('ddp_sync_buffers'))\n")
+    out = run_python(code, str(tmp_path), drop=("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    assert out.returncode == 0, out.stderr
+    # BatchNorm's running stats are buffers: broadcast before each of the 4 forwards
+    assert out.stdout.split() == [str(rebuilds), "4"], out.stdout
+
+
 def test_single_process_run_without_torchrun_writes_a_record(tmp_path):
     code = ("import ddpwatch, torch\n"
             "ddpwatch.instrument(compute_dtype=torch.bfloat16, data_fingerprint='f00d')\n"

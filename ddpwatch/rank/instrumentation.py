@@ -285,10 +285,13 @@ def _patch_ddp_setup_collectives(DDP):
 
     def _pre_forward(self, *args, **kwargs):
         # the bucket order is rebuilt once, in the first forward with gradients
-        # after a backward: never in the first forward, in each later one until done
+        # after a backward: never in the first forward, in each later one until
+        # done, and never with find_unused_parameters unless the graph is static
+        # (the reducer's should_rebuild_buckets)
         d = self.__dict__
         first, d["_ddpwatch_pre_seen"] = not d.get("_ddpwatch_pre_seen"), True
-        if first or d.get("_has_rebuilt_buckets", True) or not torch.is_grad_enabled():
+        if (first or d.get("_has_rebuilt_buckets", True) or not torch.is_grad_enabled()
+                or (d.get("find_unused_parameters") and not d.get("static_graph"))):
             return original_pre(self, *args, **kwargs)
         return _as_collective(_REBUILD_OP, original_pre, self, args, kwargs)
 
