@@ -177,7 +177,8 @@ def test_compile_is_warm_up_not_a_hang(start_job, hb_dir, tmp_path):
     for code, report in reports:
         assert report["job"]["culprits"] == [] and (
             code == 0 or report["job"]["verdict"] == "rendezvous_wait"), report["job"]["summary"]
-        assert all(r["role"] == "none" for r in report["ranks"])
+        assert all(r["role"] == "none" for r in report["ranks"]), [
+            (r["rank"], r["verdict"], r["rule"], r["evidence"]) for r in report["ranks"]]
     compiling = [report for _, report in reports
                  if verdicts(report) == {0: ("warming_up", "none"), 1: ("warming_up", "none")}
                  and all(r["signals"].get("stack") == "compile" for r in report["ranks"])]
