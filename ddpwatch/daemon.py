@@ -164,7 +164,7 @@ class Daemon:
         requested, self.stacks_requested = self.stacks_requested, False
         self._requested_now = requested
         # Jobs are who owns them (uid, launcher); a run id is only their label
-        # (two users' jobs may claim one: issue 14)
+        # (two users' jobs may claim one: tests/test_hostile_unit.py)
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
@@ -259,8 +259,8 @@ class Daemon:
             last = dataclasses.replace(sample(Look.DETAIL), duty=last.duty)
             watched.replace_last(last)
             judgement, remote = self._judge(key, (first, last), remote)
-        # a young job's rank starved as a straggler is, before anything read says it
-        # trains: its stacks say whether a backward pass ran (judge/signals/window.py)
+        # a young job's rank starved of CPU as a straggler would be: its stacks say
+        # whether the job trains yet (judge/signals/window.py slow_while_starting)
         suspicious = judgement.job.verdict not in vocabulary.FINE or any(
             r.signals.get("slow_while_starting") for r in judgement.ranks)
         if judgement.job.verdict == "unknown":

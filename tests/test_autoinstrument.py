@@ -1,4 +1,4 @@
-"""Heartbeats for scripts that never call ddpwatch (issue 16): the four launchers of
+"""Heartbeats for scripts that never call ddpwatch (README "Heartbeats"): the four launchers of
 tests/jobs/thirdparty (Lightning, mp.spawn, accelerate launch, torchrun), each
 under `ddpwatch exec` and with DDPWATCH_AUTO=1 (the .pth the install put in
 site-packages). Each job must write one record per rank with the rank numbers the

@@ -1,6 +1,6 @@
 """The daemon's window evidence (observe/between.py, observe/duty.py merge and
 switches, judge/signals/window.py duty_cycled), on a fixture procfs and a fake
-clock (issue 13)."""
+clock."""
 import threading
 
 from ddpwatch.judge.signals.window import link as straggle_signals, measure as window_signals

@@ -1,4 +1,4 @@
-"""A rank slowed by CPU contention, no heartbeats (issue 13): real third-party
+"""A rank slowed by CPU contention, no heartbeats: real third-party
 jobs (mp.spawn as PyTorch's DDP tutorial, Lightning) on 2 CPU ranks where rank 1
 shares its CPU with busy processes. `diagnose` names rank 1 the straggler with
 its run-queue wait as evidence and rank 0 the waiting victim; a job slowed
@@ -147,4 +147,3 @@ def test_a_job_slowed_equally_by_a_shared_machine_is_no_alarm(third, need_py_spy
         _stop(busy)
         for pid in third.pids.values():
             _pin(pid, ALL)
-

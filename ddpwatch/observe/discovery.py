@@ -433,7 +433,7 @@ def job_key(job: Job) -> str:
 def owner_key(job: Job, table: dict[int, ProcInfo]) -> str:
     """Who a job is, for the daemon's own books: the uid, pid and start time of
     its launcher (else its first rank). Two users' jobs with one run id never
-    share it (issue 14: a second user's process with a stopped job's run id
+    share it (tests/test_hostile_unit.py: a second user's process with a stopped job's run id
     hid that job's incident), and it stays the same across a daemon restart."""
     anchor = job.launcher_pid if job.launcher_pid > 0 else min(job.rank_pids,
                                                                default=job.target_pid)
