@@ -68,3 +68,36 @@ class Watchdog:
         self._last = now
         self.pings += 1
         return self._send("WATCHDOG=1")
+
+
+LISTEN_FDS_START = 3  # SD_LISTEN_FDS_START
+
+
+def listen_socket(environ=None, pid: int | None = None) -> socket.socket | None:
+    """The listening socket systemd passed (socket activation, sd_listen_fds(3):
+    LISTEN_FDS=1 and LISTEN_PID this process), or None. systemd/ddpwatch.socket
+    holds the daemon's port from boot on, across every restart, so no local user
+    can bind it while the daemon is down and play daemon to its clients
+    (tests/test_port_squat.py). The variables are removed so that no child
+    (py-spy, nsenter) takes them for its own."""
+    env = os.environ if environ is None else environ
+    count, meant = env.get("LISTEN_FDS", ""), env.get("LISTEN_PID", "")
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        env.pop(name, None)
+    try:
+        if not count or int(meant) != (os.getpid() if pid is None else pid):
+            return None
+        count = int(count)
+    except ValueError:
+        return None
+    if count != 1:
+        raise ValueError(f"systemd passed {count} sockets (LISTEN_FDS); ddpwatch.socket "
+                         f"must have exactly one ListenStream=")
+    sock = socket.socket(fileno=LISTEN_FDS_START)
+    os.set_inheritable(sock.fileno(), False)
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                              socket.AF_INET6):
+        sock.detach()
+        raise ValueError("the socket systemd passed is not a TCP socket (ListenStream= "
+                         "takes an address and port)")
+    return sock

@@ -106,13 +106,14 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
 class Job:
     """Processes started for a test; `kill()` ends every process it started."""
 
-    def __init__(self, argv, env, log_path):
+    def __init__(self, argv, env, log_path, pass_fds=()):
         self.tag = uuid.uuid4().hex
         env = dict(env, **{JOB_TAG: self.tag})
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+                                     pass_fds=pass_fds)
         self.pgid = self.proc.pid
 
     def output(self) -> str:
@@ -154,12 +155,12 @@ def _job_starter(log_dir, hb_dir: str):
     """start(argv, env=None, name) -> Job, and the jobs it started (to kill)."""
     jobs = []
 
-    def start(argv, env=None, name="job"):
+    def start(argv, env=None, name="job", pass_fds=()):
         full_env = dict(os.environ)
         full_env.update({"DDPWATCH_DIR": hb_dir, "OMP_NUM_THREADS": "1",
                          "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO})
         full_env.update(env or {})
-        job = Job(argv, full_env, str(log_dir / f"{name}-{len(jobs)}.log"))
+        job = Job(argv, full_env, str(log_dir / f"{name}-{len(jobs)}.log"), pass_fds)
         jobs.append(job)
         return job
     return start, jobs

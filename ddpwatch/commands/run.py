@@ -13,7 +13,8 @@ import time
 from .. import config as config_mod, errors
 from ..daemon import Daemon, load_rules
 from ..publish.httpd import Server
-from ..sdnotify import Watchdog, notify, watchdog_interval_s
+from ..publish.httpserve import same_address
+from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
 
 log = logging.getLogger("ddpwatch")
 
@@ -82,18 +83,25 @@ def main(args) -> int:
     from ..publish.metrics import make_registry, render
     # `server` is bound below and rebound by a reload that moves the listener
     registry = make_registry(lambda: daemon.view, lambda: server.httpd.stats)
-    def make_server(c):
+    try:
+        activated = _activated(cfg)
+    except errors.DdpwatchError:
+        daemon.close()
+        raise
+
+    def make_server(c, sock=None):
         host, port = c.host_port
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
                       request_stacks=lambda: setattr(daemon, "stacks_requested", True),
-                      stacks_min_interval_s=c.stacks_min_interval_s)
+                      stacks_min_interval_s=c.stacks_min_interval_s, sock=sock)
 
     host = cfg.host_port[0]
     try:
-        server = make_server(cfg)
+        server = make_server(cfg, activated)
     except OSError as err:
         daemon.close()
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
+    server.activated = activated is not None
     server.start()
     if poller is not None:
         poller.start()
@@ -103,8 +111,8 @@ def main(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
-    log.info("ddpwatch run: listening on %s:%d, config %s, tick %.1fs", host, server.port,
-             cfg.source, cfg.tick_s)
+    log.info("ddpwatch run: listening on %s:%d%s, config %s, tick %.1fs", host, server.port,
+             " (systemd's socket)" if activated is not None else "", cfg.source, cfg.tick_s)
     watchdog = Watchdog(watchdog_interval_s())
     if watchdog.interval_s:
         log.info("systemd watchdog: %.0fs, pinged from the tick loop", watchdog.interval_s)
@@ -143,6 +151,26 @@ def main(args) -> int:
     return errors.OK
 
 
+def _activated(cfg):
+    """systemd's listening socket (systemd/ddpwatch.socket), if it passed one. It
+    must listen where the config says, or clients and the config would disagree
+    on where the daemon is: exit 78 naming both."""
+    try:
+        sock = listen_socket()
+    except ValueError as err:
+        raise errors.ConfigError(f"socket activation: {err}") from err
+    if sock is None:
+        return None
+    host, port = cfg.host_port
+    if not same_address(sock, host, port):
+        bound = sock.getsockname()
+        sock.close()
+        raise errors.ConfigError(
+            f"{cfg.source}: listen is {cfg.listen}, but systemd passed a socket on "
+            f"{bound[0]}:{bound[1]}: make ddpwatch.socket's ListenStream= and listen agree")
+    return sock
+
+
 def _held(path: str, stop: threading.Event) -> None:
     """The HOLD_TICK_ENV hook: wait while `path` exists (or until stopped)."""
     while os.path.exists(path) and not stop.is_set():
@@ -160,6 +188,11 @@ def _reload(args, daemon, dispatcher, server, make_server):
     except Exception as err:  # a bug; the loop must not die of it (values may be secret)
         log.error("reload refused, keeping the running config: unexpected %s",
                   type(err).__name__)
+        return dispatcher, server
+    if cfg.listen != daemon.config.listen and getattr(server, "activated", False):
+        log.error("reload refused, keeping the running config: listen moved to %s, but the "
+                  "socket is systemd's (ddpwatch.socket): change its ListenStream= and "
+                  "restart both", cfg.listen)
         return dispatcher, server
     if cfg.listen != daemon.config.listen:
         server, why = rebind(server, cfg, daemon.config, make_server)

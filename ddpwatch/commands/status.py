@@ -4,29 +4,42 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
-import urllib.request
 
 from .. import errors
+from ..publish import client
 from ..publish.terminal import printable
 
 COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
 
 
 def fetch(url: str, token: str | None) -> dict:
-    request = urllib.request.Request(url.rstrip("/") + "/status")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    """The daemon's /status; with a token, a signed request and a proven answer
+    (publish/auth.py): the token is never sent, and a program squatting the
+    daemon's port is refused (exit 76), never shown."""
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
+        body = client.get(url, "/status", token or "", timeout_s=10)
+    except client.Unproven as err:
+        raise errors.Unproven(str(err)) from err
     except urllib.error.HTTPError as err:
         if err.code == 401:
-            raise errors.NoPermission(f"{url}: the daemon wants a bearer token (--token or "
-                                      f"$DDPWATCH_TOKEN)") from err
+            why = err.read(200).decode("utf-8", "replace")
+            try:
+                why = str(json.loads(why).get("error", why))
+            except (ValueError, AttributeError):
+                pass
+            raise errors.NoPermission(f"{url}: the daemon refused the request "
+                                      f"({printable(why.strip())}): give its token "
+                                      f"(--token or $DDPWATCH_TOKEN)") from err
         raise errors.Unavailable(f"{url}: HTTP {err.code}") from err
+    except client.TooLarge as err:
+        raise errors.Unavailable(f"{url}: {err}") from err
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise errors.Unavailable(f"{url}: no daemon answers ({reason})") from err
+    try:
+        return json.loads(body)
+    except ValueError as err:
+        raise errors.Unavailable(f"{url}: not a ddpwatch /status answer ({err})") from err
 
 
 def table(doc: dict) -> str:

@@ -9,13 +9,13 @@ in a loop does not run py-spy in a loop (issue 14: 2 -> 16 runs in 8 s).
 
 Only reads the latest published DaemonView (and the bundles of the incidents it
 lists: a path in a request is only ever compared with the incidents' ids).
-/status, /peer and /incidents need
-`Authorization: Bearer <token>` when a token is configured (it must be, off
-loopback: config.py).
+/status, /peer and /incidents need the token when one is configured (it must
+be, off loopback: config.py): a request signed with it, whose answer then
+carries a proof (auth.py: what ddpwatch's own clients send, so the token never
+crosses the wire), or `Authorization: Bearer <token>`.
 """
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from . import bundle, peers, report
+from . import auth, bundle, peers, report
 from .page_list import incident_path, render_list
 from ..codec import to_json
 from ..errors import DdpwatchError
@@ -80,6 +80,7 @@ class Server:
         self.request_stacks = request_stacks
         self.render_metrics = render_metrics
         self.token = token
+        self.verifier = auth.Verifier()
         self.stacks_min_interval_s = stacks_min_interval_s
         self.clock = clock
         self._stacks_lock = threading.Lock()
@@ -129,16 +130,18 @@ class Server:
             self._send(req, 200 if ready else 503, b"ready\n" if ready else b"no tick yet\n",
                        "text/plain")
         elif path == "/incidents" or path.startswith("/incidents/"):
-            if self.token and not self._authorized(req):
-                self._send(req, 401, b"bearer token required\n", "text/plain",
+            refused = self._refused(req)
+            if refused:
+                self._send(req, 401, f"{refused}\n".encode(), "text/plain",
                            {"WWW-Authenticate": 'Bearer realm="ddpwatch"'})
             elif view is None:
                 self._send(req, 503, b"no tick yet\n", "text/plain")
             else:
                 self._incidents(req, path, view)
         elif path in ("/status", "/peer"):
-            if self.token and not self._authorized(req):
-                self._send(req, 401, b'{"error": "bearer token required"}\n', "application/json",
+            refused = self._refused(req)
+            if refused:
+                self._send(req, 401, dumps({"error": refused}) + b"\n", "application/json",
                            {"WWW-Authenticate": 'Bearer realm="ddpwatch"'})
             elif view is None:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
@@ -183,9 +186,15 @@ class Server:
             return
         self._send(req, 200, page.encode(), HTML)
 
-    def _authorized(self, req) -> bool:
-        given = req.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+    def _refused(self, req) -> str:
+        """Why the request may not be answered ("" if it may). A signed one
+        leaves its nonce on `req`, and `_send` proves the answer to it."""
+        token = self.token  # one value for the whole check: a reload may change it
+        ok, nonce, why = self.verifier.check(token, req.headers.get("Authorization", ""),
+                                             req.command, req.path)
+        if nonce:
+            req.ddpwatch_proof = (token, nonce)
+        return "" if ok else why
 
     @staticmethod
     def _send(req, code, body: bytes, ctype: str, headers=None) -> None:
@@ -194,5 +203,8 @@ class Server:
         req.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             req.send_header(k, v)
+        signed = getattr(req, "ddpwatch_proof", None)
+        if signed is not None:
+            req.send_header(auth.PROOF_HEADER, auth.answer_proof(*signed, code, body))
         req.end_headers()
         req.wfile.write(body)

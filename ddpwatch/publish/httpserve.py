@@ -87,12 +87,39 @@ def unsent(conn: socket.socket) -> int:
         return 0
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A non-blocking socket listening on host:port."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    # "localhost" may list ::1 first; the daemon always meant 127.0.0.1 by it
+    family, _, _, _, address = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def same_address(sock: socket.socket, host: str, port: int) -> bool:
+    """Whether `sock` listens where host:port would bind."""
+    bound = sock.getsockname()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False
+    return any(i[4][0] == bound[0] and i[4][1] == bound[1] for i in infos)
+
+
 class BoundedServer:
     def __init__(self, host: str, port: int, handler_class, *, workers: int = 8,
                  light_workers: int = 2, max_pending: int = 64, idle_timeout_s: float = 5.0,
                  request_timeout_s: float = 5.0, request_deadline_s: float = 10.0,
                  response_deadline_s: float = 20.0, min_bytes_per_s: float = 32768.0,
-                 max_writers: int = 16):
+                 max_writers: int = 16, sock: socket.socket | None = None):
         if not 0 < light_workers < workers:
             raise ValueError("light_workers must be within 1..workers-1")
         heads = self._heads = {}  # connection -> its request head, read by the acceptor
@@ -116,19 +143,11 @@ class BoundedServer:
         self.response_deadline_s = response_deadline_s
         self.min_bytes_per_s = min_bytes_per_s
         self.max_writers = max_writers
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-        # "localhost" may list ::1 first; the daemon always meant 127.0.0.1 by it
-        family, _, _, _, address = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(address)
-            self.sock.listen(128)
+        if sock is not None:  # already bound and listening: systemd's (sdnotify.listen_socket)
+            self.sock = sock
             self.sock.setblocking(False)
-        except OSError:
-            self.sock.close()
-            raise
+        else:
+            self.sock = bind(host, port)
         self.server_address = self.sock.getsockname()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

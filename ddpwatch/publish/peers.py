@@ -19,10 +19,10 @@ import logging
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
 from .. import __version__
+from . import client
 from .view import PeerView
 
 log = logging.getLogger("ddpwatch")
@@ -105,9 +105,6 @@ class PeerPoller:
         self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True,
                                           name=f"ddpwatch-peer-{i}")
                          for i, u in enumerate(self.urls)]
-        # No proxy and no redirects: the bearer token goes to the configured peer only.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                                   _NoRedirects())
 
     def start(self) -> None:
         for thread in self._threads:
@@ -157,19 +154,21 @@ class PeerPoller:
             self._stop.wait(max(0.0, self.interval_s - (self.clock() - started)))
 
     def _fetch(self, url: str, old: PeerState) -> PeerState:
-        """One poll; every failure becomes the peer's error (this thread must not die)."""
-        request = urllib.request.Request(url + "/peer")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+        """One poll; every failure becomes the peer's error (this thread must not die).
+        With a token the request is signed and the answer must prove it
+        (client.py): a program on the peer's port without the token learns
+        nothing and is not believed, so it can neither add ranks nor claim a
+        job's alerts (alerts/route.py)."""
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                body = response.read(MAX_ANSWER_BYTES + 1)
-            if len(body) > MAX_ANSWER_BYTES:
-                raise PeerDocumentError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+            body = client.get(url, "/peer", self.token, self.timeout_s, MAX_ANSWER_BYTES)
             node, jobs, alerting, webhooks = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
             return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks)
+        except client.Unproven:
+            error = "answer not proven by peer_token: not a ddpwatch daemon, not used"
+        except client.TooLarge:
+            error = f"bad answer: larger than {MAX_ANSWER_BYTES} bytes"
         except urllib.error.HTTPError as err:
             error = f"HTTP {err.code}" + (" (wrong or missing peer_token)" if err.code == 401 else
                                           " (redirects are not followed)" if 300 <= err.code < 400
@@ -185,7 +184,3 @@ class PeerPoller:
         return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting,
                          old.webhooks)
 
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None  # the 3xx is then raised as an HTTPError

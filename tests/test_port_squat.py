@@ -1,0 +1,184 @@
+"""The daemon's port and its token, attacked for real by an unprivileged user
+(uid 65534) beside a real root daemon and a real 2-rank trainer job.
+
+While a daemon is down (boot, a restart after a crash) its port is free, and
+any user could bind it first. Before: the restarted daemon exited 69, and the
+daemon's clients (`ddpwatch status`, the peers' daemons) sent `Authorization:
+Bearer <token>` to the squatter and believed its answers, forged `alerting`
+claims included (publish/alerts/route.py), so one user on one node could read
+the cluster's token and silence a job's pages.
+
+Now (README, "Trust model"): clients sign requests and never send the token,
+and use an answer only if it proves the token (ddpwatch/publish/auth.py); and
+under systemd the port is systemd's (systemd/ddpwatch.socket), held across
+restarts, so nobody can take it at all (ddpwatch/sdnotify.py listen_socket).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import REPO, free_port, need, wait_until
+from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
+
+NOBODY = 65534
+PYTHON = "/usr/bin/python3"  # the checkout's venv may be out of nobody's reach
+TOKEN = "cluster-token-0123456789abcdef"
+
+
+def need_setup():
+    need(os.geteuid() == 0, "needs root: the daemon runs as root, the squatter as uid 65534")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux) missing")
+    need(os.access(PYTHON, os.X_OK), f"{PYTHON} missing")
+
+
+def as_nobody(*argv) -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+
+
+@pytest.fixture
+def playground():
+    """A directory uid 65534 can reach and write (tmp_path is root's 0700)."""
+    base = tempfile.mkdtemp(prefix="ddpw-squat-", dir="/tmp")
+    os.chmod(base, 0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def ddpwatch_status(url: str, token: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", url,
+                           "--token", token], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def test_a_program_on_a_daemons_port_gets_no_token_and_is_not_believed(
+        start_job, tmp_path, hb_dir, receivers, playground):
+    need_setup()
+    script = os.path.join(playground, "squatter.py")
+    shutil.copy(os.path.join(REPO, "tests", "jobs", "squatter.py"), script)
+    os.chmod(script, 0o644)
+    heard, url_file = os.path.join(playground, "heard.log"), os.path.join(playground, "url")
+    port = free_port()
+    squatter_url = f"http://127.0.0.1:{port}"
+    squatter = start_job(as_nobody(PYTHON, "-I", script, str(port), heard, url_file),
+                         name="squatter")
+    wait_until(lambda: "listening" in squatter.output(), 30, what="the squatter listening")
+
+    # a peer's port taken: this node's daemon asks it, as it would the real peer
+    hook = receivers()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir,
+                       {"token": TOKEN, "peers": [squatter_url], "resolve_after_s": 2,
+                        "webhooks": [{"type": "generic", "url": hook.url}]})
+    with open(url_file, "w") as f:
+        f.write(daemon.url)
+    os.chmod(url_file, 0o644)
+    trainer = trainer_job(start_job)
+    healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"]
+                                  == "healthy" else None)(our_status_t(daemon, trainer)), 180,
+                         what="healthy job")
+
+    # `ddpwatch status` against the squatter: refused, nothing of its shown
+    done = ddpwatch_status(squatter_url, TOKEN)
+    assert done.returncode == 76, (done.returncode, done.stdout, done.stderr)
+    assert "does not prove the token" in done.stderr and not done.stdout, done.stderr
+    assert "Traceback" not in done.stderr
+    # ... and against the real daemon: proven, shown
+    real = ddpwatch_status(daemon.url, TOKEN)
+    assert real.returncode == 0 and "node " in real.stdout, (real.stdout, real.stderr)
+
+    # the squatter's rank 0 and claim are not used: the real job pages from here
+    os.kill(rank_pid(healthy, 1), signal.SIGSTOP)
+    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
+                                 and b["job"] == healthy["key"]], 90,
+                        what="the stopped rank paged by this node")
+    assert firing[0]["culprits"] == [1]
+    status = daemon.status(token=TOKEN)
+    peer = next(p for p in status["peers"] if p["url"] == squatter_url)
+    assert "not proven" in peer["error"] and peer["node"] != "evil-node", peer
+    ours_now = next(j for j in status["jobs"] if j["key"] == healthy["key"])
+    assert all(r.get("host") != "evil-node" and r["pid"] != 4242 for r in ours_now["ranks"]), \
+        ours_now["ranks"]
+
+    # it was asked many times, and never handed the token
+    requests = open(heard).read()
+    assert requests.count("GET /peer") >= 3 and "GET /status" in requests, requests[-2000:]
+    assert TOKEN not in requests and "Bearer" not in requests, requests[-2000:]
+
+
+def our_status_t(daemon, trainer) -> dict:
+    from test_daemon import ours
+    return ours(daemon.status(token=TOKEN), trainer)
+
+
+ACTIVATE = """\
+import os, sys
+# as systemd starts a socket-activated service: the socket at fd 3, LISTEN_PID
+# this very process, LISTEN_FDS its count (sd_listen_fds(3))
+os.dup2(int(sys.argv[1]), 3)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+def test_with_systemds_socket_nobody_takes_the_port_while_the_daemon_is_down(
+        start_job, tmp_path, hb_dir):
+    need_setup()
+    import socket
+    port = free_port()
+    held = socket.socket()  # what ddpwatch.socket makes systemd do, from boot on
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", port))
+    held.listen(16)
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "daemon.yaml"
+    config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "token": TOKEN,
+                                  "state_dir": str(tmp_path / "state"), "heartbeat_dir": ""}))
+
+    def start_daemon(cfg=config):
+        return start_job([sys.executable, "-c", ACTIVATE, str(held.fileno()), "-m", "ddpwatch",
+                          "run", "--config", str(cfg)], name="daemon",
+                         pass_fds=(held.fileno(),))
+
+    first = start_daemon()
+    wait_until(lambda: get(url + "/readyz")[0] == 200, 60, what="the daemon ready")
+    assert "systemd's socket" in first.output()
+    assert ddpwatch_status(url, TOKEN).returncode == 0
+    first.proc.kill()  # a crash: systemd would restart it on the same socket
+    first.wait(30)
+
+    # down: the port is still held, so uid 65534 cannot take it
+    taken = subprocess.run(as_nobody(PYTHON, "-I", "-c", (
+        "import socket, sys\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        f"    s.bind(('127.0.0.1', {port})); s.listen(); print('bound')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n")), capture_output=True, text=True, timeout=30)
+    assert taken.stdout.split() == ["refused", str(errno.EADDRINUSE)], taken
+
+    start_daemon()
+    wait_until(lambda: get(url + "/readyz")[0] == 200, 60, what="the restarted daemon ready")
+    again = ddpwatch_status(url, TOKEN)
+    assert again.returncode == 0, again.stderr
+
+    # a config whose listen is not the socket's: exit 78 naming both
+    elsewhere = tmp_path / "elsewhere.yaml"
+    other = free_port()
+    elsewhere.write_text(json.dumps({"listen": f"127.0.0.1:{other}",
+                                     "state_dir": str(tmp_path / "state2"),
+                                     "heartbeat_dir": ""}))
+    wrong = start_daemon(elsewhere)
+    assert wrong.wait(60) == 78
+    out = wrong.output()
+    assert f"127.0.0.1:{other}" in out and f"127.0.0.1:{port}" in out and "ListenStream" in out, \
+        out
+    assert "Traceback" not in out
+    held.close()
