@@ -182,3 +182,23 @@ def test_with_systemds_socket_nobody_takes_the_port_while_the_daemon_is_down(
         out
     assert "Traceback" not in out
     held.close()
+
+
+def test_the_shipped_socket_unit_holds_the_port_the_shipped_config_listens_on():
+    import yaml
+    unit = open(os.path.join(REPO, "systemd", "ddpwatch.socket")).read()
+    service = open(os.path.join(REPO, "systemd", "ddpwatch.service")).read()
+    config = yaml.safe_load(open(os.path.join(REPO, "systemd", "config.yaml")))
+    streams = [line.split("=", 1)[1].strip() for line in unit.splitlines()
+               if line.startswith("ListenStream=")]
+    assert streams == [config["listen"]]  # exactly one: sdnotify.listen_socket takes one
+    assert "Accept=no" in unit
+    assert "Requires=ddpwatch.socket" in service and "After=ddpwatch.socket" in service
+    if shutil.which("systemd-analyze"):
+        out = subprocess.run(["systemd-analyze", "verify", "ddpwatch.socket", "ddpwatch.service"],
+                             cwd=os.path.join(REPO, "systemd"), capture_output=True, text=True,
+                             timeout=120)
+        # the one complaint left is the install path of ExecStart, absent here
+        problems = [line for line in (out.stdout + out.stderr).splitlines()
+                    if line.strip() and "/usr/local/bin/ddpwatch is not executable" not in line]
+        assert not problems, problems
