@@ -280,7 +280,7 @@ class Daemon:
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy"
                            or self._requested_now)
-        view = JobView(label, judgement, last, over)
+        view = JobView(label, judgement, last, over, owner=key)
         watched.view = view
         return view
 

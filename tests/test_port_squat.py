@@ -12,6 +12,9 @@ Now (README, "Trust model"): clients sign requests and never send the token,
 and use an answer only if it proves the token (ddpwatch/publish/auth.py); and
 under systemd the port is systemd's (systemd/ddpwatch.socket), held across
 restarts, so nobody can take it at all (ddpwatch/sdnotify.py listen_socket).
+
+And who may read what: a daemon without a token (loopback only) shows each
+local user their own jobs only (ddpwatch/publish/viewer.py).
 """
 from __future__ import annotations
 
@@ -111,6 +114,48 @@ def test_a_program_on_a_daemons_port_gets_no_token_and_is_not_believed(
     requests = open(heard).read()
     assert requests.count("GET /peer") >= 3 and "GET /status" in requests, requests[-2000:]
     assert TOKEN not in requests and "Bearer" not in requests, requests[-2000:]
+
+    # Who may read what, on loopback without a token: a second daemon sees the same
+    # stopped job. Root sees it and its incident; uid 65534 sees neither: not the
+    # job's command lines and stacks, not its incident's page or bundle.
+    open_daemon = DaemonRun(start_job, tmp_path, hb_dir, {"resolve_after_s": 2},
+                            name="tokenless")
+    incident = wait_until(lambda: next(
+        (i for i in open_daemon.status()["incidents"]
+         if i["job"] == healthy["key"] and i["state"] != "resolved"), None), 90,
+        what="the tokenless daemon's incident")
+    as_root = open_daemon.status()
+    assert any(j["key"] == healthy["key"] for j in as_root["jobs"])
+    seen = nobody_gets(open_daemon.url, "/status", "/incidents/",
+                       f"/incidents/{incident['id']}", f"/incidents/{incident['id']}/report.json",
+                       "/peer", "/metrics")
+    status = json.loads(seen["/status"][1])
+    assert seen["/status"][0] == 200 and status["jobs"] == [] and status["incidents"] == [] \
+        and status["ranks"] == [], status
+    assert str(rank_pid(healthy, 1)) not in seen["/status"][1]
+    assert seen["/incidents/"][0] == 200 and incident["id"] not in seen["/incidents/"][1]
+    assert seen[f"/incidents/{incident['id']}"][0] == 404
+    assert seen[f"/incidents/{incident['id']}/report.json"][0] == 404
+    assert json.loads(seen["/peer"][1])["jobs"] == {}
+    assert seen["/metrics"][0] == 200  # numbers and labels, for Prometheus: public
+
+
+def nobody_gets(url: str, *paths: str) -> dict[str, tuple[int, str]]:
+    """path -> (status, body) of GETs made by uid 65534."""
+    code = (
+        "import json, sys, urllib.request, urllib.error\n"
+        "out = {}\n"
+        "for path in sys.argv[2:]:\n"
+        "    try:\n"
+        "        with urllib.request.urlopen(sys.argv[1] + path, timeout=20) as r:\n"
+        "            out[path] = (r.status, r.read().decode('utf-8', 'replace'))\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        out[path] = (e.code, '')\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run(as_nobody(PYTHON, "-I", "-c", code, url, *paths),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return {k: tuple(v) for k, v in json.loads(done.stdout).items()}
 
 
 def our_status_t(daemon, trainer) -> dict:

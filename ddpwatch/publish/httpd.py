@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from . import auth, bundle, peers, report
+from . import auth, bundle, peers, report, viewer
 from .page_list import incident_path, render_list
 from ..codec import to_json
 from ..errors import DdpwatchError
@@ -137,7 +137,7 @@ class Server:
             elif view is None:
                 self._send(req, 503, b"no tick yet\n", "text/plain")
             else:
-                self._incidents(req, path, view)
+                self._incidents(req, path, self._visible(req, view))
         elif path in ("/status", "/peer"):
             refused = self._refused(req)
             if refused:
@@ -146,6 +146,7 @@ class Server:
             elif view is None:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
             else:
+                view = self._visible(req, view)
                 if path == "/peer":
                     self._send(req, 200, dumps(peers.document(view)), "application/json")
                     return
@@ -185,6 +186,11 @@ class Server:
             self._send(req, 404, b"the incident's bundle cannot be read\n", "text/plain")
             return
         self._send(req, 200, page.encode(), HTML)
+
+    def _visible(self, req, view):
+        """What this request may see: everything with the token (or from root),
+        else its own uid's jobs and incidents (viewer.py)."""
+        return viewer.visible(view, viewer.viewer_of(req, token_used=bool(self.token)))
 
     def _refused(self, req) -> str:
         """Why the request may not be answered ("" if it may). A signed one

@@ -49,6 +49,8 @@ class JobView:
     # the job's judgement over time (watch/job.py OverTime): its pause in progress,
     # where its ranks' time went, its verdicts over time; None from `diagnose`
     over_time: object = None
+    # who the job is (discovery.owner_key): whose it is to see (publish/viewer.py)
+    owner: str = ""
 
 
 @dataclass(frozen=True)
