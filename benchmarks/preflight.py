@@ -47,7 +47,8 @@ def drop_netns(ns: dict) -> None:
 def one_run(ns: dict, params: int) -> tuple[float, int, int]:
     args = [sys.executable, "-m", "ddpwatch", "preflight", "--master",
             f"{ns['host_addr']}:{free_port()}", "--params", str(params)]
-    env = dict(os.environ, PYTHONPATH=REPO)
+    # signed, as the README asks users to run it
+    env = dict(os.environ, PYTHONPATH=REPO, DDPWATCH_PREFLIGHT_SECRET=os.urandom(16).hex())
     started = time.monotonic()
     master = subprocess.Popen(args, env=dict(env, GLOO_SOCKET_IFNAME=ns["host_if"]), cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "all-reduce time per step over the measured link")
     p.add_argument("--wait", type=float, default=30.0, metavar="S", help="how long the master "
                    "waits for the workers, and they for it (default 30)")
+    p.add_argument("--secret-file", metavar="FILE", help="the preflight secret, the same on "
+                   "every node (default: $DDPWATCH_PREFLIGHT_SECRET); with it every message "
+                   "is signed, and nobody without it can play master or take a worker's slot")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(handler="preflight")
 

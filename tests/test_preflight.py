@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from conftest import REPO, free_port, need, wait_until
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
+SECRET_ENV = "DDPWATCH_PREFLIGHT_SECRET"
 TIMEOUT = 120
 
 
@@ -66,9 +69,11 @@ def iptables_in(netns, request, *rule):
 
 def test_healthy_pair_passes_and_a_job_then_trains(start_job, tmp_path, netns):
     port = free_port()
-    master, worker, codes = preflight_pair(start_job, tmp_path, netns, port,
-                                           extra=["--params", "10000000"])
+    secret = {SECRET_ENV: "the-same-on-both-nodes"}
+    master, worker, codes = preflight_pair(start_job, tmp_path, netns, port, master_env=secret,
+                                           worker_env=secret, extra=["--params", "10000000"])
     assert codes == (0, 0), (master["checks"], worker["checks"])
+    assert rows(master, "exchange")[0]["fact"] == "every message signed with the preflight secret"
     # a GPU in the box (CUDA visible) makes the bf16 row a warning, the only one allowed
     gpu = os.path.exists("/dev/nvidia0")
     assert {r["status"] for r in master["checks"] if r["check"] != "bf16"} == {"pass"}, \
@@ -201,6 +206,78 @@ def test_stale_process_holding_the_master_port(start_job, tmp_path, netns):
         assert "parent gone" in row["fact"] and f"kill {pid}" in row["fix"]
         assert status_of(doc, "nodes") == ["pass"]  # met on port+1
         assert status_of(doc, "gloo_ports") == ["pass", "pass"]
+
+
+# A program of uid 65534's that took the store port on the master's address first
+# and plays master (the protocol without a secret): it logs what it hears and
+# answers a hello with a roster that sends the worker's probes to `target`.
+FAKE_MASTER = """
+import json, socket, sys
+port, log, target_addr, target_port = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", port)); s.listen(); print("listening", flush=True)
+while True:
+    conn, _ = s.accept()
+    conn.settimeout(5)
+    conn.sendall(b"DDPWATCH-PREFLIGHT 1\\n")
+    try:
+        heard = conn.recv(65536)
+    except OSError:
+        heard = b""
+    with open(log, "ab") as f:
+        f.write(heard + b"\\n--\\n")
+    fake = {"role": "master", "seen_addr": target_addr, "probe_port": target_port}
+    roster = {"kind": "roster", "you": 1, "nodes": [fake, {"role": "worker"}]}
+    try:
+        conn.sendall(json.dumps(roster).encode() + b"\\n")
+    except OSError:
+        pass
+    conn.close()
+"""
+
+
+def test_a_fake_master_on_the_store_port_gets_nothing_from_a_worker_with_the_secret(
+        start_job, tmp_path, netns, request):
+    """Whoever binds the store port first played master: workers handed it their
+    facts, probed the targets it named and printed its table. With the secret
+    the worker sends it nothing and probes nothing it names; the real master,
+    beside it on port+1, meets the worker as with any stale holder."""
+    need(os.access("/usr/bin/python3", os.X_OK) and shutil.which("setpriv"),
+         "needs /usr/bin/python3 and setpriv to run the fake master as uid 65534")
+    port = next(p for p in iter(free_port, None) if _free(p + 1))
+    place = tempfile.mkdtemp(prefix="ddpw-fake-master-", dir="/tmp")  # uid 65534 writes here
+    os.chmod(place, 0o1777)
+    request.addfinalizer(lambda: shutil.rmtree(place, ignore_errors=True))
+    log = pathlib.Path(place) / "heard.log"
+    target = socket.socket()  # counts what the fake's roster makes anyone send here
+    target.bind((netns["host_addr"], 0))
+    target.listen(8)
+    target.settimeout(0.05)
+    fake = start_job(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                      "/usr/bin/python3", "-I", "-c", FAKE_MASTER, str(port), str(log),
+                      netns["host_addr"], str(target.getsockname()[1])], name="fake-master")
+    wait_until(lambda: "listening" in fake.output(), 30, what="the fake master listening")
+    secret = {SECRET_ENV: "the-same-on-both-nodes"}
+    master, worker, codes = preflight_pair(start_job, tmp_path, netns, port, master_env=secret,
+                                           worker_env=secret)
+    heard = log.read_bytes() if log.exists() else b""
+    assert heard.count(b"--") >= 1, ("the worker never reached the fake master", fake.output())
+    assert b"hello" not in heard and b"facts" not in heard, heard[:2000]
+    try:
+        conn, _ = target.accept()
+        conn.close()
+        probed = True
+    except OSError:
+        probed = False
+    target.close()
+    assert not probed, "the worker probed the fake master's target"
+    assert master["checks"] == worker["checks"]
+    for doc in (master, worker):
+        assert status_of(doc, "nodes") == ["pass"]  # the real master, on port+1
+        assert status_of(doc, "exchange") == ["pass"]
+        assert status_of(doc, "gloo_ports") == ["pass", "pass"]
+        assert status_of(doc, "store_port") == ["fail"]  # the fake holds it: named
+    assert codes == (1, 1)
 
 
 def _free(port: int) -> bool:

@@ -280,6 +280,90 @@ def test_meeting_on_loopback_survives_junk_clients():
     assert time.monotonic() - started < 8  # the silent client held nobody up for HELLO_S
 
 
+def _channels(secret: bytes):
+    a, b = socket.socketpair()
+    nonce = wire.new_nonce()
+    master = wire.Channel(a, wire.LineReader(a), "master", secret, nonce)
+    worker = wire.Channel(b, wire.LineReader(b), "worker", secret, nonce)
+    return master, worker
+
+
+def test_a_signed_channel_carries_the_exchange_and_refuses_what_is_not_its_own():
+    master, worker = _channels(b"s3cret")
+    worker.send("hello", facts={"hostname": "w"})
+    assert master.recv("hello", time.monotonic() + 2)["facts"]["hostname"] == "w"
+    assert master.worker_nonce == worker.worker_nonce != ""  # binds every later message
+    master.send("roster", you=1, nodes=[{"hostname": "m"}, {"hostname": "w"}])
+    assert worker.recv("roster", time.monotonic() + 2)["you"] == 1
+    # a line replayed into the same direction: its number is not the next one
+    worker.send("probes", results=[])
+    line = master.reader.sock.recv(65536)
+    master.reader.buf = line + line
+    master.recv("probes", time.monotonic() + 2)
+    with pytest.raises(wire.ProtocolError, match="not signed with the preflight secret"):
+        master.recv("probes", time.monotonic() + 2)
+
+
+@pytest.mark.parametrize("wrong", [b"", b"another-secret"])
+def test_a_hello_without_the_secret_is_refused(wrong):
+    a, b = socket.socketpair()
+    master = wire.Channel(a, wire.LineReader(a), "master", b"s3cret", wire.new_nonce())
+    stranger = wire.Channel(b, wire.LineReader(b), "worker", wrong, master.master_nonce)
+    stranger.send("hello", facts={"hostname": "x"})
+    with pytest.raises(wire.ProtocolError):
+        master.recv("hello", time.monotonic() + 2)
+
+
+def test_a_signed_message_is_worth_nothing_in_another_connection():
+    one_master, one_worker = _channels(b"s3cret")
+    one_worker.send("hello", facts={"hostname": "w"})
+    line = one_master.reader.sock.recv(65536)
+    other_master, _ = _channels(b"s3cret")  # another nonce of the master's
+    other_master.reader.buf = line
+    with pytest.raises(wire.ProtocolError, match="not signed"):
+        other_master.recv("hello", time.monotonic() + 2)
+
+
+def test_greetings_say_whether_the_master_uses_a_secret():
+    nonce = wire.new_nonce()
+    assert wire.read_greeting(wire.greeting("").rstrip(b"\n")) == ""
+    assert wire.read_greeting(wire.greeting(nonce).rstrip(b"\n")) == nonce
+    for junk in (b"SSH-2.0-OpenSSH", wire.GREETING_AUTH + b"short",
+                 wire.GREETING_AUTH + b"Z" * 32):
+        assert wire.read_greeting(junk) is None
+
+
+def test_on_loopback_only_workers_with_the_secret_take_a_slot():
+    """A stranger's hello, first in, takes no worker slot from the real worker;
+    the master says how many it refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = {}
+    t = threading.Thread(target=lambda: result.update(m=exchange.run_master(
+        port, 2, {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}, 6,
+        socket.AF_INET, holder.port_holder, b"s3cret")))
+    t.start()
+    stranger = exchange.run_worker("127.0.0.1", port, {"hostname": "x", "role": "worker"}, 3,
+                                   lambda a: "lo", b"a-guess")
+    worker = exchange.run_worker("127.0.0.1", port, {"hostname": "w", "role": "worker"}, 20,
+                                 lambda a: "lo", b"s3cret")
+    t.join(30)
+    assert "the exchange with the master failed" in stranger.error
+    assert worker.error == "" and result["m"].error == "" and result["m"].refused == 1
+    assert [n["hostname"] for n in result["m"].nodes] == ["m", "w"]
+    # without the secret the worker is told so, and sends nothing
+    lone = {}
+    t = threading.Thread(target=lambda: lone.update(m=exchange.run_master(
+        port, 2, {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}, 3,
+        socket.AF_INET, holder.port_holder, b"s3cret")))
+    t.start()
+    plain = exchange.run_worker("127.0.0.1", port, {"hostname": "p", "role": "worker"}, 2,
+                                lambda a: "lo")
+    t.join(30)
+    assert "wants the preflight secret" in plain.error and lone["m"].refused == 0
+
+
 def test_cli_usage_errors_exit_2():
     for argv in (["--master", "nohost"], ["--master", "1.2.3.4:99999"],
                  ["--master", "fd00::1:29500"], ["--master", "127.0.0.1:29500", "--nodes", "0"]):
@@ -287,3 +371,17 @@ def test_cli_usage_errors_exit_2():
                               capture_output=True, text=True, cwd=REPO, timeout=60)
         assert done.returncode == 2, (argv, done.stderr)
         assert "Traceback" not in done.stderr and "ddpwatch preflight: --" in done.stderr
+
+
+def test_a_secret_file_that_cannot_be_used_is_named(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for argv, code, said in (
+            (["--secret-file", str(tmp_path / "missing")], 66, "No such file"),
+            (["--secret-file", str(empty)], 2, "empty")):
+        done = subprocess.run([sys.executable, "-m", "ddpwatch", "preflight", "--master",
+                               "127.0.0.1:29500", *argv], capture_output=True, text=True,
+                              cwd=REPO, timeout=60)
+        assert done.returncode == code, (argv, done.stderr)
+        assert said in done.stderr and "--secret-file" in done.stderr
+        assert "Traceback" not in done.stderr

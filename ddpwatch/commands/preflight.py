@@ -13,7 +13,7 @@ import socket
 from .. import errors
 from ..observe.probes.host import interface_of
 from ..observe.probes.host import read_interfaces, resolve
-from ..preflight import checks, facts as facts_mod, render
+from ..preflight import checks, facts as facts_mod, render, wire
 from ..preflight.exchange import run_master, run_worker
 from ..preflight.holder import port_holder
 from ..preflight.probe import ProbeListener
@@ -42,8 +42,32 @@ def master_address(host: str) -> str:
     return next((a for a in addrs if ":" not in a), addrs[0])
 
 
+MAX_SECRET = 4096
+
+
+def read_secret(environ, secret_file: str | None) -> bytes:
+    """The preflight secret: from --secret-file, else $DDPWATCH_PREFLIGHT_SECRET
+    (never a flag: another user reads argv in /proc), else none."""
+    if secret_file:
+        try:
+            with open(secret_file, "rb") as f:
+                value = f.read(MAX_SECRET + 1).strip()
+        except OSError as err:
+            raise errors.NoInput(f"--secret-file {secret_file}: {err.strerror}") from err
+        where = f"--secret-file {secret_file}"
+    else:
+        value = environ.get(wire.SECRET_ENV, "").strip().encode()
+        where = f"${wire.SECRET_ENV}"
+    if len(value) > MAX_SECRET:
+        raise errors.UsageError(f"{where}: longer than {MAX_SECRET} bytes")
+    if secret_file and not value:
+        raise errors.UsageError(f"{where}: empty")
+    return value
+
+
 def main(args) -> int:
     host, port = parse_master(args.master)
+    secret = read_secret(os.environ, getattr(args, "secret_file", None))
     if not 1 <= args.nodes <= 64:
         raise errors.UsageError(f"--nodes {args.nodes}: expected 1 to 64")
     if args.params is not None and args.params <= 0:
@@ -67,16 +91,17 @@ def main(args) -> int:
         if is_master:
             facts.update(role="master", seen_addr=addr, route_addr=addr,
                          route_iface=interface_of(addr, interfaces)[0] or "")
-            meeting = run_master(port, args.nodes, facts, args.wait, family, port_holder)
+            meeting = run_master(port, args.nodes, facts, args.wait, family, port_holder,
+                                 secret)
         else:
             facts["role"] = "worker"
             meeting = run_worker(addr, port, facts, args.wait,
-                                 lambda a: interface_of(a, interfaces)[0])
+                                 lambda a: interface_of(a, interfaces)[0], secret)
     finally:
         if listener:
             listener.close()
     rows = checks.evaluate(meeting.nodes, meeting.probes, args.nodes, port, meeting.error,
-                           args.params or 0)
+                           args.params or 0, meeting.secret)
     if args.json:
         print(render.as_json(rows, meeting, f"{host}:{port}"))
     else:

@@ -29,8 +29,10 @@ def label(nodes: list[dict], i: int) -> str:
 
 
 def evaluate(nodes: list[dict], probes: list[dict], expected: int, port: int,
-             error: str = "", params: int = 0) -> list[dict]:
+             error: str = "", params: int = 0, secret: bool | None = None) -> list[dict]:
     rows = [check_nodes(nodes, expected, error)]
+    if secret is not None:
+        rows.append(check_exchange(secret))
     rows += check_store(nodes, port)
     rows += check_gloo_ports(nodes, probes)
     rows += check_interfaces(nodes)
@@ -48,6 +50,18 @@ def check_nodes(nodes, expected, error):
     return row("nodes", "all", "fail", error or f"{len(nodes)} of {expected} nodes took part",
                "run `ddpwatch preflight` with the same --master on every node, "
                "and see the rows below for what stopped the others")
+
+
+def check_exchange(secret: bool) -> dict:
+    """Whether this table can be trusted: without the secret, whoever reached the
+    store port first could have played master (wire.py)."""
+    if secret:
+        return row("exchange", "all", "pass", "every message signed with the preflight secret")
+    return row("exchange", "all", "warn",
+               "not authenticated: whoever listens on the store port first plays master "
+               "(takes this node's facts, names what it probes, writes this table)",
+               "export DDPWATCH_PREFLIGHT_SECRET=<the same random value> on every node "
+               "(e.g. `openssl rand -hex 16`)")
 
 
 def _fix_open(dst_addr: str, src_addr: str, ports: str) -> str:

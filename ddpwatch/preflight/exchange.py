@@ -33,6 +33,8 @@ class Meeting:
     probes: list = field(default_factory=list)
     me: int = 0
     error: str = ""  # why the meeting fell short ("" when everyone took part)
+    secret: bool = False  # every message signed with the preflight secret (wire.Channel)
+    refused: int = 0  # the master's: connections whose hello was not signed with it
 
 
 def probe_all(nodes: list[dict], me: int) -> list[dict]:
@@ -86,9 +88,10 @@ def _bind(port: int, family) -> socket.socket:
 
 
 def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
-               holder_of) -> Meeting:
-    """`facts` is this node's; `holder_of(port)` names who holds a busy port."""
-    meeting = Meeting(nodes=[facts])
+               holder_of, secret: bytes = b"") -> Meeting:
+    """`facts` is this node's; `holder_of(port)` names who holds a busy port;
+    with a `secret`, only workers that sign with it take part."""
+    meeting = Meeting(nodes=[facts], secret=bool(secret))
     facts["store_port"] = {"state": "free", "error": "", "holder": None, "port": port}
     try:
         server = _bind(port, family)
@@ -108,58 +111,70 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
     meeting.nodes[0] = wire.clean(facts, wire.FACTS)  # every node judges the same data
     workers: list = []
     try:
-        heard = _gather_workers(server, expected - 1, time.monotonic() + wait_s)
-        meeting.nodes += [w for w, _, _ in heard]
-        workers = [(conn, reader) for _, conn, reader in heard]
+        heard, refused = _gather_workers(server, expected - 1, time.monotonic() + wait_s,
+                                         secret)
+        meeting.refused = refused
+        meeting.nodes += [w for w, _ in heard]
+        workers = [channel for _, channel in heard]
         if len(meeting.nodes) < expected:
             meeting.error = (f"{len(meeting.nodes)} of {expected} nodes took part within "
                              f"{wait_s:.0f}s")
+            if refused:
+                meeting.error += (f"; {refused} connection(s) did not sign with the preflight "
+                                  f"secret (not set, or another value, on those nodes?)")
         live = []
-        for i, (conn, reader) in enumerate(workers, 1):
+        for i, channel in enumerate(workers, 1):
             try:
-                wire.send(conn, "roster", you=i, nodes=meeting.nodes)
-                live.append((i, conn, reader))
+                channel.send("roster", you=i, nodes=meeting.nodes)
+                live.append((i, channel))
             except (OSError, wire.ProtocolError):
-                conn.close()
+                channel.sock.close()
         meeting.probes = probe_all(meeting.nodes, 0)
         deadline = time.monotonic() + PROBE_PHASE_S
-        for i, conn, reader in live:
+        for i, channel in live:
             try:
-                report = wire.parse(reader.line(deadline), "probes")
+                report = channel.recv("probes", deadline)
             except wire.ProtocolError as err:
                 meeting.error = meeting.error or f"node {i} sent no probe results: {err}"
                 continue
             # a node reports its own probes only
             meeting.probes += [p for p in report["results"] if p["src"] == i
                                and 0 <= p["dst"] < len(meeting.nodes) and p["dst"] != i]
-        for i, conn, reader in live:
+        for i, channel in live:
             try:
-                wire.send(conn, "final", nodes=meeting.nodes, probes=meeting.probes)
+                channel.send("final", nodes=meeting.nodes, probes=meeting.probes)
             except (OSError, wire.ProtocolError):
                 pass
     finally:
-        for conn, _ in workers:
-            conn.close()
+        for channel in workers:
+            channel.sock.close()
         server.close()
     return meeting
 
 
-def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list:
-    """Up to `wanted` workers' (facts, conn, reader), in the order their hellos
-    arrive before `deadline`. Each connection is heard in a thread of its own,
-    so a silent or junk-sending one (a scanner, a stale client) delays nobody;
-    at most MAX_PENDING are heard at once."""
+def _gather_workers(server: socket.socket, wanted: int, deadline: float,
+                    secret: bytes = b"") -> tuple[list, int]:
+    """(up to `wanted` workers' (facts, channel) in the order their hellos
+    arrive before `deadline`, how many hellos were not signed with `secret`).
+    Each connection is heard in a thread of its own, so a silent or
+    junk-sending one (a scanner, a stale client) delays nobody; at most
+    MAX_PENDING are heard at once."""
     arrived: list = []
+    refused = [0]
     cond = threading.Condition()
     pending = threading.BoundedSemaphore(MAX_PENDING)
 
     def hear(conn, peer):
-        reader = wire.LineReader(conn)
+        nonce = wire.new_nonce() if secret else ""
+        channel = wire.Channel(conn, wire.LineReader(conn), "master", secret, nonce)
         try:
-            conn.sendall(wire.GREETING)
-            hello = wire.parse(reader.line(min(time.monotonic() + HELLO_S, deadline)), "hello")
-        except (wire.ProtocolError, OSError):
-            conn.close()  # junk, a scanner, or a worker gone: not a node
+            conn.sendall(wire.greeting(nonce))
+            hello = channel.recv("hello", min(time.monotonic() + HELLO_S, deadline))
+        except (wire.ProtocolError, OSError) as err:
+            conn.close()  # junk, a scanner, a stranger, or a worker gone: not a node
+            if secret and "secret" in str(err):
+                with cond:
+                    refused[0] += 1
             return
         finally:
             pending.release()
@@ -167,7 +182,7 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list
         worker.update(role="worker", seen_addr=plain_addr(peer[0]), store_port=None)
         with cond:
             if len(arrived) < wanted and time.monotonic() < deadline:
-                arrived.append((worker, conn, reader))
+                arrived.append((worker, channel))
                 cond.notify()
                 return
         conn.close()
@@ -186,59 +201,73 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float) -> list
             continue
         threading.Thread(target=hear, args=(conn, peer), daemon=True).start()
     with cond:
-        return list(arrived[:wanted])
+        return list(arrived[:wanted]), refused[0]
 
 
-def _session(addr: str, port: int, reach: dict | None):
-    """A connection to a preflight master at addr:port, or (None, reach) where
-    reach records how the store port itself answered."""
+def _session(addr: str, port: int, reach: dict | None, secret: bytes, untrusted: list):
+    """A channel to a preflight master at addr:port, or (None, reach) where
+    reach records how the store port itself answered. A master whose greeting
+    does not match this node's use of the secret is no master of ours: it is
+    noted in `untrusted` and nothing is sent to it."""
     state, sock, error = connect(addr, port)
     if reach is None:
         reach = {"state": state, "error": error, "port": port, "preflight": False}
     if sock is None:
         return None, reach
-    reader = wire.LineReader(sock, limit=len(wire.GREETING))
+    reader = wire.LineReader(sock, limit=wire.GREETING_MAX)
     try:
-        if reader.line(time.monotonic() + 1.5) + b"\n" == wire.GREETING:
-            if reach["port"] == port:
-                reach["preflight"] = True
-            return (sock, wire.LineReader(sock)), reach
+        nonce = wire.read_greeting(reader.line(time.monotonic() + 1.5))
     except wire.ProtocolError:
-        pass
+        nonce = None
+    if nonce is not None and bool(nonce) == bool(secret):
+        if reach["port"] == port:
+            reach["preflight"] = True
+        return wire.Channel(sock, wire.LineReader(sock), "worker", secret, nonce), reach
+    if nonce is not None:
+        untrusted.append(
+            f"{addr}:{port} " + ("does not use the preflight secret: not trusted, "
+                                 "nothing sent to it" if secret else
+                                 f"wants the preflight secret: set {wire.SECRET_ENV} here too"))
     sock.close()
     return None, reach
 
 
-def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of) -> Meeting:
+def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of,
+               secret: bytes = b"") -> Meeting:
     """`iface_of(addr)` names the local interface holding addr (the route to the master)."""
-    meeting = Meeting(nodes=[facts], me=0)
+    meeting = Meeting(nodes=[facts], me=0, secret=bool(secret))
     deadline = time.monotonic() + wait_s
-    session, reach = None, None
+    session, reach, untrusted = None, None, []
     while session is None and time.monotonic() < deadline:
         started = time.monotonic()
-        session, reach = _session(addr, port, None)
+        session, reach = _session(addr, port, None, secret, untrusted)
         if session is None and reach["state"] == "open":
-            # something that is not preflight holds the store port: the master's is beside it
-            session, _ = _session(addr, port + 1, dict(reach))
+            # something that is not our preflight holds the store port: the master's
+            # is beside it
+            session, _ = _session(addr, port + 1, dict(reach), secret, untrusted)
         if session is None:
             time.sleep(max(RETRY_S - (time.monotonic() - started), 0))
     facts["store_reach"] = reach
     if session is None:
         meeting.error = f"no preflight master answered at {addr}:{port} within {wait_s:.0f}s"
+        if untrusted:
+            meeting.error += f" ({untrusted[-1]})"
         return meeting
-    sock, reader = session
-    facts["route_addr"] = plain_addr(sock.getsockname()[0])
+    channel = session
+    facts["route_addr"] = plain_addr(channel.sock.getsockname()[0])
     facts["route_iface"] = iface_of(facts["route_addr"]) or ""
-    with sock:
+    with channel.sock:
         try:
-            wire.send(sock, "hello", facts=facts)
+            channel.send("hello", facts=facts)
             # the master waits up to its own --wait for the other workers
-            roster = wire.parse(reader.line(time.monotonic() + wait_s + HELLO_S), "roster")
+            roster = channel.recv("roster", time.monotonic() + wait_s + HELLO_S)
             meeting.nodes, meeting.me = roster["nodes"], roster["you"]
+            # the master is probed where this node reached it, whatever its roster says
+            meeting.nodes[0]["seen_addr"] = plain_addr(addr)
             mine = probe_all(meeting.nodes, meeting.me)
             meeting.probes = mine
-            wire.send(sock, "probes", results=mine)
-            final = wire.parse(reader.line(time.monotonic() + 2 * PROBE_PHASE_S), "final")
+            channel.send("probes", results=mine)
+            final = channel.recv("final", time.monotonic() + 2 * PROBE_PHASE_S)
             if len(final["nodes"]) == len(meeting.nodes):
                 meeting.nodes, meeting.probes = final["nodes"], final["probes"]
             else:

@@ -6,19 +6,34 @@ types are kept, strings are cut, lists bounded; anything else is dropped, and a
 message that is not a JSON object of the expected kind is a ProtocolError.
 
     master -> worker  GREETING (on accept: tells preflight from a stale store)
-    worker -> master  {"kind": "hello", "facts": {...}}
+    worker -> master  {"kind": "hello", "facts": {...}, "nonce": "..."}
     master -> worker  {"kind": "roster", "you": i, "nodes": [facts...]}
     worker -> master  {"kind": "probes", "results": [probe...]}
     master -> worker  {"kind": "final", "nodes": [...], "probes": [...]}
+
+With a preflight secret (DDPWATCH_PREFLIGHT_SECRET, the same on every node)
+the greeting carries a fresh nonce of the master's for this connection
+(`GREETING_AUTH` + nonce), and every message is `<mac> <json>`: an HMAC-SHA256
+with the secret over who sends it, its number in that direction, both sides'
+nonces and the JSON (`Channel`). Whoever lacks the secret (a program that took
+the store port first, a stranger's hello) can neither play master to a worker
+nor take a worker's slot, and a message of one connection is worth nothing in
+another (tests/test_preflight.py).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
+import os
 import socket
 import time
 
 GREETING = b"DDPWATCH-PREFLIGHT 1\n"
+GREETING_AUTH = b"DDPWATCH-PREFLIGHT 1 secret "  # + 32 hex digits of the master's nonce
+GREETING_MAX = len(GREETING_AUTH) + 32 + 1
+SECRET_ENV = "DDPWATCH_PREFLIGHT_SECRET"
 MAX_LINE = 256 << 10
 MAX_NODES = 64
 MAX_STR = 300
@@ -124,6 +139,81 @@ def parse(line: bytes, kind: str) -> dict:
     if kind == "probes":
         return {"results": probes}
     return {"nodes": clean_nodes(obj.get("nodes")), "probes": probes}
+
+
+def greeting(nonce: str) -> bytes:
+    """What the master says on accept: GREETING, or with a secret its nonce."""
+    return GREETING_AUTH + nonce.encode() + b"\n" if nonce else GREETING
+
+
+def read_greeting(line: bytes) -> str | None:
+    """None if `line` is no preflight greeting, "" for one without a secret,
+    else the master's nonce."""
+    if line + b"\n" == GREETING:
+        return ""
+    if line.startswith(GREETING_AUTH):
+        nonce = line[len(GREETING_AUTH):].decode("ascii", "replace")
+        if len(nonce) == 32 and all(c in "0123456789abcdef" for c in nonce):
+            return nonce
+    return None
+
+
+def new_nonce() -> str:
+    return os.urandom(16).hex()
+
+
+class Channel:
+    """One connection's messages, signed with the secret when there is one.
+    `me` is "master" or "worker"; `master_nonce` from the greeting; the
+    worker's nonce rides in its hello and binds every later message."""
+
+    def __init__(self, sock: socket.socket, reader: "LineReader", me: str, secret: bytes = b"",
+                 master_nonce: str = "", worker_nonce: str = ""):
+        self.sock, self.reader, self.me = sock, reader, me
+        self.secret, self.master_nonce, self.worker_nonce = secret, master_nonce, worker_nonce
+        self.sent = self.received = 0
+
+    def _mac(self, sender: str, seq: int, body: bytes) -> str:
+        head = f"{sender}\n{seq}\n{self.master_nonce}\n{self.worker_nonce}\n".encode()
+        return hmac.new(self.secret, head + body, hashlib.sha256).hexdigest()
+
+    def send(self, kind: str, **fields) -> None:
+        if self.secret and kind == "hello":
+            self.worker_nonce = ""  # the hello's MAC covers the nonce inside it
+            fields["nonce"] = nonce = new_nonce()
+        body = json.dumps({"kind": kind, **fields}, separators=(",", ":")).encode()
+        line = (self._mac(self.me, self.sent, body).encode() + b" " + body) if self.secret \
+            else body
+        if len(line) + 1 > MAX_LINE:
+            raise ProtocolError(f"{kind} message of {len(line)} bytes exceeds {MAX_LINE}")
+        self.sock.sendall(line + b"\n")
+        if self.secret and kind == "hello":
+            self.worker_nonce = nonce
+        self.sent += 1
+
+    def recv(self, kind: str, deadline: float) -> dict:
+        line = self.reader.line(deadline)
+        if self.secret:
+            mac, _, line = line.partition(b" ")
+            sender = "worker" if self.me == "master" else "master"
+            want = self._mac(sender, self.received, line).encode()
+            if not hmac.compare_digest(mac, want):
+                raise ProtocolError(f"a {kind!r} message not signed with the preflight secret")
+        message = parse(line, kind)
+        if self.secret and kind == "hello":
+            nonce = _raw_field(line, "nonce")
+            if not (isinstance(nonce, str) and len(nonce) == 32):
+                raise ProtocolError("a hello without its nonce")
+            self.worker_nonce = nonce
+        self.received += 1
+        return message
+
+
+def _raw_field(line: bytes, name: str):
+    try:
+        return json.loads(line).get(name)
+    except (ValueError, AttributeError):
+        return None
 
 
 def send(sock: socket.socket, kind: str, **fields) -> None:
