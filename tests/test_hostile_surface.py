@@ -528,6 +528,10 @@ def test_unit_exposure_is_at_most_3():
                       "ProtectHostname=yes", "UMask=0077", "LimitNOFILE=",
                       "RestartPreventExitStatus=78"):
         assert directive in text, directive
+    # it reads other processes and never writes them (a taken-over daemon included)
+    allowed = allowed_syscalls(unit_directives()["SystemCallFilter"])
+    assert "process_vm_readv" in allowed and "setns" in allowed
+    assert not {"process_vm_writev", "ptrace"} & allowed
     caps = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.M).group(1).split()
     assert set(caps) == {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_NET_RAW",
                          "CAP_SYS_ADMIN", "CAP_NET_ADMIN"}
