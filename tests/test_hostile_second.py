@@ -5,13 +5,14 @@ beside the attack, reads no root file and prints no traceback."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 
 import psutil
 
 from conftest import JOB_TAG, need, wait_until
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
+from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job, with_heartbeats
 from test_hostile_surface import (NOBODY, as_nobody, job_with, need_root, no_traceback,
                                   keeps_ticking, shared_dir)  # noqa: F401 (a fixture)
 
@@ -164,4 +165,73 @@ def test_a_fifo_or_roots_file_over_a_ranks_hosts_is_neither_waited_on_nor_read(
                 data = f.read()
             assert MARKER.encode() not in data and SECRET_ADDR.encode() not in data, name
     assert daemon.job.proc.poll() is None
+    no_traceback(daemon)
+
+
+# --- crowding the record directories, and a set-uid child of a fake launcher ---------
+
+CROWD = 70  # more than the old global cap of 64 named directories
+
+# uid 65534's processes that each name a record directory of their own, started
+# before the victim's job, so they come first in pid order; and a fake torchrun
+# (its argv says so) whose child is a set-uid-root program that lingers.
+CROWDER = r"""
+import os, sys, time
+base, count, suid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tag = os.environ["%s"]  # the test's tag: its finalizer kills every one of these
+for i in range(count):
+    d = os.path.join(base, f"d{i}")
+    os.mkdir(d, 0o700)
+    env = {"PATH": "/usr/bin:/bin", "DDPWATCH_DIR": d, "%s": tag}
+    os.posix_spawn("/usr/bin/python3", ["python3", "-I", "-c", "import time; time.sleep(600)"],
+                   env)
+launcher = os.path.join(base, "torchrun")
+with open(launcher, "w") as f:
+    f.write("import os, sys, time\n"
+            "os.posix_spawn(sys.argv[-1], [sys.argv[-1], '600'], dict(os.environ, RANK='0', "
+            "LOCAL_RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT='29999'))\n"
+            "time.sleep(600)\n")
+os.posix_spawn("/usr/bin/python3", ["python3", "-I", launcher, "--nproc_per_node=1",
+                                    "train.py", suid], {"PATH": "/usr/bin:/bin", "%s": tag})
+print("crowded", flush=True)
+time.sleep(600)
+""" % (JOB_TAG, JOB_TAG, JOB_TAG)
+
+
+def test_a_users_crowd_of_record_directories_and_a_setuid_child_neither_hide_nor_join(
+        start_job, tmp_path, hb_dir, shared_dir):
+    """Before: 64 processes of one user, each naming a record directory of its own,
+    filled the daemon's cap, and another user's records went unread; and a fake
+    launcher's set-uid-root child became a rank of the user's job, so root's
+    process was read and dumped with the daemon's privileges."""
+    need_root()
+    need(os.access(PYTHON, os.X_OK), f"{PYTHON} missing")
+    base = os.path.join(shared_dir, "crowd")
+    os.mkdir(base, 0o755)
+    os.chown(base, NOBODY, NOBODY)
+    suid = os.path.join(shared_dir, "suid-sleep")  # what su or sudo is while it waits
+    shutil.copy("/usr/bin/sleep", suid)
+    os.chmod(suid, 0o4755)
+    # (start_job would hand the crowd the victim's DDPWATCH_DIR: it names none)
+    crowd = start_job(as_nobody(PYTHON, "-I", "-c", CROWDER, base, str(CROWD), suid),
+                      name="crowd", env={"DDPWATCH_DIR": ""})
+    wait_until(lambda: "crowded" in crowd.output(), 60, what="the crowd started")
+    tag = crowd.tag
+    setuid_child = wait_until(lambda: next(
+        (p.pid for p in psutil.process_iter(["exe", "uids"])
+         if p.info["exe"] == suid and p.info["uids"].effective == 0), None), 30,
+        what="the set-uid child running as root")
+    # the victim: root's trainer, its records in a directory of its own, named only
+    # by its ranks' DDPWATCH_DIR (the daemon is given none)
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5}, env={"DDPWATCH_DIR": ""})
+    trainer = trainer_job(start_job)
+    read = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 120,
+                      what="the victim's records read beside the crowd")
+    assert len(read["ranks"]) == 2
+    status = daemon.status()
+    assert not any(r["pid"] == setuid_child for j in status["jobs"] for r in j["ranks"]), \
+        [j["ranks"] for j in status["jobs"]]
+    assert len([p for p in psutil.process_iter(["environ"])
+                if (p.info["environ"] or {}).get(JOB_TAG) == tag]) >= CROWD
+    keeps_ticking(daemon)
     no_traceback(daemon)

@@ -148,20 +148,26 @@ def is_launcher(cmdline: tuple[str, ...]) -> bool:
 is_python = L.is_python
 
 
-MAX_NAMED_DIRS = 64
+MAX_NAMED_DIRS = 256     # directories looked at per tick, all users together
+MAX_DIRS_PER_UID = 8     # ... and per user: one user's many cannot crowd out another's
 
 
 def heartbeat_dirs(table: dict[int, ProcInfo], procfs: str = "/proc") -> tuple[str, ...]:
     """The record directories Python processes name in their DDPWATCH_DIR, each
     only if it is a directory of the naming process's own user that no one else
     may write to: a reader running as root must not take another user's word for
-    where a rank's records are."""
+    where a rank's records are. At most MAX_DIRS_PER_UID per user: 64 processes
+    of one user, each naming a directory of its own, once filled a global cap
+    and left another user's directory unread (tests/test_hostile_second.py)."""
     named: dict[str, list[int]] = {}
+    per_uid: dict[int, int] = {}
     for info in table.values():
         directory = info.env.get("DDPWATCH_DIR")
         if directory and info.python:
-            if directory not in named and len(named) >= MAX_NAMED_DIRS:
-                continue
+            if directory not in named:
+                if len(named) >= MAX_NAMED_DIRS or per_uid.get(info.uid, 0) >= MAX_DIRS_PER_UID:
+                    continue
+                per_uid[info.uid] = per_uid.get(info.uid, 0) + 1
             named.setdefault(directory, []).append(info.pid)
     trusted = []
     for directory, pids in named.items():
@@ -191,10 +197,21 @@ def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
 
 
 def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> list[ProcInfo]:
-    """`pid`'s children, its own workers left out (`is_worker_of`)."""
+    """`pid`'s children, its own workers left out (`is_worker_of`), and so are
+    children of another user than a non-root parent's: a user's fake launcher
+    with a set-uid child would otherwise make a process of root's a rank of
+    the user's job, read and dumped with the daemon's privileges and shown to
+    that user (tests/test_hostile_second.py). Root may start other users'
+    ranks (slurmstepd does)."""
     parent = table.get(pid)
     return sorted((p for p in table.values() if p.ppid == pid and not (
-        parent is not None and is_worker_of(p, parent, record_pids))), key=lambda p: p.pid)
+        parent is not None and (is_worker_of(p, parent, record_pids) or
+                                _foreign(p, parent)))), key=lambda p: p.pid)
+
+
+def _foreign(child: ProcInfo, parent: ProcInfo) -> bool:
+    """A child running as another user than its non-root parent (a set-uid program)."""
+    return parent.uid not in (0, -1) and child.uid not in (-1, parent.uid)
 
 
 def is_worker_of(child: ProcInfo, parent: ProcInfo, record_pids=frozenset()) -> bool:
