@@ -33,6 +33,7 @@ from .publish.view import DaemonView, JobView
 from .watch.job import WatchedJob
 
 log = logging.getLogger("ddpwatch")
+ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
 
 # A job no rule can judge yet in its first seconds is starting (importing torch,
 # meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
@@ -83,15 +84,16 @@ class Daemon:
         self.watched: dict[str, WatchedJob] = {}
         # the ranks' states read between ticks (observe/between.py)
         self.between = BetweenTicks(clock, glance_s=config.reading_s)
-        self._requested_now = False
+        self._requested: object = frozenset()  # this tick's stacks_requested
         self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
         # ranks seen ending, and jobs held after a rank's death took them away
         self.departures = Departures()
         self.sampler = self._make_sampler(config)
         self._tick = 0
-        # Set from the HTTP thread (GET /status?stacks=1): the next tick dumps the
-        # stacks of every job, suspicious or not. A plain flag: one writer, one reader.
-        self.stacks_requested = False
+        # Set from the HTTP threads (GET /status?stacks=1, `request_stacks`): the
+        # next tick dumps the stacks of the jobs the asker may see, suspicious or
+        # not: ALL_JOBS, or a frozenset of owner uids. Replaced whole, never mutated.
+        self.stacks_requested: object = frozenset()
         self.stage_failures: dict[str, int] = collections.Counter()
         self._last_views: dict = {}  # owner key -> the last tick's JobView
         self._saved = None  # what incident_store last saved (a mark of it)
@@ -156,13 +158,26 @@ class Daemon:
     def close(self) -> None:
         self.sampler.close()
 
+    def request_stacks(self, uid: int | None = None) -> None:
+        """A person asked for stacks (GET /status?stacks=1): the next tick dumps
+        those of every job they may see: all of them for uid None (root, a
+        token holder), else their own uid's (publish/viewer.py). A local user
+        cannot make the daemon dump other users' ranks."""
+        wanted = self.stacks_requested
+        if uid is not None and uid < 0:
+            return  # an asker who could not be told owns no job
+        if uid is None:
+            self.stacks_requested = ALL_JOBS
+        elif wanted is not ALL_JOBS:
+            self.stacks_requested = frozenset(wanted) | {uid}
+
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> DaemonView:
         started = self.clock()
         statuses = []
         jobs = self._guard("discovery", lambda: self._discover(statuses), [])
-        requested, self.stacks_requested = self.stacks_requested, False
-        self._requested_now = requested
+        requested, self.stacks_requested = self.stacks_requested, frozenset()
+        self._requested = requested
         # Jobs are who owns them (uid, launcher); a run id is only their label
         # (two users' jobs may claim one: tests/test_hostile_unit.py)
         table = self._survey.table if self._survey is not None else {}
@@ -242,7 +257,8 @@ class Daemon:
         watched = self.watched.get(key)
         if watched is None:
             watched = self.watched[key] = WatchedJob(key, self.clock())
-        detailed = watched.verdict != "healthy" or self._requested_now
+        requested = self._requested is ALL_JOBS or limits.owner_uid(key) in self._requested
+        detailed = watched.verdict != "healthy" or requested
         # the peer view: this job's ranks on other nodes, as their daemons see them
         remote = self.peers.remote_signals(label) if self.peers else ()
 
@@ -268,9 +284,8 @@ class Daemon:
             suspicious = self.clock() - watched.first_seen >= STARTUP_GRACE_S
         # a job held after its ranks ended has no process left to look closer at
         gone = not job.rank_pids and bool(job.departed_pids)
-        if (suspicious or self._requested_now) and not gone:
-            closer = self.sampler.look_closer(last, self._survey, key,
-                                              force_stacks=self._requested_now)
+        if (suspicious or requested) and not gone:
+            closer = self.sampler.look_closer(last, self._survey, key, force_stacks=requested)
             statuses.extend(closer.probes[len(last.probes):])
             last = closer
             watched.replace_last(closer)
@@ -278,8 +293,7 @@ class Daemon:
         # a pause past what is normal for this job is a hang (judge/overtime.py)
         judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
         # read healthy jobs' main threads now and then, the others' every thread often
-        self.between.watch(key, closely=judgement.job.verdict != "healthy"
-                           or self._requested_now)
+        self.between.watch(key, closely=judgement.job.verdict != "healthy" or requested)
         view = JobView(label, judgement, last, over, owner=key)
         watched.view = view
         return view

@@ -511,6 +511,41 @@ def test_stacks_requests_in_a_loop_run_py_spy_a_bounded_number_of_times(
     no_traceback(daemon)
 
 
+ONE_STACKS_REQUEST = r"""
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1] + "/status?stacks=1", timeout=20) as r:
+    print("status", r.status, r.headers.get("X-Ddpwatch-Stacks", "asked"), flush=True)
+"""
+
+
+def test_a_users_stacks_request_dumps_only_their_own_ranks(start_job, tmp_path, hb_dir,
+                                                           need_py_spy):
+    """Before, any local user's /status?stacks=1 made the next tick dump every
+    job's ranks, other users' included. Now a request dumps the jobs its asker
+    may see (publish/viewer.py): root's healthy job is left alone when uid 65534
+    asks, and dumped when root does."""
+    need_root()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5, "stacks_min_interval_s": 1})
+    from test_daemon import trainer_job
+    trainer = trainer_job(start_job)
+    healthy = wait_until(lambda: (lambda j: j if j and j["job"]["verdict"] == "healthy"
+                                  and len(j["ranks"]) == 2 else None)(
+        next((j for j in daemon.status()["jobs"] if {r["pid"] for r in j["ranks"]}
+              <= {p.pid for p in trainer.processes()} and j["ranks"]), None)), 180,
+        what="root's job healthy")
+    rank = healthy["ranks"][0]["pid"]
+    assert not py_spy_runs_on(daemon.job.proc.pid, rank, 2.0)  # healthy: no dumps of its own
+    asker = start_job(python_as_nobody("-c", ONE_STACKS_REQUEST, daemon.url), name="asker")
+    wait_until(lambda: "status" in asker.output(), 60, what="uid 65534's request answered")
+    assert "status 200 asked" in asker.output(), asker.output()
+    assert not py_spy_runs_on(daemon.job.proc.pid, rank, 3.0), \
+        "uid 65534's request dumped root's rank"
+    code, _ = get(daemon.url + "/status?stacks=1")  # root asks: dumped
+    assert code == 200
+    assert py_spy_runs_on(daemon.job.proc.pid, rank, 3.0), "root's own request dumped nothing"
+    no_traceback(daemon)
+
+
 # --- the unit -----------------------------------------------------------------------
 UNIT = os.path.join(REPO, "systemd", "ddpwatch.service")
 

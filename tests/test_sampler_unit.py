@@ -75,3 +75,27 @@ def test_every_job_probe_names_a_snapshot_field():
     fields = {f.name for f in dataclasses.fields(Snapshot)}
     for spec in probes.job_probes():
         assert spec.snapshot_field in fields, spec.name
+
+
+def test_a_persons_request_is_held_to_its_own_budget_whatever_the_jobs(calls, monkeypatch):
+    """A forced pass (GET /status?stacks=1) dumps every job it is asked for, but
+    no more py-spy runs than MAX_FORCED_DUMPS_PER_PASS: a user's many fake jobs
+    must not turn one request into hundreds of runs."""
+    from ddpwatch.observe import sampler as sampler_mod
+    spec = probes.REGISTRY["stacks"]
+
+    def dump(ctx, pids):
+        calls.append(("stacks", pids, True))
+        return SimpleNamespace(pids=tuple(SimpleNamespace(pid=p, status="ok") for p in pids))
+    monkeypatch.setitem(probes.REGISTRY, "stacks", dataclasses.replace(spec, run=dump))
+    jobs = [Job(target_pid=100 * i, launcher_pid=100 * i - 1, launcher_kind="torchrun",
+                rank_pids=tuple(range(100 * i, 100 * i + 8)), run_id=f"r{i}",
+                ranks=tuple(range(8)), world_size=8) for i in range(1, 11)]
+    with Sampler(probes.ProbeContext(), lambda name: name == "stacks") as sampler:
+        node = survey()  # one pass over the node: one budget
+        for job in jobs:
+            snap = sampler.sample(job, node, Look.DETAIL, key=job.run_id)
+            sampler.look_closer(snap, node, key=job.run_id, force_stacks=True)
+    dumped = [c for c in calls if c[0] == "stacks"]
+    assert sum(len(c[1]) for c in dumped) == sampler_mod.MAX_FORCED_DUMPS_PER_PASS
+    assert len(dumped) == sampler_mod.MAX_FORCED_DUMPS_PER_PASS // 8  # whole jobs, first come

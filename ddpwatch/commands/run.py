@@ -92,7 +92,7 @@ def main(args) -> int:
     def make_server(c, sock=None):
         host, port = c.host_port
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
-                      request_stacks=lambda: setattr(daemon, "stacks_requested", True),
+                      request_stacks=daemon.request_stacks,
                       stacks_min_interval_s=c.stacks_min_interval_s, sock=sock)
 
     host = cfg.host_port[0]

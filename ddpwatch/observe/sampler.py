@@ -30,6 +30,11 @@ HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
 # each would cost a py-spy run every stacks_min_interval_s (issue 14: 65 runs per
 # 10 s). Jobs past the budget get theirs on a later pass.
 MAX_DUMPS_PER_PASS = 8
+# A person's request (/status?stacks=1) is not held to that, but to this: the
+# request comes at most every stacks_min_interval_s from anyone, and each forced
+# job costs a py-spy run per rank: a user's hundred fake jobs must not turn one
+# request into hundreds of runs (tests/test_hostile_surface.py).
+MAX_FORCED_DUMPS_PER_PASS = 32
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Sampler:
         self._ns_cache: dict = {}  # the ranks' namespaces' views (probes/nshost.py)
         self._scan_state = ScanState()  # record directories' listings, refused files
         self._dumps_left = MAX_DUMPS_PER_PASS
+        self._forced_left = MAX_FORCED_DUMPS_PER_PASS
         self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
         # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): still_current
         self._stacks: dict[str, tuple[float, object, dict]] = {}
@@ -143,6 +149,7 @@ class Sampler:
         by hand grouped by their connections too (the wire_groups probe)."""
         ctx, statuses = self.ctx, []
         self._dumps_left = MAX_DUMPS_PER_PASS
+        self._forced_left = MAX_FORCED_DUMPS_PER_PASS
         table = discovery.read_table(ctx.procfs, self._exec_cache)
         named = discovery.heartbeat_dirs(table, ctx.procfs)
         hb = run_probe("heartbeats", dataclasses.replace(
@@ -271,13 +278,16 @@ class Sampler:
         now = progress_of(survey.heartbeats)
         taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
         due = self.ctx.clock() - taken >= self.stacks_min_interval_s
-        if force or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
+        forced = force and self._forced_left > 0
+        if forced or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
             result = run_probe(spec.name, ctx, pids)
             results.append(result)
             if result.ok:
                 runs = sum(p.status in ("ok", "error") for p in result.data.pids)
                 self.stack_dumps += runs
                 self._dumps_left -= runs
+                if forced:
+                    self._forced_left -= runs
                 self._stacks[key] = (self.ctx.clock(), result.data, now)
                 return result.data
         return still_current(stacks, then, now) if stacks is not None else None

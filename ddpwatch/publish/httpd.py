@@ -74,7 +74,7 @@ def status_document(view) -> dict:
 
 class Server:
     def __init__(self, host: str, port: int, get_view, render_metrics, token: str = "",
-                 request_stacks=lambda: None, stacks_min_interval_s: float = 5.0,
+                 request_stacks=lambda uid=None: None, stacks_min_interval_s: float = 5.0,
                  clock=time.monotonic, **limits):
         self.get_view = get_view
         self.request_stacks = request_stacks
@@ -137,7 +137,7 @@ class Server:
             elif view is None:
                 self._send(req, 503, b"no tick yet\n", "text/plain")
             else:
-                self._incidents(req, path, self._visible(req, view))
+                self._incidents(req, path, self._visible(req, view)[0])
         elif path in ("/status", "/peer"):
             refused = self._refused(req)
             if refused:
@@ -146,14 +146,15 @@ class Server:
             elif view is None:
                 self._send(req, 503, b'{"error": "no tick yet"}\n', "application/json")
             else:
-                view = self._visible(req, view)
+                view, uid = self._visible(req, view)
                 if path == "/peer":
                     self._send(req, 200, dumps(peers.document(view)), "application/json")
                     return
                 headers = {}
                 if "stacks=1" in req.path.partition("?")[2].split("&"):
                     if self._stacks_allowed():
-                        self.request_stacks()  # the next tick dumps every job's stacks
+                        # the next tick dumps the stacks of every job this asker sees
+                        self.request_stacks(uid)
                     else:
                         headers["X-Ddpwatch-Stacks"] = "rate-limited"
                 self._send(req, 200, dumps(status_document(view), indent=1), "application/json",
@@ -188,9 +189,11 @@ class Server:
         self._send(req, 200, page.encode(), HTML)
 
     def _visible(self, req, view):
-        """What this request may see: everything with the token (or from root),
-        else its own uid's jobs and incidents (viewer.py)."""
-        return viewer.visible(view, viewer.viewer_of(req, token_used=bool(self.token)))
+        """(what this request may see, whose it is): everything with the token
+        or from root (uid viewer.ALL), else its own uid's jobs and incidents
+        (viewer.py)."""
+        uid = viewer.viewer_of(req, token_used=bool(self.token))
+        return viewer.visible(view, uid), uid
 
     def _refused(self, req) -> str:
         """Why the request may not be answered ("" if it may). A signed one
