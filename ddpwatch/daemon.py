@@ -34,6 +34,7 @@ from .watch.job import WatchedJob
 
 log = logging.getLogger("ddpwatch")
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
+MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
 
 # A job no rule can judge yet in its first seconds is starting (importing torch,
 # meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
@@ -138,7 +139,7 @@ class Daemon:
 
     def _make_sampler(self, config: Config) -> Sampler:
         return Sampler(self._probe_context(config), config.probe_on,
-                       config.stacks_min_interval_s)
+                       config.stacks_min_interval_s, budgets=True)
 
     def reconfigure(self, config: Config, rules: list) -> None:
         """Swap config and rules between ticks (SIGHUP); history and incidents stay."""
@@ -223,7 +224,7 @@ class Daemon:
             if self.dispatcher is not None else None,
             alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())),
             webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
-            stack_dumps=self.sampler.stack_dumps)
+            stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out())
         return self.view
 
     def _guard(self, stage: str, fn, default):
@@ -237,7 +238,25 @@ class Daemon:
     def _discover(self, statuses: list) -> list:
         self._survey = self.sampler.survey(wire=True)  # ranks started by hand too
         statuses.extend(self._survey.probes)
-        return self._survey.jobs()
+        return self._per_user(self._survey.jobs())
+
+    def _per_user(self, jobs: list) -> list:
+        """At most MAX_JOBS_PER_UID jobs of each user but root are watched, their
+        oldest first: every job costs the tick its reads, and any user can start
+        hundreds (observe/budget.py; tests/test_hostile_second.py). What is left out
+        is counted in ddpwatch_left_out_total{what="jobs"}."""
+        table = self._survey.table
+        keyed = [(discovery.owner_key(job, table), job) for job in jobs]
+        kept, per_uid = [], collections.Counter()
+        for key, job in sorted(keyed, key=lambda kj: (limits.born_s(kj[0]) or 0.0, kj[0])):
+            uid = limits.owner_uid(key)
+            if uid != 0 and per_uid[uid] >= MAX_JOBS_PER_UID:
+                self.sampler.left_out_now("jobs")
+                continue
+            per_uid[uid] += 1
+            kept.append(job)
+        chosen = {id(job) for job in kept}
+        return [job for job in jobs if id(job) in chosen]  # discovery's order
 
     def between_ticks(self, deadline: float, stop) -> None:
         """Until the next tick; the ranks' states are read meanwhile (the window's

@@ -200,14 +200,22 @@ def test_lean_read_degrades_per_thread(tmp_path, monkeypatch):
     shutil.copytree(os.path.join(FX, "5072"), tmp_path / "5072", symlinks=True)
     (tmp_path / "5072" / "task" / "5075" / "schedstat").unlink()  # no CONFIG_SCHED_INFO
     (tmp_path / "5072" / "task" / "5078" / "schedstat").write_text("garbage")
-    listdir = os.listdir
+    scandir = os.scandir
 
-    def listdir_then_thread_exits(path):
-        names = listdir(path)
-        if str(path).endswith("/task"):
-            shutil.rmtree(tmp_path / "5072" / "task" / "5076")
-        return names
-    monkeypatch.setattr(P.os, "listdir", listdir_then_thread_exits)
+    class ListedThenThreadExits:
+        """The task directory's listing, taken before thread 5076 exits."""
+        def __init__(self, path):
+            with scandir(path) as entries:
+                self.entries = list(entries)
+            if str(path).endswith("/task"):
+                shutil.rmtree(tmp_path / "5072" / "task" / "5076")
+
+        def __enter__(self):
+            return iter(self.entries)
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(P.os, "scandir", ListedThenThreadExits)
     obs = P.read_process(str(tmp_path), 5072, thread_detail=False)
     assert [t.tid for t in obs.threads] == [5072, 5075, 5078]
     assert obs.threads[1].sched == obs.threads[2].sched == P.NO_SCHEDSTAT

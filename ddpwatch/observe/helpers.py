@@ -40,3 +40,40 @@ def path(name: str) -> str | None:
 def resolve_all() -> dict[str, str | None]:
     """Resolve every helper now (daemon start): name -> absolute path or None."""
     return {name: path(name) for name in TOOLS}
+
+
+def run_bounded(cmd: list[str], timeout_s: float, limit: int) -> str:
+    """A helper's standard output, at most `limit` bytes of it (the rest is
+    drained and dropped, so a namespace with 20 000 addresses costs the daemon
+    no more memory than any other), under `timeout_s` (then killed:
+    subprocess.TimeoutExpired). RuntimeError on a non-zero exit."""
+    import selectors
+    import subprocess
+    import time
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL) as proc:
+        deadline = time.monotonic() + timeout_s
+        out, err = bytearray(), bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, out)
+            sel.register(proc.stderr, selectors.EVENT_READ, err)
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    proc.kill()
+                    raise subprocess.TimeoutExpired(cmd, timeout_s)
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif len(key.data) < limit:
+                        key.data.extend(chunk[:limit - len(key.data)])
+        try:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {code}: "
+                           f"{err.decode('utf-8', 'replace').strip()[:300]}")
+    return out.decode("utf-8", "replace")

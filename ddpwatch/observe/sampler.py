@@ -10,6 +10,7 @@ asked. How close each probe needs to look before it runs is in its registration
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_prob
 from .probes.exits import for_pids, open_watch
 from .probes.traffic import for_ports, local_ports, open_capture
 from .probes.wire_groups import WireWatch
+from .budget import PassBudget
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
 HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
@@ -78,9 +80,14 @@ class Sampler:
     the command lines of processes seen before, and each job's last stack dump."""
 
     def __init__(self, ctx: ProbeContext, enabled: Callable[[str], bool] = lambda name: True,
-                 stacks_min_interval_s: float = 0.0, keep_caches: bool = True):
+                 stacks_min_interval_s: float = 0.0, keep_caches: bool = True,
+                 budgets: bool = False):
         load_all()
         self.ctx = ctx
+        # a PassBudget per pass (observe/budget.py): the daemon's, beside other users
+        self.budgets = budgets
+        self._budget: PassBudget | None = None
+        self._left_out: collections.Counter = collections.Counter()  # earlier passes'
         self.enabled = enabled
         self.stacks_min_interval_s = stacks_min_interval_s
         self._exec_cache: dict | None = {} if keep_caches else None
@@ -150,6 +157,10 @@ class Sampler:
         ctx, statuses = self.ctx, []
         self._dumps_left = MAX_DUMPS_PER_PASS
         self._forced_left = MAX_FORCED_DUMPS_PER_PASS
+        if self.budgets:
+            if self._budget is not None:
+                self._left_out.update(self._budget.left_out)
+            self._budget = PassBudget()
         table = discovery.read_table(ctx.procfs, self._exec_cache)
         named = discovery.heartbeat_dirs(table, ctx.procfs)
         hb = run_probe("heartbeats", dataclasses.replace(
@@ -272,7 +283,22 @@ class Sampler:
             self.ctx, parents={pid: info.ppid for pid, info in survey.table.items()},
             exec_info={pid: (info.cmdline, info.env) for pid, info in survey.table.items()},
             thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS,
-            ns_cache=self._ns_cache)
+            ns_cache=self._ns_cache, budget=self._budget)
+
+    def left_out_now(self, what: str, n: int = 1) -> None:
+        """Something this pass left out by a caller's bound (the daemon's jobs)."""
+        if self._budget is not None:
+            self._budget.count(what, n)
+        else:
+            self._left_out[what] += n
+
+    def left_out(self) -> dict[str, int]:
+        """What the passes' budgets refused, since start, by kind
+        (`ddpwatch_left_out_total{what}`)."""
+        total = collections.Counter(self._left_out)
+        if self._budget is not None:
+            total.update(self._budget.left_out)
+        return dict(total)
 
     def _budgeted(self, spec, ctx, pids, survey, key, force, results):
         now = progress_of(survey.heartbeats)

@@ -35,6 +35,7 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
+LEFT_OUT = ("fds", "helper_runs", "jobs", "netns", "threads")  # observe/budget.py
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
@@ -71,6 +72,12 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_stack_dumps_total": ("counter", (), (
         "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
         "is not dumped).")),
+    "ddpwatch_left_out_total": ("counter", ("what",), (
+        "What the daemon's per-pass budgets left unread since it started, so that no user's "
+        "processes make its ticks long (observe/budget.py): jobs (a user's jobs past 8 but "
+        "root's), netns (a user's network "
+        "namespaces past 8 a pass), helper_runs (ss/ip runs past 4 per user), fds (a "
+        "rank's open files past 4096), threads (a rank's threads past 512).")),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
         "started: busy_503 (every worker of the request's class busy), evicted (too many "
@@ -276,6 +283,10 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
                  for stage, n in sorted(failures.items())]
     if view.stack_dumps >= 0:
         rows.append(("ddpwatch_stack_dumps_total", (), float(view.stack_dumps)))
+    if view.left_out is not None:
+        left = dict.fromkeys(LEFT_OUT, 0) | dict(view.left_out)
+        rows += [("ddpwatch_left_out_total", (what,), float(n))
+                 for what, n in sorted(left.items())]
     missing: dict[str, int] = {}
     for inc in view.incidents:
         if inc.state != IncidentState.RESOLVED and not inc.bundle and inc.bundle_error:

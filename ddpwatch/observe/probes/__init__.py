@@ -66,6 +66,9 @@ class ProbeContext:
     # read, and the wire_groups.WireWatch its caller keeps across passes
     procs: dict | None = None
     wire_watch: Any = None
+    # what this pass may still spend on each user's ranks (observe/budget.py
+    # PassBudget; None: no limit, as for `diagnose`)
+    budget: Any = None
 
 
 class Look(enum.IntEnum):

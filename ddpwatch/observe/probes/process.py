@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ... import codec
+from ..budget import MAX_THREADS
 from . import ProbeContext, failure, register
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -347,7 +348,8 @@ def _read_thread(procfs: str, pid: int, tid: int, detail: bool = True) -> Thread
 
 
 def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
-                 exec_info: tuple | None = None, thread_detail: bool = True) -> ProcessObs:
+                 exec_info: tuple | None = None, thread_detail: bool = True,
+                 budget=None) -> ProcessObs:
     """Everything about one pid; per-pid failures become `error`, never raise.
 
     exec_info: the pid's (cmdline, allow-listed env) when the caller already has them."""
@@ -373,10 +375,17 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
     if not env:
         env = env_from_cmdline(cmdline)
         source = "cmdline" if env else "none"
-    try:
-        tids = sorted(int(t) for t in os.listdir(f"{base}/task") if t.isdigit())
+    try:  # the task directory lists threads oldest first; any user may start
+        # 4 000 of them: the listing stops past the cap (budget.MAX_THREADS)
+        with os.scandir(f"{base}/task") as entries:
+            tids = sorted(int(e.name) for _, e in zip(range(MAX_THREADS + 1), entries)
+                          if e.name.isdigit())
     except OSError:
         tids = []
+    if len(tids) > MAX_THREADS:
+        if budget is not None:
+            budget.count("threads", max(1, st.num_threads - MAX_THREADS))
+        tids = tids[:MAX_THREADS]
     threads = tuple(t for t in (_read_thread(procfs, pid, tid, thread_detail)
                            for tid in tids) if t)
     uid = status.get("Uid", "-1").split()[0]
@@ -404,7 +413,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
         uptime = -1.0
     known = ctx.exec_info or {}
     procs = tuple(read_process(ctx.procfs, pid, tuple(sorted(kids.get(pid, ()))),
-                               known.get(pid), ctx.thread_detail)
+                               known.get(pid), ctx.thread_detail, ctx.budget)
                   for pid in pids)
     return Processes(taken_at, uptime, CLK_TCK, procs)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ... import codec
 from .. import helpers
+from ..budget import MAX_ADDRESSES, MAX_FDS, MAX_OUTPUT, TABLE_MAX_AGE_S, owner
 from . import Look, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
 
@@ -286,13 +287,12 @@ def parse_ip_addr(text: str) -> tuple[Interface, ...]:
 
 
 def read_ip_addr(ns_path: str, timeout_s: float) -> str:
-    """`ip -o addr show up` inside the namespace `ns_path` (needs root)."""
+    """`ip -o addr show up` inside the namespace `ns_path` (needs root), its
+    first MAX_ADDRESSES lines: any user may give a namespace of theirs 20 000."""
     nsenter, ip = _tool("nsenter"), _tool("ip")
     cmd = [nsenter, f"--net={ns_path}", ip, "-o", "addr", "show", "up"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
-    return done.stdout
+    text = helpers.run_bounded(cmd, timeout_s, MAX_OUTPUT)
+    return "\n".join(text.splitlines()[:MAX_ADDRESSES])
 
 
 def read_ss(ns_path: str | None, timeout_s: float) -> str:
@@ -300,10 +300,7 @@ def read_ss(ns_path: str | None, timeout_s: float) -> str:
     cmd = [_tool("ss"), "-tineH"]
     if ns_path:
         cmd = [_tool("nsenter"), f"--net={ns_path}"] + cmd
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
-    return done.stdout
+    return helpers.run_bounded(cmd, timeout_s, MAX_OUTPUT)
 
 
 def _tool(name: str) -> str:
@@ -334,43 +331,100 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
     # daemon reading a host /proc mounted elsewhere compares like with like; a
     # fixture tree has no self: "" then means never nsenter.
     own_ns = _ns(ctx.procfs, "self")
-    tables: dict[str, tuple[TableEntry, ...]] = {}  # one read per namespace
+    # one read per namespace, shared by the pass's jobs when there is a budget
+    budget = ctx.budget
+    memo = budget.memo if budget is not None else {}
+    tables: dict[str, tuple[TableEntry, ...]] = {}
     infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
     ifaces: dict[str, tuple[Interface, ...] | None] = {}
     out = []
     for pid in pids:
+        foreign = False
         try:
-            inodes = socket_inodes(ctx.procfs, pid)
+            try:
+                inodes = socket_inodes(ctx.procfs, pid, MAX_FDS)
+            except OSError as err:
+                if err.errno != errno.EMFILE:
+                    raise
+                if budget is not None:
+                    budget.count("fds")
+                out.append(PidSockets(pid, error=f"left out: {err.strerror}"))
+                continue
             ns = _ns(ctx.procfs, pid)
-            if ns not in tables or not ns:
-                tables[ns] = read_table(ctx.procfs, pid)
+            foreign = bool(ns and own_ns and ns != own_ns)
+            if not inodes:
+                pass  # no socket to look up: a namespace's table costs a walk of the
+                # kernel's whole connection hash (observe/budget.py)
+            elif ns and ("table", ns) in memo:
+                tables[ns] = memo["table", ns]
+            elif ns not in tables or not ns:
+                kept = (ctx.ns_cache or {}).get(("table", ns)) if foreign else None
+                if foreign and budget is not None and not budget.take(
+                        "netns", owner(ctx.procfs, pid)):
+                    if kept is None or ctx.clock() - kept[0] >= TABLE_MAX_AGE_S:
+                        out.append(PidSockets(pid, ns, error=LEFT_OUT_NETNS))
+                        continue
+                    tables[ns] = kept[1]  # its user's namespaces are read in turn
+                else:
+                    tables[ns] = read_table(ctx.procfs, pid)
+                    if foreign and ctx.ns_cache is not None:
+                        ctx.ns_cache["table", ns] = (ctx.clock(), tables[ns])
+                if ns:
+                    memo["table", ns] = tables[ns]
         except (FileNotFoundError, ProcessLookupError, PermissionError) as err:
             out.append(PidSockets(pid, error=failure(err)))
             continue
         if ns not in infos and not ctx.socket_info:
             infos[ns] = ((), "")  # states and queues from /proc are enough this time
+        if ns not in infos and ns and ("ss", ns) in memo:
+            infos[ns], ifaces[ns] = memo["ss", ns]
         if ns not in infos:
-            nsenter = ns and own_ns and ns != own_ns
-            try:
-                text = read_ss(f"{ctx.procfs}/{pid}/ns/net" if nsenter else None,
-                               ctx.timeout_s)
-                infos[ns] = (parse_ss(text), "")
-            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                infos[ns] = ((), f"{type(err).__name__}: {err}")
-            ifaces[ns] = None
-            if nsenter:
-                try:
-                    ifaces[ns] = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net",
-                                                            ctx.timeout_s))
-                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                    infos[ns] = (infos[ns][0], "; ".join(filter(None, (
-                        infos[ns][1], f"interfaces: {type(err).__name__}: {err}"))))
+            infos[ns], ifaces[ns] = _ss_and_interfaces(ctx, pid, foreign, budget)
+            if ns:
+                memo["ss", ns] = (infos[ns], ifaces[ns])
         ss_rows, info_error = infos[ns]
-        mine = [e for e in tables[ns] if e.inode in inodes]
+        mine = [e for e in tables.get(ns, ()) if e.inode in inodes]
         found = match(mine, ss_rows)
         out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
                               info_error=info_error, interfaces=ifaces.get(ns)))
     return Sockets(taken_at, tuple(out))
+
+
+IFACES_MAX_AGE_S = 60.0  # as nshost.MAX_AGE_S
+LEFT_OUT_NETNS = ("left out: its user's network namespaces past what one pass reads "
+                  "(observe/budget.py)")
+
+
+def _ss_and_interfaces(ctx: ProbeContext, pid: int, foreign: bool, budget):
+    """((`ss -ti` rows, error), the namespace's interfaces or None) for pid's
+    namespace: one helper run each, within the pass's budget for its user."""
+    path = f"{ctx.procfs}/{pid}/ns/net"
+    uid = owner(ctx.procfs, pid) if budget is not None else -1
+    if budget is not None and not budget.take("helper_runs", uid):
+        return ((), "left out: its user's helper runs past what one pass allows"), None
+    try:
+        info = (parse_ss(read_ss(path if foreign else None, ctx.timeout_s)), "")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        info = ((), f"{type(err).__name__}: {err}")
+    if not foreign:
+        return info, None
+    # a namespace's interfaces change rarely: kept as nshost keeps its views
+    # (ctx.ns_cache, IFACES_MAX_AGE_S), so a namespace of 20 000 addresses costs
+    # an `ip` run a minute, not one a tick
+    cache = ctx.ns_cache if ctx.ns_cache is not None else {}
+    key = ("ip", _ns(ctx.procfs, pid))
+    kept = cache.get(key)
+    if kept is not None and ctx.clock() - kept[0] < IFACES_MAX_AGE_S:
+        return info, kept[1]
+    if budget is not None and not budget.take("helper_runs", uid):
+        return (info[0], "; ".join(filter(None, (info[1], "interfaces: left out")))), None
+    try:
+        ifaces = parse_ip_addr(read_ip_addr(path, ctx.timeout_s))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        return (info[0], "; ".join(filter(None, (
+            info[1], f"interfaces: {type(err).__name__}: {err}")))), None
+    cache[key] = (ctx.clock(), ifaces)
+    return info, ifaces
 
 
 def from_json(obj) -> Sockets:

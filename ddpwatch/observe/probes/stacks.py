@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from ... import codec
 from .. import helpers
 from . import Look, ProbeContext, register
-from .process import read_state
+from ..budget import MAX_DUMP_THREADS
+from .process import parse_stat, read_state
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,14 @@ def find_py_spy() -> str | None:
     return helpers.path("py-spy")  # resolved once (observe/helpers.py)
 
 
+def _num_threads(procfs: str, pid: int) -> int:
+    try:
+        with open(f"{procfs}/{pid}/stat") as f:
+            return parse_stat(f.read()).num_threads
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _command(py_spy: str, pid: int, native: bool) -> list[str]:
     return [py_spy, "dump", "--pid", str(pid), "--json",
             "--native" if native else "--nonblocking"]
@@ -148,10 +157,19 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
     running: dict[int, tuple[subprocess.Popen, bool]] = {}
     for pid in pids:
         state = states[pid]
+        threads = _num_threads(ctx.procfs, pid) if state else 0
         if not state:
             results[pid] = PidStacks(pid, "gone")
         elif state in _SKIP:
             results[pid] = PidStacks(pid, _SKIP[state], state)
+        elif threads > MAX_DUMP_THREADS:
+            # py-spy reads every thread: 4 000 of them take it seconds, and any
+            # user can start that many (tests/test_hostile_second.py)
+            if ctx.budget is not None:
+                ctx.budget.count("threads", threads - MAX_DUMP_THREADS)
+            results[pid] = PidStacks(pid, "error", state, error=(
+                f"left out: {threads} threads, more than the {MAX_DUMP_THREADS} a dump "
+                f"may read"))
         else:
             native = ctx.native_stacks and state in _NATIVE_OK
             running[pid] = (subprocess.Popen(

@@ -1,0 +1,72 @@
+"""What one pass over the node may spend on one user's processes.
+
+The daemon reads every user's ranks as root, so what a rank costs it is up to
+whoever started the rank. Measured before these bounds (tests/test_hostile_second.py):
+12 fake ranks of one unprivileged user, each in a user and network namespace
+of its own, took the tick from about 10 ms to 550 ms: each namespace's
+/proc/PID/net/tcp read walks the kernel's whole connection hash (about 5 ms),
+twice a tick, and `nsenter ss` and `nsenter ip` ran for each.
+
+A pass (sampler.survey to the next one) has one PassBudget. Per user but root
+(the uid owning the rank's /proc entry: root's ranks are the operator's, a
+Kubernetes node's pods among them) and in all it allows:
+* `netns`: network namespaces other than the daemon's whose socket tables are
+  read; past it, a table read within TABLE_MAX_AGE_S stands in;
+* `helper_runs`: helper programs started (`ss`, `ip`, each under `nsenter`);
+and counts what it refused under the same names, with `fds` and `threads`
+(the caps of the sockets and process probes), for
+`ddpwatch_left_out_total{what}`. Reads of one namespace are shared by every
+job in it for the rest of the pass (`memo`). `diagnose` runs without one.
+"""
+from __future__ import annotations
+
+import collections
+import os
+
+PER_UID = {"netns": 2, "helper_runs": 4}   # for every user but root
+TOTAL = {"netns": 32, "helper_runs": 16}   # root's included
+# A namespace's socket table read on an earlier pass stands this long for a user
+# past their `netns` budget: their namespaces are read in turn, each every few
+# seconds, rather than the same two every pass and the rest never.
+TABLE_MAX_AGE_S = 5.0
+MAX_FDS = 4096       # a rank's open files looked at for sockets (Gloo: a few hundred)
+MAX_THREADS = 128    # a rank's threads read a pass (a rank has tens; see duty.py)
+# a process with more is not dumped: py-spy reads every thread (4 000 took it 3 s),
+# and a big box's torch rank has a few hundred (intra- and inter-op pools)
+MAX_DUMP_THREADS = 1024
+MAX_ADDRESSES = 256  # addresses kept of one namespace's `ip addr`
+MAX_OUTPUT = 1 << 20  # bytes kept of a helper program's output
+
+
+class PassBudget:
+    def __init__(self, per_uid: dict | None = None, total: dict | None = None):
+        self.per_uid = dict(PER_UID, **(per_uid or {}))
+        self.total = dict(TOTAL, **(total or {}))
+        self._used: collections.Counter = collections.Counter()  # (what, uid) -> n
+        self._used_total: collections.Counter = collections.Counter()
+        self.left_out: collections.Counter = collections.Counter()  # what -> n refused
+        self.memo: dict = {}  # (what, namespace) -> what was read: one read per pass
+
+    def take(self, what: str, uid: int) -> bool:
+        """One more `what` for `uid` this pass, if the budget allows; a refusal
+        is counted."""
+        if ((uid != 0 and self._used[what, uid] >= self.per_uid[what])
+                or self._used_total[what] >= self.total[what]):
+            self.left_out[what] += 1
+            return False
+        self._used[what, uid] += 1
+        self._used_total[what] += 1
+        return True
+
+    def count(self, what: str, n: int = 1) -> None:
+        """`n` of `what` left out by a cap (fds, threads)."""
+        if n > 0:
+            self.left_out[what] += n
+
+
+def owner(procfs: str, pid: int) -> int:
+    """The uid owning pid's /proc entry (its effective user); -1 if gone."""
+    try:
+        return os.stat(f"{procfs}/{pid}").st_uid
+    except OSError:
+        return -1
