@@ -345,3 +345,54 @@ def test_ranks_in_namespaces_and_heavy_ranks_cost_the_tick_a_bounded_amount(
                           what="the real job's incident beside the fakes")
     assert incident["culprits"] == [1]
     no_traceback(daemon)
+
+
+# --- a fork and exit flood against the exits probe ---------------------------------
+
+FORKER = r"""
+import os, sys, time
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    n += 1
+print("forked", n, flush=True)
+"""
+
+
+def test_a_fork_and_exit_flood_leaves_a_ranks_death_told_by_how_it_ended(
+        start_job, tmp_path, hb_dir, receivers):
+    """Any user can fork and exit thousands of times a second, and every exit is
+    an event on the daemon's process-events socket (observe/probes/exits.py):
+    the kernel filter, the drain's bound and the pids kept must still let the
+    real job's SIGKILLed rank be told apart, by how it ended."""
+    need_root()
+    need(os.access(PYTHON, os.X_OK), f"{PYTHON} missing")
+    hook = receivers()
+    daemon = DaemonRun(start_job, tmp_path, hb_dir,
+                       {"webhooks": [{"type": "generic", "url": hook.url}],
+                        "resolve_after_s": 600})
+    need(metric_value(daemon.metrics(), "ddpwatch_probe_success", probe="exits") == 1.0,
+         "the exits probe cannot listen here (no process-events connector)")
+    trainer = trainer_job(start_job)
+    healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"]
+                                  == "healthy" else None)(our_status(daemon, trainer)), 240,
+                         what="healthy job")
+    forkers = [start_job(as_nobody(PYTHON, "-I", "-c", FORKER, "40"), name=f"forker{i}")
+               for i in range(2)]
+    wait_until(lambda: all(f.processes() for f in forkers), 30, what="the forkers running")
+    os.kill(rank_pid(healthy, 1), signal.SIGKILL)
+    firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
+                                 and b["job"] == healthy["key"] and b["verdict"] == "dead"],
+                        60, what="the killed rank paged beside the flood")
+    assert firing[-1]["culprits"] == [1]
+    assert "was killed by SIGKILL" in firing[-1]["summary"], firing[-1]
+    for forker in forkers:
+        forker.kill()
+    counts = [int(f.output().split("forked", 1)[1].split()[0]) for f in forkers
+              if "forked" in f.output()]
+    print(f"\nforks by the flood before the page: {counts or 'still running'}")
+    no_traceback(daemon)
