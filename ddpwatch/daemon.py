@@ -279,7 +279,7 @@ class Daemon:
         requested = self._requested is ALL_JOBS or limits.owner_uid(key) in self._requested
         detailed = watched.verdict != "healthy" or requested
         # the peer view: this job's ranks on other nodes, as their daemons see them
-        remote = self.peers.remote_signals(label) if self.peers else ()
+        remote = self.peers.remote_signals(label, limits.owner_uid(key)) if self.peers else ()
 
         def sample(look):
             snap = self.sampler.sample(job, self._survey, look, key)
@@ -390,9 +390,10 @@ class Daemon:
                 self._send(incident)
         if self.dispatcher is None:
             return  # no webhooks here: claim nothing, so the peers alert themselves
-        claims = self.peers.claims() if self.peers else {}
         mute = self.peers.without_webhooks() if self.peers else frozenset()
         for incident in self.incidents.open():
+            # a peer's claim counts for a job of this incident's owner only (peers.py)
+            claims = self.peers.claims(limits.owner_uid(incident.owner)) if self.peers else {}
             view = by_key.get(incident.owner)
             owner = owner_node(view.judgement.ranks if view else (), self.node, mute)
             was_sending = self.alert_route.sending(incident.id)

@@ -119,10 +119,14 @@ def test_a_lapsed_claim_restarts_the_wait():
 
 
 def test_peer_answers_carry_their_claims():
-    doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"], "webhooks": False}
-    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}), False)
+    doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"], "webhooks": False,
+           "owners": {"run-1": 1000}}
+    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}), False, {"run-1": 1000})
     older = parse({"node": "node-b", "jobs": {}})  # a daemon older than routing
-    assert older[2] == frozenset() and older[3] is True
+    assert older[2] == frozenset() and older[3] is True and older[4] == {}
+    for owners in ([1000], {"run-1": "1000"}, {"run-1": True}):
+        with pytest.raises(PeerDocumentError, match="'owners' is not a mapping"):
+            parse({"node": "node-b", "jobs": {}, "owners": owners})
     with pytest.raises(PeerDocumentError, match="'webhooks' is not true or false"):
         parse({"node": "node-b", "jobs": {}, "webhooks": "no"})
     with pytest.raises(PeerDocumentError, match="'alerting' is not a list of job keys"):

@@ -140,6 +140,27 @@ def test_poller_keeps_fresh_answers_and_drops_old_ones():
         peer.close()
 
 
+def test_a_peers_job_of_another_owner_is_neither_joined_nor_heard_claiming():
+    """A label is any user's to pick: a look-alike job of another uid on a peer,
+    under a real job's label, adds no ranks to it and its claim silences nothing
+    (README, "Trust model")."""
+    peer = _Peer({"node": "node-b", "tick": 3, "alerting": ["run-1", "run-2"],
+                  "owners": {"run-1": 65534, "run-2": 1000},
+                  "jobs": {"run-1": [{"pid": 7, "rank": 0, "alive": True}],
+                           "run-2": [{"pid": 9, "rank": 0, "alive": True}]}})
+    try:
+        poller = PeerPoller([peer.url], max_age_s=5.0, clock=lambda: 100.0)
+        poller.poll_once()
+        assert poller.remote_signals("run-1", 1000) == ()         # another user's
+        assert len(poller.remote_signals("run-1", 65534)) == 1    # its owner's
+        assert len(poller.remote_signals("run-2", 1000)) == 1
+        assert len(poller.remote_signals("run-1")) == 1           # diagnose: unfiltered
+        assert poller.claims(1000) == {"node-b": frozenset({"run-2"})}
+        assert poller.claims(65534) == {"node-b": frozenset({"run-1"})}
+    finally:
+        peer.close()
+
+
 @pytest.mark.parametrize("doc, code, error", [
     ({"jobs": {}}, 200, "bad answer: not a ddpwatch /peer document"),
     ({"node": "b", "jobs": {"j": [{"pid": 1, "rank": "1"}]}}, 200, "bad answer: jobs['j'][0] is not"),

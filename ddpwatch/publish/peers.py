@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from . import client
+from .limits import owner_uid
 from .view import PeerView
 
 log = logging.getLogger("ddpwatch")
@@ -38,17 +39,20 @@ class PeerState:
     error: str = ""                 # the last attempt's failure ("" if it succeeded)
     alerting: frozenset = frozenset()  # job keys it sends webhooks for (alerts/route.py)
     webhooks: bool = True  # it has webhooks to send (an older daemon does not say: assume so)
+    # job key -> the uid owning the job there (an older daemon does not say: {})
+    owners: dict = field(default_factory=dict)
 
 
 class PeerDocumentError(ValueError):
     pass
 
 
-def parse(doc) -> tuple[str, dict, frozenset, bool]:
+def parse(doc) -> tuple[str, dict, frozenset, bool, dict]:
     """(node, {job key: (signal dict, ...)}, job keys it alerts for, whether it has
-    webhooks) from a /peer answer; PeerDocumentError names the first field that
-    is wrong. An answer without "alerting" (a daemon older than alert routing)
-    claims nothing, and one without "webhooks" is taken to have them."""
+    webhooks, {job key: owner uid}) from a /peer answer; PeerDocumentError names
+    the first field that is wrong. An answer without "alerting" (a daemon older
+    than alert routing) claims nothing, one without "webhooks" is taken to have
+    them, and one without "owners" says nothing of whose its jobs are."""
     if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
         raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
     jobs = doc.get("jobs")
@@ -74,7 +78,11 @@ def parse(doc) -> tuple[str, dict, frozenset, bool]:
     webhooks = doc.get("webhooks", True)
     if not isinstance(webhooks, bool):
         raise PeerDocumentError("'webhooks' is not true or false")
-    return doc["node"], out, frozenset(alerting), webhooks
+    owners = doc.get("owners", {})
+    if not isinstance(owners, dict) or not all(
+            isinstance(k, str) and _int(v) for k, v in owners.items()):
+        raise PeerDocumentError("'owners' is not a mapping of job keys to uids")
+    return doc["node"], out, frozenset(alerting), webhooks, owners
 
 
 def _int(value) -> bool:
@@ -86,6 +94,9 @@ def document(view) -> dict:
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
             "jobs": {j.key: list(j.judgement.local) for j in view.jobs},
+            # whose each job is: a peer joins only a job of the same uid (a label is
+            # any user's to pick; README, "Trust model")
+            "owners": {j.key: owner_uid(j.owner) for j in view.jobs if j.owner},
             "alerting": sorted(view.alerting_jobs), "webhooks": view.webhooks}
 
 
@@ -126,16 +137,20 @@ class PeerPoller:
                               round(now - st.fetched_at, 3) if st.fetched_at else None,
                               self._fresh(st, now)) for st in self.states())
 
-    def remote_signals(self, key: str) -> tuple[dict, ...]:
-        """The ranks of job `key` that fresh peers report."""
+    def remote_signals(self, key: str, uid: int | None = None) -> tuple[dict, ...]:
+        """The ranks of job `key` that fresh peers report; with `uid`, only from a
+        job of that owner there: another user's look-alike under the same label
+        is not joined to this one."""
         now = self.clock()
         return tuple(s for st in self.states() if self._fresh(st, now)
-                     for s in st.jobs.get(key, ()))
+                     and _same_owner(st, key, uid) for s in st.jobs.get(key, ()))
 
-    def claims(self) -> dict[str, frozenset]:
-        """Fresh peers' node -> the job keys it sends webhooks for."""
+    def claims(self, uid: int | None = None) -> dict[str, frozenset]:
+        """Fresh peers' node -> the job keys it sends webhooks for; with `uid`,
+        only its claims of jobs of that owner."""
         now = self.clock()
-        return {st.node: st.alerting for st in self.states() if self._fresh(st, now) and st.node}
+        return {st.node: frozenset(k for k in st.alerting if _same_owner(st, k, uid))
+                for st in self.states() if self._fresh(st, now) and st.node}
 
     def without_webhooks(self) -> frozenset:
         """Fresh peers' nodes that have no webhooks to send: never a job's alerter."""
@@ -161,10 +176,10 @@ class PeerPoller:
         job's alerts (alerts/route.py)."""
         try:
             body = client.get(url, "/peer", self.token, self.timeout_s, MAX_ANSWER_BYTES)
-            node, jobs, alerting, webhooks = parse(json.loads(body))
+            node, jobs, alerting, webhooks, owners = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
-            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks)
+            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks, owners)
         except client.Unproven:
             error = "answer not proven by peer_token: not a ddpwatch daemon, not used"
         except client.TooLarge:
@@ -182,5 +197,13 @@ class PeerPoller:
         if error != old.error:
             log.warning("peer %s: %s", url, error)
         return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting,
-                         old.webhooks)
+                         old.webhooks, old.owners)
+
+
+def _same_owner(state: PeerState, key: str, uid: int | None) -> bool:
+    """Whether the peer's job `key` may be this node's job of owner `uid`: yes
+    when either side does not know (uid None or -1, an older peer), else only the
+    same uid (clusters share their users' uids)."""
+    theirs = state.owners.get(key)
+    return uid is None or uid < 0 or theirs is None or theirs < 0 or theirs == uid
 
