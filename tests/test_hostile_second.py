@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import time
@@ -15,6 +16,7 @@ import time
 import psutil
 
 from conftest import JOB_TAG, need, wait_until
+from conftest import trainer as trainer_argv
 from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job, with_heartbeats
 from test_hostile_surface import (NOBODY, as_nobody, job_with, need_root, no_traceback,
                                   keeps_ticking, shared_dir)  # noqa: F401 (a fixture)
@@ -391,4 +393,49 @@ def test_a_fork_and_exit_flood_leaves_a_ranks_death_told_by_how_it_ended(
     assert firing[-1]["culprits"] == [1]
     assert "was killed by SIGKILL" in firing[-1]["summary"], firing[-1]
     assert all(f.proc.poll() is None for f in forkers)  # the flood went on throughout
+    no_traceback(daemon)
+
+
+# --- /dev/shm/ddpwatch planted by a user before root's job writes there -------------
+
+SHM_PARENT = "/dev/shm/ddpwatch"
+
+
+def test_a_planted_shared_record_directory_neither_takes_roots_records_nor_hides_them(
+        start_job, tmp_path, hb_dir, shared_dir, request):
+    """Before, uid 65534 planted /dev/shm/ddpwatch as a link to a directory of its
+    own: root's instrumented job chmodded the target 0700 and wrote and pruned
+    its records there, and every other user's heartbeats were off. Now the
+    writer goes beside a parent it does not trust (heartbeat/paths.py), and the
+    daemon reads root's records there."""
+    need_root()
+    need(os.path.isdir("/dev/shm"), "no /dev/shm")
+    need(not os.path.lexists(SHM_PARENT),
+         f"{SHM_PARENT} exists already: the test plants it, and will not touch a real one")
+    target = os.path.join(shared_dir, "taken")
+    os.mkdir(target, 0o777)
+    os.chown(target, NOBODY, NOBODY)
+    os.chmod(target, 0o777)
+    planted = subprocess.run(as_nobody("ln", "-s", target, SHM_PARENT), capture_output=True,
+                             text=True, timeout=30)
+    assert planted.returncode == 0, planted.stderr
+
+    def remove_what_the_test_made():
+        if os.path.islink(SHM_PARENT):
+            os.unlink(SHM_PARENT)
+        for name in os.listdir("/dev/shm"):
+            if name.startswith("ddpwatch-0"):  # root's writer's stand-in beside it
+                shutil.rmtree(os.path.join("/dev/shm", name), ignore_errors=True)
+    request.addfinalizer(remove_what_the_test_made)
+    # root's job and daemon with the default record directory (no DDPWATCH_DIR)
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5}, env={"DDPWATCH_DIR": ""})
+    trainer = start_job(trainer_argv(), env={"DDPWATCH_DIR": ""}, name="trainer")
+    read = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 180,
+                      what="root's records read beside the planted parent")
+    assert len(read["ranks"]) == 2
+    st = os.stat(target)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o777)  # never chmodded
+    assert os.listdir(target) == []  # nothing of root's written through the link
+    beside = [n for n in os.listdir("/dev/shm") if n.startswith("ddpwatch-0")]
+    assert beside, os.listdir("/dev/shm")
     no_traceback(daemon)
