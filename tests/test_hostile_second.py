@@ -4,6 +4,7 @@ asserts the daemon lives, stays within its memory, still judges the real job
 beside the attack, reads no root file and prints no traceback."""
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -11,11 +12,12 @@ import signal
 import stat
 import statistics
 import subprocess
+import sys
 import time
 
 import psutil
 
-from conftest import JOB_TAG, need, wait_until
+from conftest import JOB_TAG, REPO, need, wait_until
 from conftest import trainer as trainer_argv
 from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job, with_heartbeats
 from test_hostile_surface import (NOBODY, as_nobody, job_with, need_root, no_traceback,
@@ -171,6 +173,18 @@ def test_a_fifo_or_roots_file_over_a_ranks_hosts_is_neither_waited_on_nor_read(
             assert MARKER.encode() not in data and SECRET_ADDR.encode() not in data, name
     assert daemon.job.proc.poll() is None
     no_traceback(daemon)
+    # `sudo ddpwatch diagnose` reads through the rank's root as the daemon does: a
+    # device over its hosts is not opened, the FIFO not waited on, root's file not read
+    on_device = rank_over(start_job, shared_dir, "/dev/null", "on-device")
+    for pid, why in ((on_fifo, "not a regular file"), (on_device, "not a regular file"),
+                     (on_secret, "not readable by the process's own user")):
+        done = subprocess.run([sys.executable, "-m", "ddpwatch", "diagnose", "--json",
+                               "--no-stacks", str(pid)], capture_output=True, text=True,
+                              timeout=120, cwd=REPO, stdin=subprocess.DEVNULL)
+        assert done.returncode in (0, 1), (done.returncode, done.stderr[-2000:])
+        assert MARKER not in done.stdout + done.stderr and SECRET_ADDR not in done.stdout
+        rank = next(r for r in json.loads(done.stdout)["ranks"] if r["pid"] == pid)
+        assert why in (rank["signals"].get("ns_unseen") or ""), rank["signals"]
 
 
 # --- crowding the record directories, and a set-uid child of a fake launcher ---------
