@@ -33,9 +33,8 @@ from ... import codec
 from ..netns import run_in_ns
 from ..rootfile import read_in_root, reader_of
 from . import Look, ProbeContext, register
-from ..budget import owner
 from .host import Interface, build_interfaces
-from .sockets import parse_ip_addr, read_ip_addr
+from .sockets import LeftOut, namespace_addresses
 
 KINDS = ("uts", "net", "mnt")
 MAX_AGE_S = 60.0  # as the host probe's facts (sampler HOST_MAX_AGE_S)
@@ -142,13 +141,12 @@ def _text(root: str, path: str, reader) -> tuple[str | None, str]:
         return None, f"{type(err).__name__}: {err.strerror or err}"
 
 
-def read_view(procfs: str, pid: int, differs: dict[str, bool], timeout_s: float = 2.0
-              ) -> tuple:
+def read_view(procfs: str, pid: int, differs: dict[str, bool], addresses) -> tuple:
     """(hostname, addrs, resolved, unseen, interfaces) of `pid`'s namespaces;
     the parts of namespaces that are ours are not read here (the host probe has them).
-    Its interfaces' addresses come from `ip -o addr` (at most MAX_ADDRESSES
-    lines, budget.py): psutil would build all of them, and any user may give a
-    namespace of theirs 20 000 (tests/test_hostile_second.py)."""
+    `addresses()` gives its interfaces' addresses (sockets.namespace_addresses:
+    `ip -o addr`, at most MAX_ADDRESSES lines): psutil would build all of them,
+    and any user may give a namespace of theirs 20 000 (tests/test_hostile_second.py)."""
     unseen = []
     hostname = ""  # "": the watcher's hostname and resolution stand (the host probe's)
     if differs["uts"]:
@@ -161,8 +159,8 @@ def read_view(procfs: str, pid: int, differs: dict[str, bool], timeout_s: float 
     interfaces = None
     if differs["net"]:
         try:
+            listed = addresses()  # LeftOut goes to the caller: read on a later pass
             stats = run_in_ns(procfs, pid, "net", psutil.net_if_stats)
-            listed = parse_ip_addr(read_ip_addr(f"{procfs}/{pid}/ns/net", timeout_s))
             interfaces = build_interfaces(
                 {i.name: [_Addr(a) for a in i.addresses] for i in listed}, stats)
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
@@ -208,13 +206,12 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> NsViews:
             continue
         key = tuple(theirs[k] for k in KINDS)
         if key not in cache:
-            # a namespace read costs an `ip` run: within its user's budget for the
-            # pass (budget.py); one left out is read on a later pass, then kept
-            if differs["net"] and ctx.budget is not None and not ctx.budget.take(
-                    "helper_runs", owner(ctx.procfs, pid)):
-                continue
             try:
-                cache[key] = (taken_at, read_view(ctx.procfs, pid, differs, ctx.timeout_s))
+                cache[key] = (taken_at, read_view(
+                    ctx.procfs, pid, differs,
+                    lambda: namespace_addresses(ctx, pid, theirs["net"])))
+            except LeftOut:
+                continue  # its user's `ip` runs for this pass are spent: a later pass
             except Exception as err:  # one rank's view failing leaves the others'
                 errors.append(f"pid {pid}: {type(err).__name__}: {err}")
                 continue

@@ -379,7 +379,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
         if ns not in infos and ns and ("ss", ns) in memo:
             infos[ns], ifaces[ns] = memo["ss", ns]
         if ns not in infos:
-            infos[ns], ifaces[ns] = _ss_and_interfaces(ctx, pid, foreign, budget)
+            infos[ns], ifaces[ns] = _ss_and_interfaces(ctx, pid, ns, foreign)
             if ns:
                 memo["ss", ns] = (infos[ns], ifaces[ns])
         ss_rows, info_error = infos[ns]
@@ -395,36 +395,47 @@ LEFT_OUT_NETNS = ("left out: its user's network namespaces past what one pass re
                   "(observe/budget.py)")
 
 
-def _ss_and_interfaces(ctx: ProbeContext, pid: int, foreign: bool, budget):
+class LeftOut(Exception):
+    """A read its user's budget for the pass refused (observe/budget.py)."""
+
+
+def namespace_addresses(ctx: ProbeContext, pid: int, ns: str) -> tuple[Interface, ...]:
+    """The interfaces and addresses of pid's network namespace `ns`, by `ip -o
+    addr` (MAX_ADDRESSES at most), kept IFACES_MAX_AGE_S in ctx.ns_cache: this
+    probe and nshost both ask, and a namespace of 20 000 addresses then costs an
+    `ip` run a minute, not one per probe and tick. LeftOut past its user's helper
+    runs; OSError, RuntimeError or SubprocessError when `ip` fails."""
+    cache = ctx.ns_cache if ctx.ns_cache is not None else {}
+    kept = cache.get(("ip", ns))
+    if kept is not None and ctx.clock() - kept[0] < IFACES_MAX_AGE_S:
+        return kept[1]
+    if ctx.budget is not None and not ctx.budget.take("helper_runs", owner(ctx.procfs, pid)):
+        raise LeftOut("its user's helper runs past what one pass allows")
+    ifaces = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net", ctx.timeout_s))
+    cache["ip", ns] = (ctx.clock(), ifaces)
+    return ifaces
+
+
+def _ss_and_interfaces(ctx: ProbeContext, pid: int, ns: str, foreign: bool):
     """((`ss -ti` rows, error), the namespace's interfaces or None) for pid's
-    namespace: one helper run each, within the pass's budget for its user."""
-    path = f"{ctx.procfs}/{pid}/ns/net"
-    uid = owner(ctx.procfs, pid) if budget is not None else -1
-    if budget is not None and not budget.take("helper_runs", uid):
+    namespace `ns`: one helper run each, within the pass's budget for its user."""
+    budget = ctx.budget
+    if budget is not None and not budget.take("helper_runs", owner(ctx.procfs, pid)):
         return ((), "left out: its user's helper runs past what one pass allows"), None
     try:
-        info = (parse_ss(read_ss(path if foreign else None, ctx.timeout_s)), "")
+        info = (parse_ss(read_ss(f"{ctx.procfs}/{pid}/ns/net" if foreign else None,
+                                 ctx.timeout_s)), "")
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         info = ((), f"{type(err).__name__}: {err}")
     if not foreign:
         return info, None
-    # a namespace's interfaces change rarely: kept as nshost keeps its views
-    # (ctx.ns_cache, IFACES_MAX_AGE_S), so a namespace of 20 000 addresses costs
-    # an `ip` run a minute, not one a tick
-    cache = ctx.ns_cache if ctx.ns_cache is not None else {}
-    key = ("ip", _ns(ctx.procfs, pid))
-    kept = cache.get(key)
-    if kept is not None and ctx.clock() - kept[0] < IFACES_MAX_AGE_S:
-        return info, kept[1]
-    if budget is not None and not budget.take("helper_runs", uid):
-        return (info[0], "; ".join(filter(None, (info[1], "interfaces: left out")))), None
     try:
-        ifaces = parse_ip_addr(read_ip_addr(path, ctx.timeout_s))
+        return info, namespace_addresses(ctx, pid, ns)
+    except LeftOut:
+        why = "interfaces: left out"
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        return (info[0], "; ".join(filter(None, (
-            info[1], f"interfaces: {type(err).__name__}: {err}")))), None
-    cache[key] = (ctx.clock(), ifaces)
-    return info, ifaces
+        why = f"interfaces: {type(err).__name__}: {err}"
+    return (info[0], "; ".join(filter(None, (info[1], why)))), None
 
 
 def from_json(obj) -> Sockets:

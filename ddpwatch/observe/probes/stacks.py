@@ -112,12 +112,14 @@ def find_py_spy() -> str | None:
     return helpers.path("py-spy")  # resolved once (observe/helpers.py)
 
 
-def _num_threads(procfs: str, pid: int) -> int:
+def _state_and_threads(procfs: str, pid: int) -> tuple[str, int]:
+    """(state letter, thread count) from one read of /proc/PID/stat; ("", 0) if gone."""
     try:
         with open(f"{procfs}/{pid}/stat") as f:
-            return parse_stat(f.read()).num_threads
+            st = parse_stat(f.read())
+        return st.state, st.num_threads
     except (OSError, ValueError, IndexError):
-        return 0
+        return "", 0
 
 
 def _command(py_spy: str, pid: int, native: bool) -> list[str]:
@@ -152,12 +154,12 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
     """Dump all pids concurrently (each py-spy is mostly waiting on /proc reads);
     one shared deadline of ctx.timeout_s, doubled when native frames are wanted
     (symbol loading for libtorch takes ~0.5-1 s)."""
-    states = {pid: read_state(ctx.procfs, pid) for pid in pids}
+    read = {pid: _state_and_threads(ctx.procfs, pid) for pid in pids}
+    states = {pid: state for pid, (state, _) in read.items()}
     results: dict[int, PidStacks] = {}
     running: dict[int, tuple[subprocess.Popen, bool]] = {}
     for pid in pids:
-        state = states[pid]
-        threads = _num_threads(ctx.procfs, pid) if state else 0
+        state, threads = read[pid]
         if not state:
             results[pid] = PidStacks(pid, "gone")
         elif state in _SKIP:
