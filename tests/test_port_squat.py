@@ -31,20 +31,15 @@ import pytest
 
 from conftest import REPO, free_port, need, wait_until
 from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
+from test_hostile_surface import as_nobody, need_root
 
-NOBODY = 65534
 PYTHON = "/usr/bin/python3"  # the checkout's venv may be out of nobody's reach
 TOKEN = "cluster-token-0123456789abcdef"
 
 
 def need_setup():
-    need(os.geteuid() == 0, "needs root: the daemon runs as root, the squatter as uid 65534")
-    need(shutil.which("setpriv") is not None, "setpriv (util-linux) missing")
+    need_root()
     need(os.access(PYTHON, os.X_OK), f"{PYTHON} missing")
-
-
-def as_nobody(*argv) -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
 
 
 @pytest.fixture

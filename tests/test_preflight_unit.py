@@ -333,17 +333,24 @@ def test_greetings_say_whether_the_master_uses_a_secret():
         assert wire.read_greeting(junk) is None
 
 
+def _signed_master(port: int, wait_s: float) -> tuple[threading.Thread, dict]:
+    """A master with the secret b"s3cret" meeting on loopback in a thread;
+    its Meeting lands in the dict under "m"."""
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(m=exchange.run_master(
+        port, 2, {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}, wait_s,
+        socket.AF_INET, holder.port_holder, b"s3cret")))
+    t.start()
+    return t, result
+
+
 def test_on_loopback_only_workers_with_the_secret_take_a_slot():
     """A stranger's hello, first in, takes no worker slot from the real worker;
     the master says how many it refused."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = {}
-    t = threading.Thread(target=lambda: result.update(m=exchange.run_master(
-        port, 2, {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}, 6,
-        socket.AF_INET, holder.port_holder, b"s3cret")))
-    t.start()
+    t, result = _signed_master(port, 6)
     stranger = exchange.run_worker("127.0.0.1", port, {"hostname": "x", "role": "worker"}, 3,
                                    lambda a: "lo", b"a-guess")
     worker = exchange.run_worker("127.0.0.1", port, {"hostname": "w", "role": "worker"}, 20,
@@ -353,11 +360,7 @@ def test_on_loopback_only_workers_with_the_secret_take_a_slot():
     assert worker.error == "" and result["m"].error == "" and result["m"].refused == 1
     assert [n["hostname"] for n in result["m"].nodes] == ["m", "w"]
     # without the secret the worker is told so, and sends nothing
-    lone = {}
-    t = threading.Thread(target=lambda: lone.update(m=exchange.run_master(
-        port, 2, {"role": "master", "hostname": "m", "seen_addr": "127.0.0.1"}, 3,
-        socket.AF_INET, holder.port_holder, b"s3cret")))
-    t.start()
+    t, lone = _signed_master(port, 3)
     plain = exchange.run_worker("127.0.0.1", port, {"hostname": "p", "role": "worker"}, 2,
                                 lambda a: "lo")
     t.join(30)
