@@ -1,4 +1,4 @@
-"""What another user's junk costs the daemon's tick (issue 14). Each figure from
+"""What another user's junk costs the daemon's tick. Each figure from
 this one run, in a throwaway record directory (no jobs needed):
 
 1. the heartbeats probe's CPU time with 20 000 junk `.hb` files in a directory vs an

@@ -157,7 +157,7 @@ def find_file(flag: str | None) -> str | None:
 
 
 # Durations: (least, most) seconds. A NaN or inf tick was a busy loop or an
-# OverflowError; a too-small one burns a core (issue 14).
+# OverflowError; a too-small one burns a core.
 BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
           "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
           "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0),

@@ -1,5 +1,5 @@
 """YAML files read totally: any input gives a document or a ConfigError naming
-file:line, never another exception (issue 14: `[a]: 1`, `!!python/name:`, binary
+file:line, never another exception (`[a]: 1`, `!!python/name:`, binary
 bytes and a 382-byte alias bomb each killed the daemon or took 15 s and 809 MB).
 
 Aliases are refused outright: nothing in a config or rule file needs them, and

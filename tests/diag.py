@@ -74,7 +74,7 @@ def until_verdict_with(pid: int, expected: dict, signal: str, timeout: float = 1
                        hb_dir=None) -> dict:
     """until_verdict, and until every rank's signals hold `signal` too: a finding
     read from heartbeats is asserted on a report made after the records were
-    published, not on the first "healthy" one (issue 13)."""
+    published, not on the first "healthy" one."""
     def check():
         report = until_verdict(pid, expected, timeout, hb_dir=hb_dir)
         return report if all(r["signals"].get(signal) is not None

@@ -1,4 +1,4 @@
-"""A one-node SLURM cluster on this host for launcher tests (issue 13): slurmctld
+"""A one-node SLURM cluster on this host for launcher tests: slurmctld
 and slurmd of the Debian package slurm-wlm, on ports picked at run time, with
 their state in a temporary directory, so `srun -n 2 python script.py` starts
 real SLURM tasks (children of slurmstepd, numbered by SLURM_PROCID).

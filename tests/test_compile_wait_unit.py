@@ -1,7 +1,7 @@
 """torch.compile on each rank alone: the faster rank waits in the first
 collective, past its stall bound, for a peer that still compiles. Both are
 warming up; a peer stopped or dead, or hung without compile frames, is still
-a hang (judge/signals/peers.py `peers_compiling`; issue 13)."""
+a hang (judge/signals/peers.py `peers_compiling`)."""
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.judge.signals.peers import link
 

@@ -1,4 +1,4 @@
-"""The daemon finds and judges ranks started by hand (issue 13): two commands
+"""The daemon finds and judges ranks started by hand: two commands
 typed in two terminals (tests/jobs/thirdparty/byhand_ddp.py with
 init_method="tcp://..." from its argv), no launcher, nothing of the job in their
 environment, no heartbeats. `ddpwatch run` groups them by their connections

@@ -1,6 +1,6 @@
 """A real daemon watches real healthy third-party jobs without heartbeats, from
 their launch (imports, init_process_group, DDP set-up) through 2 minutes of
-training: no alarm, ever (issue 13, "Done when").
+training: no alarm, ever.
 
 The four launchers' jobs (Lightning, torch.multiprocessing.spawn, accelerate,
 torchrun; 2 CPU ranks each) run at once on purpose: 8 ranks sharing 2 cores are

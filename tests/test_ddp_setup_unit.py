@@ -1,6 +1,6 @@
 """DDP's constructor meets every rank before the first step: a rank idle there
 while its peer is still busy is starting, not a victim, and the busy peer no
-straggler (judge/signals/stack.py `ddp_starting`, rule starting-ddp-setup; issue 13)."""
+straggler (judge/signals/stack.py `ddp_starting`, rule starting-ddp-setup)."""
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.judge.signals.stack import link_start as link
 

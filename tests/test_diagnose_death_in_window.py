@@ -1,4 +1,4 @@
-"""A rank SIGKILLed while `ddpwatch diagnose` watches its job (issue 13): the
+"""A rank SIGKILLed while `ddpwatch diagnose` watches its job: the
 window's exit watch (probes/exits.py, opened by the sampler diagnose uses) sees
 how it ended, so the report names it the culprit that died and its peer a
 victim, with no heartbeats (an mp.spawn job, tests/jobs/thirdparty/spawn_ddp.py).

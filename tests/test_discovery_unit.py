@@ -1,4 +1,4 @@
-"""Discovery of every launch topology without heartbeats (issue 13), on
+"""Discovery of every launch topology without heartbeats, on
 synthetic process tables shaped like the real ones (command lines and
 environments as read from /proc for each launcher; see tests/jobs/thirdparty)."""
 from ddpwatch.observe import discovery as D

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the config and rules loaders (issue 14): whatever the
+"""Property-based fuzzing of the config and rules loaders: whatever the
 bytes, the result is a valid Config / rule list or a ConfigError that names the
 file (and a line where there is one) - never another exception, never a hang.
 Bounded (max_examples, deadline) so it runs in seconds in CI."""
@@ -20,7 +20,7 @@ LOCATED = re.compile(r"^(?P<file>[^:]+)(:(?P<line>\d+))?")
 
 CONFIG_KEYS = [k for k in config_mod._TYPES if k != "source"] + ["bogus", "[a]", "? [a]"]
 RULE_KEYS = sorted(rules_mod.RULE_KEYS) + ["bogus"]
-# scalars that broke the loaders before (issue 14) and their relatives
+# scalars that broke the loaders before and their relatives
 NASTY = ["1", "-1", "0", ".inf", "-.inf", ".nan", "1e999", "true", "null", "~", "2001-13-45",
          "!!python/name:os.system", "!!python/object/apply:os.system [id]", "!!binary AAA",
          "&a [1]", "*a", "[*a, *a]", "{a: 1}", "[a]", "'x'", '"\\x1b[31m"', "'", "[", "{",

@@ -1,5 +1,5 @@
 """Property-based fuzzing (hypothesis) of the heartbeat record parser, and unit
-tests of the bounded directory scan: a record is another user's bytes (issue 14).
+tests of the bounded directory scan: a record is another user's bytes.
 
 Bounded in time: few enough examples and a deadline per example that the module
 runs in seconds in CI; hypothesis's database is off so runs do not depend on

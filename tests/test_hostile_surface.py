@@ -114,7 +114,7 @@ HEAP_LIMIT = 256 * 1024 * 1024
 def test_start_with_a_bad_file_exits_78_naming_file_and_line(tmp_path, name, content, line):
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(content)
-    # The alias bomb took 15 s and 809 MB (issue 14); any file must be refused within
+    # The alias bomb took 15 s and 809 MB; any file must be refused within
     # an interpreter's worth of memory. A limit on the daemon's heap, not its
     # ru_maxrss: a forked child's high-water mark starts at its parent's size (this
     # test process holds whatever earlier tests imported).
@@ -505,7 +505,7 @@ def test_stacks_requests_in_a_loop_run_py_spy_a_bounded_number_of_times(
     if token:
         assert set(codes) == {401}, codes  # no token, no stacks, no /status
     # 8 s at one dump per 5 s on request plus one per 5 s on suspicion, per rank
-    # (issue 14: 16 runs in 8 s when every request forced one)
+    # (16 runs in 8 s when every request forced one)
     assert len(runs) <= 5, runs
     keeps_ticking(daemon, token or None)
     no_traceback(daemon)

@@ -1,4 +1,4 @@
-"""Pure parts of issue 14's defences: run ids as labels (never paths), jobs told
+"""Pure parts of the defences against other users: run ids as labels (never paths), jobs told
 apart by owner, incidents kept across restarts, bundles only under the state
 directory."""
 from __future__ import annotations

@@ -225,7 +225,7 @@ def test_families_and_labels():
     assert value(m, "ddpwatch_incidents_opened_total", verdict="desync") == 0
     assert value(m, "ddpwatch_probe_success", probe="sockets") == 0
     assert value(m, "ddpwatch_probe_success", probe="process") == 1
-    # why a probe failed, not only that it did (issue 14)
+    # why a probe failed, not only that it did
     assert value(m, "ddpwatch_probe_error_info", probe="sockets", reason="ss: boom") == 1
     assert "process" not in {s.labels["probe"] for s in m["ddpwatch_probe_error_info"]}
     assert value(m, "ddpwatch_probe_duration_seconds", probe="process") == 0.007

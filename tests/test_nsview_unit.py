@@ -1,4 +1,4 @@
-"""A rank's own node as its namespaces show it (issue 18): the pure parts of
+"""A rank's own node as its namespaces show it: the pure parts of
 probes/nshost.py, the safe reader of a rank's files (observe/rootfile.py) on a
 tree made here, and the host signals judging with the rank's view."""
 import dataclasses

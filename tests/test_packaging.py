@@ -44,7 +44,7 @@ def build_wheel_into_venv(tmp_path, env=None) -> tuple[list[str], str]:
     (wheel_path,) = glob.glob(str(tmp_path / "dist" / "ddpwatch-*.whl"))
     venv = tmp_path / "venv"
     # A venv of its own: the base interpreter's site-packages (--system-site-packages)
-    # hold no psutil on a fresh machine (issue 13). Its dependencies come from where
+    # hold no psutil on a fresh machine. Its dependencies come from where
     # pip takes them for this checkout (its configured index and wheel directory,
     # its cache), as dev.sh installed them.
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)

@@ -37,7 +37,7 @@ EXPECTED = {
     # rank 0 still advanced in the window in which rank 1 was stopped: no straggler
     "daemon_stop_first_window": ({0: OK, 1: ("stopped", "culprit", "stopped")}, [1], {}),
     # the daemon's first two ticks of a job that had just started: busy, no Gloo
-    # connections yet, no records yet: starting, not healthy (issue 13)
+    # connections yet, no records yet: starting, not healthy
     "daemon_starting": ({0: ("warming_up", N, "starting"), 1: ("warming_up", N, "starting")},
                         [], {}),
     # exit: rank 1 left the loop and waits in barrier(), rank 0 in the bucket all-reduce
@@ -64,7 +64,7 @@ EXPECTED = {
     "trainer_compile_apart": ({0: ("warming_up", N, "waits-for-compiling-peer"),
                                1: ("warming_up", N, "compiling-while-peers-wait")}, [], {}),
     "trainer_oversubscribed": ({0: OK, 1: OK}, [], {0: {"oversubscribed"}, 1: {"oversubscribed"}}),
-    # healthy ranks whose launcher died are no leftovers (issue 13): no orphan finding
+    # healthy ranks whose launcher died are no leftovers: no orphan finding
     "trainer_orphan": ({0: OK, 1: OK}, [], {}),
     "leftover_rendezvous": ({0: ("rendezvous_wait", "none", "rendezvous"),
                              1: ("rendezvous_wait", "none", "missing-not-joined")}, [],
@@ -114,7 +114,7 @@ EXPECTED = {
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
     # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
-    # (tests/test_two_nodes.py, issue 18): judged in node 0 with the peer view (rank
+    # (tests/test_two_nodes.py): judged in node 0 with the peer view (rank
     # 1's signals saved beside the history), in node 1 with it, and in node 0 alone
     "two_nodes_throttled_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                                    1: ("straggler", "culprit", "straggler-across-nodes")},
@@ -143,7 +143,7 @@ EXPECTED = {
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
                                            "unreachable-peer-data")}, [], {}),
 }
-# Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py, issue 13)
+# Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py)
 THIRDPARTY = {
     "healthy": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
     "stopped": ({0: BLOCKED, 1: ("stopped", "culprit", "stopped")}, [1], {}),
@@ -175,7 +175,7 @@ EXPECTED.update({
     # launch, the store found on the wire, so `starting` applies
     "thirdparty_spawn_starting": ({0: STARTING, 1: STARTING}, [], {}),
     # both ranks in DDP's constructor (importing torch._dynamo), busy: not trained
-    # yet, so not healthy; nor is either a straggler (issue 13)
+    # yet, so not healthy; nor is either a straggler
     "thirdparty_spawn_starting_ddp_setup": ({0: ("warming_up", "none", "starting-ddp-setup"),
                                              1: ("warming_up", "none", "starting-ddp-setup")},
                                             [], {}),
@@ -382,7 +382,7 @@ def test_a_lone_view_names_where_the_culprit_is(default_rules):
 
 
 def test_every_launcher_has_healthy_and_stopped_fixtures():
-    """Replay covers every third-party launcher the tests run (issue 13)."""
+    """Replay covers every third-party launcher the tests run."""
     for launcher in LAUNCHERS:
         for state in ("healthy", "stopped"):
             assert f"thirdparty_{launcher}_{state}" in EXPECTED, (launcher, state)

@@ -1,4 +1,4 @@
-"""The sampler runs job probes by their registration's policy (issue 12): when
+"""The sampler runs job probes by their registration's policy: when
 (look, sooner for silent jobs, again closer up), on which pids, into which
 Snapshot field. The probes here record their calls instead of reading /proc."""
 import dataclasses

@@ -1,4 +1,4 @@
-"""Real third-party trainers, no heartbeats, no ddpwatch inside (issue 13):
+"""Real third-party trainers, no heartbeats, no ddpwatch inside:
 Lightning's subprocess launcher, torch.multiprocessing.spawn and `accelerate
 launch` on 2 CPU ranks (tests/jobs/thirdparty); torchrun, mpirun and srun (a
 one-node SLURM cluster, tests/slurm.py) in the launcher test. One job per
@@ -215,12 +215,12 @@ ALARM_FREE = {v.name for v in VERDICTS if v.calm} | {"rendezvous_wait"}
 
 # A rank still building its model while its peer idles in DDP's set-up collective
 # was judged a straggler (straggler-cpu) in one window of the start: rules
-# starting-ddp-setup (issue 13).
+# starting-ddp-setup.
 @pytest.mark.parametrize("launcher", ["spawn"])
 def test_a_starting_job_is_no_alarm(launcher, tmp_path, need_py_spy):
     """From launch until both ranks train, diagnose of the process a person sees
     (the script they started) finds no culprit, no victim, nothing but start-up;
-    a rank called healthy is connected to its peers (issue 13)."""
+    a rank called healthy is connected to its peers."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                MASTER_PORT=str(free_port()))
     env.pop("DDPWATCH_DIR", None)

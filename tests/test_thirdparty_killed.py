@@ -1,5 +1,5 @@
-"""A SIGKILLed rank of a third-party job without heartbeats, under the daemon
-(issue 13). mp.spawn and Lightning end the whole job within a second of one
+"""A SIGKILLed rank of a third-party job without heartbeats, under the daemon.
+mp.spawn and Lightning end the whole job within a second of one
 rank's death (the peer's collective fails, "Connection closed by peer", and the
 launcher tears the rest down), so the next tick finds nothing: the daemon learns
 how each process ended from the kernel's process events (probes/exits.py), holds

@@ -1,4 +1,4 @@
-"""Judgements from stacks alone for third-party jobs without heartbeats (issue 13):
+"""Judgements from stacks alone for third-party jobs without heartbeats:
 desync from the collectives and call sites the ranks wait at, bf16 compute from
 mixed-precision frames. Real mp.spawn, Lightning and accelerate jobs on 2 CPU ranks over Gloo
 (tests/jobs/thirdparty, faults `desync:RANK:STEP`, `uneven:RANK` and

@@ -3,7 +3,7 @@ in their exec-time environment (tests/jobs/thirdparty/byhand_ddp.py with
 init_method="tcp://..." from its argv): `diagnose` on either pid groups them into
 one job by their TCP connections to each other (observe/wire.py), numbers them
 from the evidence (the store's host is rank 0; the other of a closed pair is 1),
-judges the job healthy, and names a stopped rank (issue 13).
+judges the job healthy, and names a stopped rank.
 
 `DDPWATCH_SAVE_FIXTURES=1` copies the judged snapshots into tests/fixtures/snapshots
 (thirdparty_byhand_<state>.json).

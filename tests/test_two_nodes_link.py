@@ -1,4 +1,4 @@
-"""A slow link between two namespace nodes (issue 18: "a slow link (comm share
+"""A slow link between two namespace nodes ("a slow link (comm share
 vs bytes)"): the bundled trainer on two nodes, healthy first, then both
 directions of node 1's link shaped to 8 Mbit/s with `tc qdisc tbf`. Every rank
 then waits in its collectives nearly all of each step and none works longer

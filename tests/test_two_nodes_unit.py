@@ -1,4 +1,4 @@
-"""Pure pieces of the judgement across nodes (issue 18): where a rank's peers on
+"""Pure pieces of the judgement across nodes: where a rank's peers on
 other nodes are, how long each rank works per step next to its peers, and where
 a culprit no view holds is named."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_net_ns_of_a_process():
 
 
 def test_the_incident_page_names_a_culprit_elsewhere():
-    """A replayed lone view (node 0 alone, issue 18): its page says where the
+    """A replayed lone view (node 0 alone): its page says where the
     culprit is instead of "no culprit named on this node"."""
     from ddpwatch.judge import classify, rules
     from ddpwatch.observe.snapshot import load

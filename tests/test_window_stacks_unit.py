@@ -1,5 +1,5 @@
 """Stack dumps inside diagnose's window (observe/window_stacks.py) and what the
-stack signals make of 4 samples where there were 2 (issue 13): a rank seen
+stack signals make of 4 samples where there were 2: a rank seen
 waiting in some samples is training; in all of them, stuck."""
 import os
 import threading

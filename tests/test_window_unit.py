@@ -1,5 +1,5 @@
 """The sampled window (observe/duty.py, judge/signals/window.py) and a rank's place
-in its job (judge/signals/launch.py), on fixture text and hand-built snapshots (issue 13)."""
+in its job (judge/signals/launch.py), on fixture text and hand-built snapshots."""
 import dataclasses
 import os
 

@@ -1,4 +1,4 @@
-"""Two namespace nodes on this host for cross-node tests (issue 18): each node a
+"""Two namespace nodes on this host for cross-node tests: each node a
 network namespace on a shared bridge, and inside it a PID, mount and UTS
 namespace of its own (its hostname) holding its ranks and its `ddpwatch run`
 with the other node as its peer. The host namespace reaches both over the

@@ -41,7 +41,7 @@ def setup_logging(fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     # An exception escaping any thread goes through the same handler, so nothing
-    # reaches stderr outside `--log-format json` (issue 14: client resets did).
+    # reaches stderr outside `--log-format json` (client resets did).
     threading.excepthook = lambda a: log.error(
         "thread %s died", a.thread.name if a.thread else "?",
         exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
@@ -226,7 +226,7 @@ def _reload(args, daemon, dispatcher, server, make_server):
 def rebind(server, cfg, old_cfg, make_server):
     """Serve on cfg.listen from now on. Returns (server in use, None), or (server in
     use, why not) with the old address still served under the old token: never the
-    new token on the old address (issue 14: moving listen to loopback and dropping
+    new token on the old address (moving listen to loopback and dropping
     the token left 0.0.0.0 serving /status without one)."""
     try:
         new = make_server(cfg)

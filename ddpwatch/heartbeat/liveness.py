@@ -7,7 +7,7 @@ Shared by the daemon's heartbeat probe and the writer's pruning of old records
 (retention.py).
 
 The owner check is what keeps a forged record from naming someone else's
-process (issue 14: a user's `rank1-pid<N>.hb` naming root's `sleep` made it a
+process (a user's `rank1-pid<N>.hb` naming root's `sleep` made it a
 rank, and py-spy attached to it every 5 s). The reader has already checked that
 the record's uid is its file's owner; here the process must be that uid's too.
 """

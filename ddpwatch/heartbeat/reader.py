@@ -6,7 +6,7 @@ or counts it); it never raises out of `read_dir`.
 
 Record files belong to other users: they are read with pread(2) into a buffer
 of our own, never mapped. A mapping of a file its owner can truncate is a
-SIGBUS waiting to happen (issue 14: a user shrinking their record after the
+SIGBUS waiting to happen (a user shrinking their record after the
 size check killed the root daemon with "Fatal Python error: Bus error"); a
 pread of a shrunk file just returns fewer bytes, which the layout check refuses.
 """

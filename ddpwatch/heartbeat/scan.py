@@ -1,4 +1,4 @@
-"""A bounded look at record directories other users fill (issue 14).
+"""A bounded look at record directories other users fill.
 
 The daemon reads, every second and as root, directories whose owners may put
 anything in them: 20 000 junk `.hb` files took its tick from 0.04 s to 0.5 s.

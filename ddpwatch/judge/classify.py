@@ -48,7 +48,7 @@ class JobVerdict:
     culprits: tuple[int, ...]
     summary: str
     # the culprit this node cannot judge, named by where it is ("a rank on
-    # 10.0.0.2", "the node at 10.0.0.2"): victims here wait on it (issue 18)
+    # 10.0.0.2", "the node at 10.0.0.2"): victims here wait on it
     elsewhere: str = ""
 
 

@@ -89,7 +89,7 @@ def classify_stack(dump) -> str:
     files = [_file(f) for f in frames]
     names = [f.name for f in frames]
     # compiling: a compiler frame at work, not a compiler module being imported
-    # (DDP's constructor and the first optimizer step import torch._dynamo: issue 13)
+    # (DDP's constructor and the first optimizer step import torch._dynamo)
     if any(f.endswith(COMPILE_FILES) and n != "<module>" for f, n in zip(files, names)):
         return "compile"
     if any(f.endswith(RENDEZVOUS_FILES) for f in files) or any(

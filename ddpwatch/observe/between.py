@@ -1,4 +1,4 @@
-"""The daemon's window evidence: its jobs' ranks read between ticks (issue 13).
+"""The daemon's window evidence: its jobs' ranks read between ticks.
 
 `diagnose` reads every thread of every rank each 50 ms over its window
 (observe/duty.py); the daemon watches for days within 1% of a core, so it reads

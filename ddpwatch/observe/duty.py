@@ -1,5 +1,5 @@
 """How each rank spent a window: its threads' states sampled many times, and
-its cgroup's CPU throttling (issue 13). One or two readings are no evidence: a
+its cgroup's CPU throttling. One or two readings are no evidence: a
 rank stopped 70% of the time, or throttled by a CPU quota, reads sometimes
 stopped, sometimes running, and healthy DDP ranks spend many readings in the
 same wait as a blocked one.

@@ -1,7 +1,7 @@
 """The helper programs probes run (ss, ip, nsenter, py-spy), found once.
 
 The daemon runs as root beside other users: a program looked up through PATH
-at every call is whatever the PATH of the moment names (issue 14: `ss`, `ip`
+at every call is whatever the PATH of the moment names (`ss`, `ip`
 and `nsenter` were found through PATH each time). Each is resolved once, to an
 absolute path, on first use; the daemon resolves them all at start
 (`resolve_all`) and says which are missing. The probes then exec that path.

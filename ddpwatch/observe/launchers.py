@@ -1,5 +1,5 @@
 """Who launched a process, and what rank that makes it: the conventions of the
-launchers people use (issue 13). Pure over command lines and allow-listed
+launchers people use. Pure over command lines and allow-listed
 environments (probes/process.py ENV_ALLOW); discovery.py puts them together.
 
 `/proc/<pid>/environ` is the environment at exec only, so each launcher leaves

@@ -1,4 +1,4 @@
-"""Doing one thing inside another process's network namespace (issue 18).
+"""Doing one thing inside another process's network namespace.
 
 A rank on a "node" that is a network namespace of this host (a container, `ip
 netns`) has its own interfaces and its own wire: a packet socket opened in the

@@ -29,7 +29,7 @@ from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
 # py-spy runs one pass may start, over all jobs (a person's request excepted):
 # every local user can start processes that look like suspicious ranks, and
-# each would cost a py-spy run every stacks_min_interval_s (issue 14: 65 runs per
+# each would cost a py-spy run every stacks_min_interval_s (65 runs per
 # 10 s). Jobs past the budget get theirs on a later pass.
 MAX_DUMPS_PER_PASS = 8
 # A person's request (/status?stacks=1) is not held to that, but to this: the
@@ -142,8 +142,8 @@ class Sampler:
 
     def capture_net_of(self, pid: int) -> None:
         """Watch the wire of `pid`'s network namespace instead of ours: a rank on a
-        namespace node, judged from the host, with the connects that arrive there
-        (issue 18). Nothing changes when the capture is off or already there."""
+        namespace node, judged from the host, with the connects that arrive there.
+        Nothing changes when the capture is off or already there."""
         if self._capture is None or net_ns(self.ctx.procfs, pid) in (
                 "", getattr(self._capture, "net_ns", "")):
             return

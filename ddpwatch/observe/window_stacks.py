@@ -1,4 +1,4 @@
-"""Stack dumps inside a window, between its first and last snapshot (issue 13).
+"""Stack dumps inside a window, between its first and last snapshot.
 
 Two dumps are no evidence: a healthy DDP rank spends 20-40% of its time in the
 same reducer wait as a blocked one, so both ends of a window land there for one

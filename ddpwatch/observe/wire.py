@@ -1,5 +1,5 @@
 """Ranks no launcher, environment or record ties together, grouped by what they
-share on the wire (issue 13): the TCPStore they connect to (or host) and the
+share on the wire: the TCPStore they connect to (or host) and the
 Gloo connections between them.
 
 A script started by hand that sets MASTER_ADDR/RANK in `os.environ` itself, or

@@ -5,7 +5,7 @@ its bundle's report.txt, report.json and snapshots.json under /incidents/<id>/);
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
 otherwise only on suspicion): at most once per `stacks_min_interval_s`, so asking
-in a loop does not run py-spy in a loop (issue 14: 2 -> 16 runs in 8 s).
+in a loop does not run py-spy in a loop (2 -> 16 runs in 8 s).
 
 Only reads the latest published DaemonView (and the bundles of the incidents it
 lists: a path in a request is only ever compared with the incidents' ids).
@@ -67,7 +67,7 @@ def status_document(view) -> dict:
             "version": __version__, "job": first["job"], "ranks": first["ranks"], "jobs": jobs,
             "incidents": [to_json(i) for i in view.incidents],
             "peers": [to_json(p) for p in view.peers],
-            # why the daemon may be blind or behind (issue 14): failed stages, probe errors
+            # why the daemon may be blind or behind: failed stages, probe errors
             "stage_failures": dict(view.stage_failures or {}),
             "probe_errors": {p.name: p.error for p in view.probes if not p.ok}}
 

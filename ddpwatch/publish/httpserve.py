@@ -1,4 +1,4 @@
-"""A small HTTP/1.0 server that no local user can exhaust (issue 14: 1 030 idle
+"""A small HTTP/1.0 server that no local user can exhaust (1 030 idle
 connections took one thread and one descriptor each, `/metrics` answered nothing
 for 30 s and discovery failed with EMFILE).
 

@@ -1,6 +1,6 @@
 """Incidents kept in the state directory, so a daemon killed with SIGKILL and
 started again resolves the incidents it had opened, under the same ids, and
-pages no second time (issue 14: incidents lived in memory only).
+pages no second time (incidents lived in memory only).
 
 One JSON file, `<state_dir>/incidents.json`, replaced whole (written beside it
 with O_EXCL|O_NOFOLLOW, fsynced, renamed over), so a kill mid-write leaves the

@@ -218,7 +218,7 @@ def safe_name(label: str) -> str:
     """A label made fit for a file name: letters, digits, '_', '.', '-' only, no
     leading dot, no "..", at most MAX_NAME characters, and a short hash of the label when
     anything was changed (so two labels never make one name). A run id is
-    whatever a job's owner wrote (issue 14: `../../../../tmp/x/L/pwn` made root
+    whatever a job's owner wrote (`../../../../tmp/x/L/pwn` made root
     write a bundle through a symlink), so it is never a path."""
     cleaned = _UNSAFE.sub("_", label).replace("..", "_").lstrip(".")[:MAX_NAME] or "job"
     if cleaned != label:

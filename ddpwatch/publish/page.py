@@ -269,7 +269,7 @@ def _findings(ranks) -> str:
             out.append(f"<br>finding <b>{esc(f.get('id'))}</b> ({esc(f.get('severity'))}): "
                        f"{esc(f.get('evidence'))} → {esc(f.get('remedy'))}")
         unseen = (r.get("signals") or {}).get("ns_unseen")
-        if unseen:  # the rank's own namespace, judged from outside it (issue 18)
+        if unseen:  # the rank's own namespace, judged from outside it
             out.append(f"<br>not seen in its namespaces: {esc(unseen)}")
         out.append("</div>")
     return "\n".join(out)

@@ -83,7 +83,7 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
              or not ended else "no local rank process left")
     lines.append(f"  ({alive}{ended}, {launcher})")
     for r in judgement.ranks:
-        # no record, environment or launch convention says its number: say so (issue 13)
+        # no record, environment or launch convention says its number: say so
         who = (f"rank {r.rank}" if r.rank >= 0 else "launcher" if r.pid == last.job.launcher_pid
                else "rank unknown")
         lines.append("")
@@ -96,7 +96,7 @@ def as_text(judgement: Judgement, last: Snapshot) -> str:
             lines.append(_wrap(f"stack:    {r.stack}", "  "))
         for f in r.findings:
             lines.append(_wrap(f"finding {f.id} ({f.severity}): {f.evidence} -> {f.remedy}", "  "))
-        if r.signals.get("ns_unseen"):  # its own namespace, judged from outside (issue 18)
+        if r.signals.get("ns_unseen"):  # its own namespace, judged from outside
             lines.append(_wrap(f"not seen in its namespaces: {r.signals['ns_unseen']}", "  "))
     failed = [p for p in last.probes if not p.ok]
     if failed:

@@ -2,7 +2,7 @@
 
 Run ids, hostnames, command lines and paths come from ranks other users own:
 printed raw, an ESC sequence in a run id moves the cursor or rewrites what a
-person reads (issue 14). Every command that prints such text passes it here."""
+person reads. Every command that prints such text passes it here."""
 from __future__ import annotations
 
 import unicodedata

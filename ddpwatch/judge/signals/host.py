@@ -37,7 +37,7 @@ def measure(s: dict, last: Snapshot) -> None:
     view = ns_view(last, s.get("pid"))
     if view is None:
         return
-    # the rank's own node: never the watcher's answer in its place (issue 18)
+    # the rank's own node: never the watcher's answer in its place
     s["ns_unseen"] = view.unseen
     if view.hostname:
         s["node"] = view.hostname

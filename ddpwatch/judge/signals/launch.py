@@ -1,5 +1,5 @@
-"""Signals of a rank's place in its job when its environment does not say it
-(issue 13): mp.spawn, Lightning and other launchers' ranks have no RANK,
+"""Signals of a rank's place in its job when its environment does not say it:
+mp.spawn, Lightning and other launchers' ranks have no RANK,
 WORLD_SIZE or MASTER_PORT at exec. Discovery numbers them by their launcher's
 convention (Job.ranks, Job.world_size); the store they share is found on the
 wire. Pure; `measure` completes a rank's signals after the other per-rank families,

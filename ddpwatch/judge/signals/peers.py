@@ -118,7 +118,7 @@ def blame_elsewhere(ranks: list[dict]) -> None:
     """After the links (inbound ties a stuck connect to a peer's capture): the
     culprit of a rank whose culprit is not in this view, by its address. A rank
     whose data connect goes unanswered waits on the node it dials, not on itself
-    (issue 18: node 0's rank 0 was blamed for node 1's firewall)."""
+    (node 0's rank 0 was blamed for node 1's firewall)."""
     for s in ranks:
         target = s.get("syn_sent_to") or ""
         if s.get("syn_sent_data") and s.get("syn_sent_dropped_by") is None and target:

@@ -47,7 +47,7 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
 
 def remote_addrs(socks) -> str:
     """The far ends of established connections that are not this host: a connection
-    whose two ends differ, neither on loopback, reaches another node (issue 18: the
+    whose two ends differ, neither on loopback, reaches another node (the
     node a lone daemon's waiting rank waits for)."""
     far = set()
     for k in socks:

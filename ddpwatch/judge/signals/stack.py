@@ -77,7 +77,7 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     # stack_waits counts them). Compiler
     # frames are the exception: they are on no stack but a compiling rank's, so one
     # sample of them says the rank compiled in the window (a 60-layer compile
-    # caught once in its first second and once compiling: issue 13).
+    # caught once in its first second and once compiling).
     kind = kinds[0] if len(set(kinds)) == 1 else "compile" if "compile" in kinds else "mixed"
     sites = {call_site(d) for d in dumps}
     s = {"stack": kind, "stack_top": describe_top(dumps[-1]), "stack_samples": len(dumps),

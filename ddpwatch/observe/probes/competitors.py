@@ -1,6 +1,6 @@
 """Competitors probe: the other processes running on the CPUs a job's ranks may
 use, so a rank starved of CPU (its run-queue wait, straggler-starved) is shown
-with what it shares its core with (issue 13: "the competing processes, if cheap
+with what it shares its core with ("the competing processes, if cheap
 to name"). One pass over /proc/*/stat: a process is a competitor when it is
 running or runnable (state R) now, on a CPU one of the ranks may run on; the
 judge keeps those seen at both ends of a window whose CPU time grew.

@@ -64,7 +64,7 @@ class Host:
     errors: tuple[str, ...]  # parts that could not be read; the rest is still valid
     # GPUs the node's drivers know (NVIDIA's /proc/driver/nvidia/gpus, AMD's /dev/kfd);
     # -1: not looked (older snapshots). A rank on a node without any computes on its
-    # CPU: what a bf16 frame in its stack needs to mean bf16 on the CPU (issue 13)
+    # CPU: what a bf16 frame in its stack needs to mean bf16 on the CPU
     gpus: int = -1
 
 

@@ -1,4 +1,4 @@
-"""Namespace host probe: the node as a rank in another namespace sees it (issue 18).
+"""Namespace host probe: the node as a rank in another namespace sees it.
 
 The host probe reads the watcher's node: its hostname, what that resolves to,
 its interfaces. A rank in a container or a namespace node (its own UTS, network

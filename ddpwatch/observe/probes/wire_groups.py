@@ -1,4 +1,4 @@
-"""Wire-groups probe: ranks started by hand, for the daemon (issue 13). A lone
+"""Wire-groups probe: ranks started by hand, for the daemon. A lone
 Python process that no launcher, environment or record claims is no rank to
 discovery; those that imported torch and have the shape of one DDP job on the
 wire (observe/wire.py `ddp_groups`: a TCPStore host every member is connected

@@ -55,7 +55,7 @@ def _build_one(item, where: str, known: dict[str, Flavour], index: int, config: 
             raise ConfigError(f"{where}: unknown key {repr(key)[:40]} for type {kind!r} "
                               f"(allowed: {', '.join(sorted(allowed))})")
         # bool is an int in Python; `timeout_s: true` is still a mistake. The value
-        # itself is never shown: url and secret carry credentials (issue 14).
+        # itself is never shown: url and secret carry credentials.
         if isinstance(value, bool) or not isinstance(value, allowed[key]):
             raise ConfigError(f"{where}: {key}: expected {_type_name(allowed[key])}, "
                               f"got a {type(value).__name__}")
