@@ -101,7 +101,6 @@ def main(args) -> int:
     except OSError as err:
         daemon.close()
         raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
-    server.activated = activated is not None
     server.start()
     if poller is not None:
         poller.start()
@@ -189,7 +188,7 @@ def _reload(args, daemon, dispatcher, server, make_server):
         log.error("reload refused, keeping the running config: unexpected %s",
                   type(err).__name__)
         return dispatcher, server
-    if cfg.listen != daemon.config.listen and getattr(server, "activated", False):
+    if cfg.listen != daemon.config.listen and server.httpd.activated:
         log.error("reload refused, keeping the running config: listen moved to %s, but the "
                   "socket is systemd's (ddpwatch.socket): change its ListenStream= and "
                   "restart both", cfg.listen)

@@ -143,7 +143,10 @@ class BoundedServer:
         self.response_deadline_s = response_deadline_s
         self.min_bytes_per_s = min_bytes_per_s
         self.max_writers = max_writers
-        if sock is not None:  # already bound and listening: systemd's (sdnotify.listen_socket)
+        # already bound and listening: systemd's (sdnotify.listen_socket), which a
+        # reload may not move (commands/run.py)
+        self.activated = sock is not None
+        if sock is not None:
             self.sock = sock
             self.sock.setblocking(False)
         else:
