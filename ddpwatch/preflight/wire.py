@@ -124,8 +124,10 @@ def parse(line: bytes, kind: str) -> dict:
         raise ProtocolError(f"not JSON: {err}") from None
     if not isinstance(obj, dict) or obj.get("kind") != kind:
         raise ProtocolError(f"expected a {kind!r} message")
-    if kind == "hello":
-        return {"facts": clean(obj.get("facts"), FACTS)}
+    if kind == "hello":  # the nonce a signed hello carries (Channel), "" if none
+        nonce = obj.get("nonce")
+        return {"facts": clean(obj.get("facts"), FACTS),
+                "nonce": _text(nonce) if isinstance(nonce, str) else ""}
     if kind == "roster":
         you = obj.get("you")
         nodes = clean_nodes(obj.get("nodes"))
@@ -201,26 +203,11 @@ class Channel:
                 raise ProtocolError(f"a {kind!r} message not signed with the preflight secret")
         message = parse(line, kind)
         if self.secret and kind == "hello":
-            nonce = _raw_field(line, "nonce")
-            if not (isinstance(nonce, str) and len(nonce) == 32):
+            if len(message["nonce"]) != 32:
                 raise ProtocolError("a hello without its nonce")
-            self.worker_nonce = nonce
+            self.worker_nonce = message["nonce"]
         self.received += 1
         return message
-
-
-def _raw_field(line: bytes, name: str):
-    try:
-        return json.loads(line).get(name)
-    except (ValueError, AttributeError):
-        return None
-
-
-def send(sock: socket.socket, kind: str, **fields) -> None:
-    data = json.dumps({"kind": kind, **fields}, separators=(",", ":")).encode() + b"\n"
-    if len(data) > MAX_LINE:
-        raise ProtocolError(f"{kind} message of {len(data)} bytes exceeds {MAX_LINE}")
-    sock.sendall(data)
 
 
 class LineReader:
