@@ -9,8 +9,11 @@ absolute path, on first use; the daemon resolves them all at start
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
+import subprocess
 import sys
+import time
 
 TOOLS = ("ss", "ip", "nsenter", "py-spy")
 # Where the system's own tools live, searched before PATH
@@ -47,9 +50,6 @@ def run_bounded(cmd: list[str], timeout_s: float, limit: int) -> str:
     drained and dropped, so a namespace with 20 000 addresses costs the daemon
     no more memory than any other), under `timeout_s` (then killed:
     subprocess.TimeoutExpired). RuntimeError on a non-zero exit."""
-    import selectors
-    import subprocess
-    import time
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           stdin=subprocess.DEVNULL) as proc:
         deadline = time.monotonic() + timeout_s
