@@ -36,9 +36,9 @@ from test_daemon import get
 from test_thirdparty_contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
 from test_thirdparty_jobs import ANNOUNCE, SNAPSHOTS, THIRDPARTY
 
-# healthy training watched for pages: 2 minutes once (the records change what is
+# healthy training watched for pages: a minute once (the records change what is
 # read, not what judges a healthy job over time), the diagnoses included
-WATCH_S = {"plain": 120.0, "auto": 0.0}
+WATCH_S = {"plain": 60.0, "auto": 0.0}
 
 
 def need_ray() -> None:
