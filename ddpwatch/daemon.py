@@ -1,7 +1,11 @@
 """`ddpwatch run`: the per-node loop. The only module that wires the stages:
 
-    discovery -> cheap probes -> snapshot -> classify -> incidents -> publish
-                 (stacks only on suspicion, rate-limited per job)
+    discover -> watch each job (watch/: look, judge, over time) -> publish
+                (stacks only on suspicion, rate-limited per job: watch/look.py)
+
+Everything the daemon knows of one job lives in its WatchedJob (watch/job.py),
+kept in `self.watched`; the daemon itself holds node-wide books only (incidents,
+alert routing, the limits per uid).
 
 Each stage of a tick is guarded: a failure is logged and counted, and the loop
 goes on (a watcher that dies at 3 a.m. is worse than one that misses a tick).
@@ -9,16 +13,14 @@ goes on (a watcher that dies at 3 a.m. is worse than one that misses a tick).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-import re
 import socket
 import time
 
 from .judge import classify, rules as rules_mod, vocabulary
 from .observe import discovery, helpers
 from .observe.between import BetweenTicks
-from .publish.alerts.route import AlertRoute, owner_node
+from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
 from .publish.bundle import prune as prune_bundles, rewrite_page, write_bundle
 from .config import Config
@@ -26,22 +28,16 @@ from .heartbeat.paths import record_dirs
 from .publish import incident_store
 from .publish.incidents import IncidentBook
 from .observe.departures import Departures
-from .observe.probes import Look, ProbeContext
+from .observe.probes import ProbeContext
 from .observe.sampler import Sampler
 from .publish.page_list import incident_path
 from .publish.view import DaemonView, JobView
+from .watch import look
 from .watch.job import WatchedJob
 
 log = logging.getLogger("ddpwatch")
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
 MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
-
-# A job no rule can judge yet in its first seconds is starting (importing torch,
-# meeting at rendezvous): py-spy would only show that, at a CPU cost the ranks
-# pay. Problems at start-up have verdicts of their own (sockets are still read).
-STARTUP_GRACE_S = 10.0
-# the label of a job known by its pid only (discovery.job_key's fallback)
-ANONYMOUS = re.compile(r"pid\d+")
 PRUNE_EVERY_S = 30.0  # bundles are pruned (age, total size) at most this often
 HELD_BUNDLE = ("held back: the job owner's uid wrote its uid_bundles bundles; written "
                "when its bucket refills (uid_refill_s), if the job is still here")
@@ -68,20 +64,16 @@ class Daemon:
         self.view: DaemonView | None = None
         self.incidents = IncidentBook(config.resolve_after_s, config.open_after_s,
                                       config.group_interval_s, gate=self._may_open)
-        # floods of fake jobs (publish/limits.py): when each job was last seen alive
-        # (boot-time seconds), and a bucket of incidents and of bundles per uid
+        # floods of fake jobs (publish/limits.py): a bucket of incidents and of
+        # bundles per uid; boot-time seconds date when a job was last seen alive
         self.boottime = boottime
-        self._alive_at: dict[str, float] = {}
-        self._worked: set[str] = set()  # jobs judged healthy on some tick
-        self._verdicts: dict[str, tuple] = {}  # key -> last tick's verdict (for the log)
-        self._labels: dict[str, str] = {}  # owner key -> its label (see _label)
         self._limit_buckets(config)
         self.bundles_limited = 0
         self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
         self.bundles_pruned = {"age": 0, "size": 0}
         self._pruned_at = -1e18
         self.alert_route = AlertRoute(config.peer_max_age_s)
-        # owner key -> the job's state between ticks (watch/job.py)
+        # owner key -> all the daemon knows of that job (watch/job.py)
         self.watched: dict[str, WatchedJob] = {}
         # the ranks' states read between ticks (observe/between.py)
         self.between = BetweenTicks(clock, glance_s=config.reading_s)
@@ -96,7 +88,6 @@ class Daemon:
         # not: ALL_JOBS, or a frozenset of owner uids. Replaced whole, never mutated.
         self.stacks_requested: object = frozenset()
         self.stage_failures: dict[str, int] = collections.Counter()
-        self._last_views: dict = {}  # owner key -> the last tick's JobView
         self._saved = None  # what incident_store last saved (a mark of it)
         self._persist_error = ""
         # helper programs found once, by absolute path, not through PATH per call
@@ -126,8 +117,9 @@ class Daemon:
 
     def _may_open(self, key: str, verdict: str) -> str:
         """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
-        if limits.too_young(verdict, limits.life_s(key, self._alive_at.get(key)),
-                            self.config.min_life_s, key in self._worked):
+        watched = self.watched.get(key)
+        if limits.too_young(verdict, limits.life_s(key, watched and watched.alive_at),
+                            self.config.min_life_s, bool(watched and watched.worked)):
             return "young"
         if not self.incident_buckets.take(limits.owner_uid(key), self.clock()):
             return "uid_rate"
@@ -184,8 +176,8 @@ class Daemon:
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
-        live = [(owner, self._label(owner, labels.get(owner) or discovery.job_key(job)), job)
-                for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
+        live = [(owner, self._watched(owner).name(labels.get(owner) or discovery.job_key(job)),
+                 job) for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
         exits = self._survey.exits if self._survey is not None else None
         foreground = frozenset(pid for pid, info in table.items() if info.foreground)
         judged = self._guard("departures", lambda: self.departures.update(
@@ -193,7 +185,7 @@ class Daemon:
         alive_at = self.boottime()
         for owner, _, job in judged:
             if job.rank_pids:
-                self._alive_at[owner] = alive_at
+                self._watched(owner).alive_at = alive_at
         for owner, label, job in judged:
             view = self._guard("judge", lambda: self._judge_job(job, statuses, owner, label),
                                None)
@@ -201,8 +193,6 @@ class Daemon:
                 views.append(view)
                 owners[owner] = view
         self._forget_vanished(set(owners))
-        self._worked |= {k for k, v in owners.items() if v.judgement.job.verdict == "healthy"}
-        self._last_views = owners
         self._guard("incidents", lambda: self._incidents(owners), None)
         self._guard("bundle", self._retry_bundles, None)
         self._guard("bundle", self._prune, None)
@@ -268,49 +258,43 @@ class Daemon:
     def _between_failed() -> None:
         log.exception("reading the ranks between ticks failed")
 
-    def _judge_job(self, job, statuses, key: str, label: str) -> JobView:
-        """Glance at a job that was healthy, look in detail at one that was not (or
-        is not any more), and closer still (stacks) on suspicion or on request.
-        `key`: who the job is (discovery.owner_key), for the daemon's books;
-        `label`: what it is called (the run id), for people, metrics and peers."""
+    def _watched(self, key: str) -> WatchedJob:
         watched = self.watched.get(key)
         if watched is None:
             watched = self.watched[key] = WatchedJob(key, self.clock())
+        return watched
+
+    def _judge_job(self, job, statuses, key: str, label: str) -> JobView:
+        """Look at a job as closely as it asks (watch/look.py), judge it over time
+        (watch/job.py), and say what to publish. `key`: who the job is
+        (discovery.owner_key), for the daemon's books; `label`: what it is called
+        (the run id), for people, metrics and peers."""
+        watched = self._watched(key)
         requested = self._requested is ALL_JOBS or limits.owner_uid(key) in self._requested
-        detailed = watched.verdict != "healthy" or requested
         # the peer view: this job's ranks on other nodes, as their daemons see them
         remote = self.peers.remote_signals(label, limits.owner_uid(key)) if self.peers else ()
 
-        def sample(look):
-            snap = self.sampler.sample(job, self._survey, look, key)
+        def sample(how):
+            snap = self.sampler.sample(job, self._survey, how, key)
             statuses.extend(snap.probes)
             return snap
-        duty = self.between.take(key, job.rank_pids)
-        first, last = watched.window(sample(Look.DETAIL if detailed else Look.GLANCE), duty,
-                                     self.config.window_s)
-        judgement, remote = self._judge(key, (first, last), remote)
-        if not detailed and judgement.job.verdict != "healthy":
-            # Something changed since the last tick: look again, in detail.
-            last = dataclasses.replace(sample(Look.DETAIL), duty=last.duty)
-            watched.replace_last(last)
-            judgement, remote = self._judge(key, (first, last), remote)
-        # a young job's rank starved of CPU as a straggler would be: its stacks say
-        # whether the job trains yet (judge/signals/window.py slow_while_starting)
-        suspicious = judgement.job.verdict not in vocabulary.FINE or any(
-            r.signals.get("slow_while_starting") for r in judgement.ranks)
-        if judgement.job.verdict == "unknown":
-            # a job no rule can judge yet in its first seconds is starting
-            suspicious = self.clock() - watched.first_seen >= STARTUP_GRACE_S
-        # a job held after its ranks ended has no process left to look closer at
-        gone = not job.rank_pids and bool(job.departed_pids)
-        if (suspicious or requested) and not gone:
-            closer = self.sampler.look_closer(last, self._survey, key, force_stacks=requested)
-            statuses.extend(closer.probes[len(last.probes):])
-            last = closer
-            watched.replace_last(closer)
-            judgement, remote = self._judge(key, (first, last), remote)
+
+        def closer(last, force):
+            snap = self.sampler.look_closer(last, self._survey, key, force_stacks=force)
+            statuses.extend(snap.probes[len(last.probes):])
+            return snap
+
+        def judge(history):
+            nonlocal remote
+            judgement, remote = self._judge(key, history, remote)
+            return judgement
+        judgement, last = look.look(
+            watched, self.between.take(key, job.rank_pids), look.Eyes(sample, closer, judge),
+            requested=requested, gone=not job.rank_pids and bool(job.departed_pids),
+            now=self.clock(), window_s=self.config.window_s)
         # a pause past what is normal for this job is a hang (judge/overtime.py)
         judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
+        watched.worked |= judgement.job.verdict == "healthy"
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy" or requested)
         view = JobView(label, judgement, last, over, owner=key)
@@ -333,30 +317,15 @@ class Daemon:
     def _rank_numbers(self) -> dict[str, dict[int, int]]:
         """owner key -> {pid: rank} as last judged (the rank of a rank that ends
         next, from whatever evidence named it)."""
-        return {key: {r.pid: r.rank for r in view.judgement.ranks if not r.remote}
-                for key, view in self._last_views.items()}
-
-    def _label(self, owner: str, label: str) -> str:
-        """The label a job is known by, kept once it came from its run id: a job
-        whose ranks are ending (torchrun's agent alone a tick before it exits) has
-        no run id left to read, and its page must carry the name its status had
-        (tests/test_thirdparty_killed.py). A job's first ticks, before its ranks
-        are read, have only its pid ("pid123"): the run id replaces that."""
-        known = self._labels.get(owner)
-        if known is None or (ANONYMOUS.fullmatch(known) and not ANONYMOUS.fullmatch(label)):
-            self._labels[owner] = label
-            return label
-        return known
+        return {key: {r.pid: r.rank for r in w.view.judgement.ranks if not r.remote}
+                for key, w in self.watched.items() if w.view is not None}
 
     def _forget_vanished(self, keys: set) -> None:
+        """Jobs not judged this tick are forgotten: their WatchedJob, and what the
+        sampler and the between-ticks reader kept of them."""
         gone = set(self.watched) - keys
-        for key in set(self._labels) - keys:
-            del self._labels[key]
         for key in gone:
             del self.watched[key]
-        for key in set(self._alive_at) - keys:
-            del self._alive_at[key]
-        self._worked &= keys
         self.sampler.forget(gone)
         self.between.forget(gone)
 
@@ -367,13 +336,13 @@ class Daemon:
         labels = {k: v.key for k, v in by_key.items()}
         quiet = vocabulary.CALM | vocabulary.HELD
         for k, (verdict, culprits, _) in verdicts.items():
-            was = self._verdicts.get(k, ("none",))[0]
+            watched = self.watched[k]
+            was, watched.logged = watched.logged, verdict
             # the journal's story: into and out of trouble, not a healthy job's
             # every pause and slow spell (seconds apart on a busy node)
             if was != verdict and not (was in quiet | {"none"} and verdict in quiet):
                 log.info("job %s: %s -> %s culprits=%s", labels[k], was, verdict,
                          list(culprits))
-        self._verdicts = verdicts  # only this tick's jobs: bounded by them
         news = set()  # incidents opened or changed this tick
         for event in self.incidents.update(verdicts, time.time(), labels):
             incident = event.incident
@@ -390,24 +359,8 @@ class Daemon:
                 self._send(incident)
         if self.dispatcher is None:
             return  # no webhooks here: claim nothing, so the peers alert themselves
-        mute = self.peers.without_webhooks() if self.peers else frozenset()
-        for incident in self.incidents.open():
-            # a peer's claim counts for a job of this incident's owner only (peers.py)
-            claims = self.peers.claims(limits.owner_uid(incident.owner)) if self.peers else {}
-            view = by_key.get(incident.owner)
-            owner = owner_node(view.judgement.ranks if view else (), self.node, mute)
-            was_sending = self.alert_route.sending(incident.id)
-            if self.alert_route.route(incident.id, incident.job, owner, self.node, claims,
-                                      self.clock()):
-                if not was_sending or incident.id in news:
-                    self._send(incident)  # opened, changed, or just handed to this node
-            elif incident.id in news:
-                sender = self.alert_route.alerts_from(incident.id, self.node)
-                log.info("incident %s: its webhooks come from node %s%s", incident.id,
-                         sender or owner, "" if sender else " if it claims the job within "
-                         f"{self.alert_route.grace_s:g}s, else from this node")
-            self.incidents.set_alerts_from(incident.id,
-                                           self.alert_route.alerts_from(incident.id, self.node))
+        route_open(self.alert_route, self.incidents, by_key, self.node, self.peers, news,
+                   self.clock(), self._send, log.info)
 
     def _write_bundle(self, incident, view) -> bool:
         """Write the incident's evidence; on failure (a full disk) the incident
@@ -466,7 +419,9 @@ class Daemon:
                      removed["age"], removed["size"])
 
     def view_of(self, owner: str):
-        return self._last_views.get(owner)
+        """The JobView of the job `owner` as the last tick published it."""
+        watched = self.watched.get(owner)
+        return watched.view if watched is not None else None
 
     def _persist(self) -> None:
         """Save the incidents when they changed (publish/incident_store.py)."""
@@ -509,14 +464,4 @@ class Daemon:
         return self.base_url() + "/status"
 
 
-def alert_for(incident, node: str, status_url: str, incident_url: str = ""):
-    from .publish.alerts import Alert
-    firing = incident.state != "resolved"
-    return Alert(status="firing" if firing else "resolved", incident_id=incident.id, node=node,
-                 job=incident.job, verdict=incident.verdict, culprits=incident.culprits,
-                 summary=incident.summary, started_at=incident.opened_at,
-                 ended_at=0.0 if firing else incident.resolved_at, status_url=status_url,
-                 incident_url=incident_url)
-
-
-__all__ = ["Daemon", "load_rules", "alert_for"]
+__all__ = ["Daemon", "load_rules"]

@@ -312,9 +312,10 @@ def test_stacks_on_request_for_a_healthy_job(start_job, tmp_path, hb_dir):
 def test_no_stacks_for_a_starting_job_until_the_grace_ends(start_job, tmp_path, hb_dir,
                                                             need_py_spy):
     """A job no rule can judge in its first seconds is starting: py-spy waits out
-    daemon.STARTUP_GRACE_S (real /proc and py-spy; the daemon's clock is ours)."""
+    watch/look.py STARTUP_GRACE_S (real /proc and py-spy; the daemon's clock is ours)."""
     from ddpwatch.config import load
-    from ddpwatch.daemon import STARTUP_GRACE_S, Daemon, load_rules
+    from ddpwatch.daemon import Daemon, load_rules
+    from ddpwatch.watch.look import STARTUP_GRACE_S
     port = free_port()
     job = start_job([sys.executable, "-c", "import time; time.sleep(120)"],
                     env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",

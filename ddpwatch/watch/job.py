@@ -5,11 +5,13 @@
     judgement + this job's past pauses -> (judge/overtime.py, pure) -> what is paged
 
 The daemon makes one per job it discovers, feeds it each tick, and forgets it
-when the job is gone."""
+when the job is gone: everything it knows of a job lives here, so forgetting a
+job is one `del` (daemon.py `_forget_vanished`)."""
 from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from ..judge.classify import JobVerdict
@@ -19,6 +21,9 @@ from ..observe.duty import merge as merge_duties
 from .pauses import PauseTracker
 from .slow import SlowTracker
 from .timebook import TimeBook
+
+# the label of a job known by its pid only (discovery.job_key's fallback)
+ANONYMOUS = re.compile(r"pid\d+")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,20 @@ class WatchedJob:
         self.slow = SlowTracker()
         self.time = TimeBook()
         self._started: frozenset = frozenset()  # rank pids a judgement saw past their start
+        self.label = ""            # what people call it (see `name`)
+        self.alive_at: float | None = None  # boot-time seconds its ranks were last seen
+        self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
+        self.logged = "none"       # the verdict the journal last told (daemon._journal)
+
+    def name(self, label: str) -> str:
+        """The label the job is known by, kept once it came from its run id: a job
+        whose ranks are ending (torchrun's agent alone a tick before it exits) has
+        no run id left to read, and its page must carry the name its status had
+        (tests/test_thirdparty_killed.py). A job's first ticks, before its ranks
+        are read, have only its pid ("pid123"): the run id replaces that."""
+        if not self.label or (ANONYMOUS.fullmatch(self.label) and not ANONYMOUS.fullmatch(label)):
+            self.label = label
+        return self.label
 
     def window(self, snap, duty, window_s: float):
         """(first, last) snapshots of the judging window, `snap` added; the last

@@ -30,10 +30,16 @@ once. A peer whose answers went stale has its ranks left out of the
 judgement, so a node left alone is its own owner. Once a node has sent an
 incident's firing alert it sends the rest of it too (changes, resolved):
 receivers see one story.
+
+`route_open` applies this to a tick's open incidents; `alert_for` builds the
+message they send.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from ..limits import owner_uid
+from .base import Alert
 
 
 def owner_node(ranks: Iterable, here: str, mute: frozenset = frozenset()) -> str:
@@ -106,3 +112,39 @@ class AlertRoute:
         self._waiting.pop(incident_id, None)
         self._elsewhere.pop(incident_id, None)
         return self._sending.pop(incident_id, None) is not None
+
+
+def route_open(route: AlertRoute, book, views: dict, here: str, peers, news: set,
+               now: float, send, say) -> None:
+    """One tick's routing of the open incidents of `book` (publish/incidents.py):
+    each is sent from here (`send(incident)`) when this node alerts for it and it
+    is new to its receivers (opened, changed, or just handed to this node), or
+    left to the node that claims it. `views`: owner key -> this tick's JobView;
+    `peers`: the peer view (publish/peers.PeerPoller) or None; `news`: ids of
+    incidents opened or changed this tick; `say`: the journal's info line."""
+    mute = peers.without_webhooks() if peers else frozenset()
+    for incident in book.open():
+        # a peer's claim counts for a job of this incident's owner only (peers.py)
+        claims = peers.claims(owner_uid(incident.owner)) if peers else {}
+        view = views.get(incident.owner)
+        owner = owner_node(view.judgement.ranks if view else (), here, mute)
+        was_sending = route.sending(incident.id)
+        if route.route(incident.id, incident.job, owner, here, claims, now):
+            if not was_sending or incident.id in news:
+                send(incident)
+        elif incident.id in news:
+            sender = route.alerts_from(incident.id, here)
+            say("incident %s: its webhooks come from node %s%s", incident.id,
+                sender or owner, "" if sender else " if it claims the job within "
+                f"{route.grace_s:g}s, else from this node")
+        book.set_alerts_from(incident.id, route.alerts_from(incident.id, here))
+
+
+def alert_for(incident, node: str, status_url: str, incident_url: str = "") -> Alert:
+    """The webhook message of an incident as it stands (publish/alerts/base.py)."""
+    firing = incident.state != "resolved"
+    return Alert(status="firing" if firing else "resolved", incident_id=incident.id, node=node,
+                 job=incident.job, verdict=incident.verdict, culprits=incident.culprits,
+                 summary=incident.summary, started_at=incident.opened_at,
+                 ended_at=0.0 if firing else incident.resolved_at, status_url=status_url,
+                 incident_url=incident_url)
