@@ -14,12 +14,11 @@ from ..observe import discovery
 from .. import errors
 from ..publish import report
 from ..publish.terminal import printable_lines
-from ..judge.signals import inbound, interfaces, process, sockets
+from ..judge import signals
 from ..judge.vocabulary import FINE
 from ..observe.duty import DutyWatch
 from ..observe.netns import net_ns
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
-from ..observe.probes.traffic import SynCapture
 from ..observe.sampler import Sampler, Survey
 from ..observe.snapshot import Job, Snapshot, load, load_remote, save
 from ..observe.window_stacks import WindowStacks, dump_times
@@ -96,7 +95,7 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
             sampler.capture_net_of(pid)
         first = sample(sampler, job)
         second = _watched(ctx, sampler, job, first.taken_at + window_s)
-        if syn_wait_s > 0 and _waits_for_peers(second, sampler.capture):
+        if syn_wait_s > 0 and _waits_for_peers(second):
             _watch_connects(ctx, sampler, job, second, syn_wait_s)
             # judged over a window like any other, not over the wait
             first = sample(sampler, job)
@@ -139,26 +138,11 @@ def _sleep_until(ctx: ProbeContext, deadline: float) -> None:
         time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
 
 
-def _waits_for_peers(snap: Snapshot, capture) -> bool:
-    """A rank of a multi-node job waiting for peers that should dial it (more
-    peers unconnected than its own connects stuck in SYN-SENT), listening where
-    they can reach it (not loopback, not off its route: then their attempts do
-    not come here), on a node whose traffic is watched and shows no dropped
-    attempt yet: worth waiting for the peers' next SYN (a connect retries 1, 2,
-    4 ... 32 s apart). Decided from signals, not from rule ids."""
-    if not isinstance(capture, SynCapture) or snap.sockets is None or snap.traffic is None:
-        return False
-    history = (snap,)
-    for pid in snap.job.rank_pids:
-        s = {**process.measure(history, pid), **sockets.measure(history, pid)}
-        iface = interfaces.measure(history, pid)
-        if (s.get("all_ranks_local") is not False or iface.get("gloo_loopback")
-                or iface.get("gloo_off_route")):
-            continue
-        dialled_by = (iface.get("gloo_unconnected") or 0) - (s.get("syn_sent") or 0)
-        if dialled_by >= 1 and not inbound.measure(history, pid).get("syn_in_unanswered"):
-            return True
-    return False
+def _waits_for_peers(snap: Snapshot) -> bool:
+    """A rank of a multi-node job waits for peers on other nodes that should dial
+    it, and this node would see their attempts dropped: the judge's own signal
+    (judge/signals/state.py awaits_dialers), over the last sample alone."""
+    return any(s.get("awaits_dialers") for s in signals.local((snap,)))
 
 
 def _watch_connects(ctx, sampler: Sampler, job, second, wait_s: float) -> None:
@@ -168,7 +152,7 @@ def _watch_connects(ctx, sampler: Sampler, job, second, wait_s: float) -> None:
           f"interfaces for their connection attempts (up to {wait_s:g} s, --syn-wait)",
           file=sys.stderr, flush=True)
     deadline, snap = ctx.clock() + wait_s, second
-    while ctx.clock() < deadline and _waits_for_peers(snap, sampler.capture):
+    while ctx.clock() < deadline and _waits_for_peers(snap):
         time.sleep(min(1.0, max(deadline - ctx.clock(), 0)))
         snap = sample(sampler, job, Look.DETAIL)
 

@@ -13,6 +13,10 @@ SIGNALS = declare(
     ("warming_up", bool, "first steps or compilation frames"),
     ("waiting_in", str, "the collective this rank waits in (heartbeat op, else from its stack)"),
     ("local_rank", int, "LOCAL_RANK (environment, else the record), -1 unknown"),
+    ("awaits_dialers", bool, "a rank of a multi-node job waits for peers that should dial it: "
+     "more peers unconnected than its own connects stuck in SYN-SENT, listening where they "
+     "can reach it (not loopback, not off its route), on a node whose traffic is watched and "
+     "shows no dropped attempt of theirs yet (`diagnose --syn-wait` waits for their next SYN)"),
 )
 
 WARMUP_STEPS = 2
@@ -37,6 +41,7 @@ def measure(s: dict, last: Snapshot) -> None:
         and s.get("hb_phase") != "rendezvous"))
     s["waiting_in"] = _waiting_in(s)
     s["local_rank"] = _local_rank(last, s["pid"])
+    s["awaits_dialers"] = _awaits_dialers(s, last)
 
 
 def _waiting_in(s: dict) -> str | None:
@@ -48,6 +53,19 @@ def _waiting_in(s: dict) -> str | None:
     if s.get("stack") == "collective":
         return (s.get("stack_top") or "?").split(" ")[0]
     return None
+
+
+def _awaits_dialers(s: dict, last: Snapshot) -> bool:
+    """Worth waiting for the peers' next SYN (a connect retries 1, 2, 4 ... 32 s
+    apart): their attempts come to this rank's address, and the capture
+    (snapshot.traffic) would see them dropped. A rank in another network
+    namespace than the capture has no inbound signals; it still waits."""
+    if last.traffic is None or s.get("all_ranks_local") is not False:
+        return False
+    if s.get("gloo_loopback") or s.get("gloo_off_route"):
+        return False
+    dialled_by = (s.get("gloo_unconnected") or 0) - (s.get("syn_sent") or 0)
+    return dialled_by >= 1 and not s.get("syn_in_unanswered")
 
 
 def _local_rank(snap: Snapshot, pid: int) -> int:
