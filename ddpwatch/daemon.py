@@ -212,10 +212,16 @@ class Daemon:
             peers=self.peers.views() if self.peers else (),
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
-            alerting_jobs=tuple(sorted(self.alert_route.claimed_jobs())),
+            alerting_jobs=self._alerting(),
             webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
             stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out())
         return self.view
+
+    def _alerting(self) -> tuple:
+        """(label, owner uid) of the jobs this node sends webhooks for, told to its
+        peers (publish/peers.py): a claim names whose job it is, not only its label."""
+        return tuple(sorted({(i.job, limits.owner_uid(i.owner)) for i in self.incidents.open()
+                             if self.alert_route.sending(i.id)}))
 
     def _guard(self, stage: str, fn, default):
         try:

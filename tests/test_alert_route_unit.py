@@ -57,9 +57,9 @@ def test_the_owner_alerts_at_once_and_tells_its_peers():
     route = AlertRoute(grace_s=5.0)
     assert route.route("i1", "job", "node-b", "node-b", {}, now=0.0)
     assert route.alerts_from("i1", "node-b") == "node-b"
-    assert route.claimed_jobs() == frozenset({"job"})
+    assert route.sent_from_here() == {"i1": "job"}
     assert route.forget("i1") is True          # it fired here: its resolved goes from here
-    assert route.claimed_jobs() == frozenset()
+    assert route.sent_from_here() == {}
 
 
 def test_another_node_defers_to_a_claim_and_never_doubles_it():
@@ -70,7 +70,7 @@ def test_another_node_defers_to_a_claim_and_never_doubles_it():
     for now in (1.0, 10.0, 100.0):                               # claimed: deferred for good
         assert not route.route("i1", "job", "node-b", "node-a", claims, now=now)
     assert route.alerts_from("i1", "node-a") == "node-b"
-    assert route.claimed_jobs() == frozenset()
+    assert route.sent_from_here() == {}
     assert route.forget("i1") is False         # never fired here: no resolved from here
 
 
@@ -121,9 +121,22 @@ def test_a_lapsed_claim_restarts_the_wait():
 def test_peer_answers_carry_their_claims():
     doc = {"node": "node-b", "jobs": {}, "alerting": ["run-1"], "webhooks": False,
            "owners": {"run-1": 1000}}
-    assert parse(doc) == ("node-b", {}, frozenset({"run-1"}), False, {"run-1": 1000})
+    assert parse(doc) == ("node-b", {}, frozenset({("run-1", 1000)}), False)
     older = parse({"node": "node-b", "jobs": {}})  # a daemon older than routing
-    assert older[2] == frozenset() and older[3] is True and older[4] == {}
+    assert older[2] == frozenset() and older[3] is True
+    # an answer of an older daemon that says no owner: uid unknown (-1)
+    assert parse({"node": "node-b", "jobs": {}, "alerting": ["run-1"]})[2] == frozenset(
+        {("run-1", -1)})
+    # `owned`: a claim names the job's owner; junk is named where it is
+    owned = {"node": "node-b", "owned": [{"key": "run-1", "uid": 1000, "ranks": [],
+                                          "alerting": True}]}
+    assert parse(owned) == ("node-b", {("run-1", 1000): ()}, frozenset({("run-1", 1000)}), True)
+    for junk in ({"key": "run-1", "uid": "1000", "ranks": []}, ["run-1"],
+                 {"key": "run-1", "uid": 1000, "ranks": [], "alerting": "yes"}):
+        with pytest.raises(PeerDocumentError, match=r"owned\[0\] is not a job"):
+            parse({"node": "node-b", "owned": [junk]})
+    with pytest.raises(PeerDocumentError, match=r"owned\[0\].ranks is not a list"):
+        parse({"node": "node-b", "owned": [{"key": "run-1", "uid": 1, "ranks": {}}]})
     for owners in ([1000], {"run-1": "1000"}, {"run-1": True}):
         with pytest.raises(PeerDocumentError, match="'owners' is not a mapping"):
             parse({"node": "node-b", "jobs": {}, "owners": owners})

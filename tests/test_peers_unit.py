@@ -161,6 +161,39 @@ def test_a_peers_job_of_another_owner_is_neither_joined_nor_heard_claiming():
         peer.close()
 
 
+def test_two_owners_of_one_label_on_a_peer_stay_two_jobs():
+    """Another user's look-alike under a real job's label on the peer that holds
+    the real job: the real job's ranks still join this node's, the look-alike's
+    do not, and whichever of them the peer lists last, neither shadows the other
+    (a label-keyed answer keeps one). An older peer sees neither under that label."""
+    from ddpwatch.publish.peers import document
+    from ddpwatch.publish.view import DaemonView
+
+    class View:  # the fields of publish/view.JobView that document reads
+        def __init__(self, key, owner, pid):
+            self.key, self.owner = key, owner
+            self.judgement = type("J", (), {"local": ({"pid": pid, "rank": 1, "alive": True},)})
+
+    for order in ((0, 1), (1, 0)):
+        jobs = [View("10.0.0.1:29500", "u0.p7.s1", 7), View("10.0.0.1:29500", "u65534.p9.s2", 9)]
+        view = DaemonView(node="node-b", tick=3, wall_time=0.0, tick_duration_s=0.0,
+                          jobs=tuple(jobs[i] for i in order), incidents=(), probes=(),
+                          incidents_opened_total={}, ready=True,
+                          alerting_jobs=(("10.0.0.1:29500", 65534),))
+        doc = json.loads(json.dumps(document(view)))
+        assert doc["jobs"] == {} and doc["owners"] == {} and doc["alerting"] == []
+        peer = _Peer(doc)
+        try:
+            poller = PeerPoller([peer.url], max_age_s=5.0, clock=lambda: 100.0)
+            poller.poll_once()
+            assert [s["pid"] for s in poller.remote_signals("10.0.0.1:29500", 0)] == [7]
+            assert [s["pid"] for s in poller.remote_signals("10.0.0.1:29500", 65534)] == [9]
+            assert poller.claims(0) == {"node-b": frozenset()}     # the look-alike's claim
+            assert poller.claims(65534) == {"node-b": frozenset({"10.0.0.1:29500"})}
+        finally:
+            peer.close()
+
+
 @pytest.mark.parametrize("doc, code, error", [
     ({"jobs": {}}, 200, "bad answer: not a ddpwatch /peer document"),
     ({"node": "b", "jobs": {"j": [{"pid": 1, "rank": "1"}]}}, 200, "bad answer: jobs['j'][0] is not"),

@@ -11,9 +11,17 @@ The fetching never blocks a tick: one thread per peer polls it once per
 interval, with a timeout, and keeps the last answer. A tick takes only answers younger than
 `max_age_s`; a peer that stops answering drops out of the judgement (its ranks are
 not judged from stale data) and shows with its error in /status.
+
+A job is its label *and* its owner's uid: a label is any user's to pick, so two
+users' jobs under one label are two entries of the answer's `owned` list, and a
+node joins (and hears claims of) only the entry of its own job's uid. The older
+maps (`jobs`, `owners`, `alerting`: keyed by label alone) still go out for
+older peers, without any label two owners share there (an older peer then sees
+neither, rather than the wrong one: tests/test_peers_unit.py).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import threading
@@ -35,54 +43,84 @@ class PeerState:
     url: str
     node: str = ""
     fetched_at: float = 0.0        # monotonic; 0.0 until a first good answer
-    jobs: dict = field(default_factory=dict)  # job key -> tuple of signal dicts
+    # (job key, owner uid) -> tuple of signal dicts; uid -1: an older daemon did not say
+    jobs: dict = field(default_factory=dict)
     error: str = ""                 # the last attempt's failure ("" if it succeeded)
-    alerting: frozenset = frozenset()  # job keys it sends webhooks for (alerts/route.py)
+    # (job key, owner uid) of the jobs it sends webhooks for (alerts/route.py)
+    alerting: frozenset = frozenset()
     webhooks: bool = True  # it has webhooks to send (an older daemon does not say: assume so)
-    # job key -> the uid owning the job there (an older daemon does not say: {})
-    owners: dict = field(default_factory=dict)
 
 
 class PeerDocumentError(ValueError):
     pass
 
 
-def parse(doc) -> tuple[str, dict, frozenset, bool, dict]:
-    """(node, {job key: (signal dict, ...)}, job keys it alerts for, whether it has
-    webhooks, {job key: owner uid}) from a /peer answer; PeerDocumentError names
-    the first field that is wrong. An answer without "alerting" (a daemon older
-    than alert routing) claims nothing, one without "webhooks" is taken to have
-    them, and one without "owners" says nothing of whose its jobs are."""
+def parse(doc) -> tuple[str, dict, frozenset, bool]:
+    """(node, {(job key, owner uid): (signal dict, ...)}, the (job key, owner uid)
+    it alerts for, whether it has webhooks) from a /peer answer; PeerDocumentError
+    names the first field that is wrong. An answer without `owned` (an older
+    daemon) is read from its label-keyed maps, the uid from `owners` or -1
+    (unknown); one without "alerting" (older than alert routing) claims nothing,
+    one without "webhooks" is taken to have them."""
     if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
         raise PeerDocumentError("not a ddpwatch /peer document (no 'node')")
-    jobs = doc.get("jobs")
-    if not isinstance(jobs, dict):
-        raise PeerDocumentError("'jobs' is not a mapping")
-    out = {}
-    for key, ranks in jobs.items():
-        if not isinstance(ranks, list):
-            raise PeerDocumentError(f"jobs[{key!r}] is not a list")
-        checked = []
-        for i, s in enumerate(ranks):
-            if not isinstance(s, dict) or not all(
-                    _int(s.get(k)) for k in ("pid", "rank")) or not all(
-                    v is None or isinstance(v, (int, float, str, bool)) for v in s.values()):
-                raise PeerDocumentError(f"jobs[{key!r}][{i}] is not a rank's signals")
-            if s["rank"] < 0:
-                continue  # a rank its own node could not identify: nothing to line up with
-            checked.append(dict(s, node=s.get("node") or doc["node"]))
-        out[key] = tuple(checked)
-    alerting = doc.get("alerting", [])
-    if not isinstance(alerting, list) or not all(isinstance(k, str) for k in alerting):
-        raise PeerDocumentError("'alerting' is not a list of job keys")
     webhooks = doc.get("webhooks", True)
     if not isinstance(webhooks, bool):
         raise PeerDocumentError("'webhooks' is not true or false")
+    if "owned" in doc:
+        jobs, alerting = _owned(doc)
+    else:
+        jobs, alerting = _by_label(doc)
+    return doc["node"], jobs, frozenset(alerting), webhooks
+
+
+def _owned(doc) -> tuple[dict, set]:
+    owned = doc["owned"]
+    if not isinstance(owned, list):
+        raise PeerDocumentError("'owned' is not a list")
+    jobs: dict = {}
+    alerting = set()
+    for i, entry in enumerate(owned):
+        if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                and _int(entry.get("uid")) and isinstance(entry.get("alerting", False), bool)):
+            raise PeerDocumentError(f"owned[{i}] is not a job (key, uid, ranks, alerting)")
+        at = (entry["key"], entry["uid"])
+        # one user's two jobs under one label are one job to a label-keyed join
+        jobs[at] = jobs.get(at, ()) + _ranks(doc, entry.get("ranks"), f"owned[{i}].ranks")
+        if entry.get("alerting"):
+            alerting.add(at)
+    return jobs, alerting
+
+
+def _by_label(doc) -> tuple[dict, set]:
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, dict):
+        raise PeerDocumentError("'jobs' is not a mapping")
     owners = doc.get("owners", {})
     if not isinstance(owners, dict) or not all(
             isinstance(k, str) and _int(v) for k, v in owners.items()):
         raise PeerDocumentError("'owners' is not a mapping of job keys to uids")
-    return doc["node"], out, frozenset(alerting), webhooks, owners
+    alerting = doc.get("alerting", [])
+    if not isinstance(alerting, list) or not all(isinstance(k, str) for k in alerting):
+        raise PeerDocumentError("'alerting' is not a list of job keys")
+    out = {(key, owners.get(key, -1)): _ranks(doc, ranks, f"jobs[{key!r}]")
+           for key, ranks in jobs.items()}
+    return out, {(key, owners.get(key, -1)) for key in alerting}
+
+
+def _ranks(doc, ranks, where: str) -> tuple[dict, ...]:
+    if not isinstance(ranks, list):
+        raise PeerDocumentError(f"{where} is not a list")
+    checked = []
+    for i, s in enumerate(ranks):
+        if not isinstance(s, dict) or not all(
+                _int(s.get(k)) for k in ("pid", "rank")) or not all(
+                v is None or isinstance(v, (int, float, str, bool)) for v in s.values()):
+            raise PeerDocumentError(f"{where}[{i}] is not a rank's signals")
+        if s["rank"] < 0:
+            continue  # a rank its own node could not identify: nothing to line up with
+        checked.append(dict(s, node=s.get("node") or doc["node"]))
+    return tuple(checked)
 
 
 def _int(value) -> bool:
@@ -90,14 +128,23 @@ def _int(value) -> bool:
 
 
 def document(view) -> dict:
-    """What this daemon serves at /peer: its own ranks' signals, per job."""
+    """What this daemon serves at /peer: its own ranks' signals, per job and owner."""
+    def uid(j) -> int:
+        return owner_uid(j.owner) if j.owner else -1
+    shared = collections.Counter(j.key for j in view.jobs)
+    alone = [j for j in view.jobs if shared[j.key] == 1]
+    alerting = set(view.alerting_jobs)  # (job key, owner uid)
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
-            "jobs": {j.key: list(j.judgement.local) for j in view.jobs},
             # whose each job is: a peer joins only a job of the same uid (a label is
             # any user's to pick; README, "Trust model")
-            "owners": {j.key: owner_uid(j.owner) for j in view.jobs if j.owner},
-            "alerting": sorted(view.alerting_jobs), "webhooks": view.webhooks}
+            "owned": [{"key": j.key, "uid": uid(j), "ranks": list(j.judgement.local),
+                       "alerting": (j.key, uid(j)) in alerting} for j in view.jobs],
+            # for peers older than `owned`: labels held by one job only
+            "jobs": {j.key: list(j.judgement.local) for j in alone},
+            "owners": {j.key: uid(j) for j in alone if j.owner},
+            "alerting": sorted({j.key for j in alone if (j.key, uid(j)) in alerting}),
+            "webhooks": view.webhooks}
 
 
 class PeerPoller:
@@ -143,13 +190,14 @@ class PeerPoller:
         is not joined to this one."""
         now = self.clock()
         return tuple(s for st in self.states() if self._fresh(st, now)
-                     and _same_owner(st, key, uid) for s in st.jobs.get(key, ()))
+                     for (k, theirs), ranks in st.jobs.items()
+                     if k == key and _same_owner(theirs, uid) for s in ranks)
 
     def claims(self, uid: int | None = None) -> dict[str, frozenset]:
         """Fresh peers' node -> the job keys it sends webhooks for; with `uid`,
         only its claims of jobs of that owner."""
         now = self.clock()
-        return {st.node: frozenset(k for k in st.alerting if _same_owner(st, k, uid))
+        return {st.node: frozenset(k for k, theirs in st.alerting if _same_owner(theirs, uid))
                 for st in self.states() if self._fresh(st, now) and st.node}
 
     def without_webhooks(self) -> frozenset:
@@ -176,10 +224,10 @@ class PeerPoller:
         job's alerts (alerts/route.py)."""
         try:
             body = client.get(url, "/peer", self.token, self.timeout_s, MAX_ANSWER_BYTES)
-            node, jobs, alerting, webhooks, owners = parse(json.loads(body))
+            node, jobs, alerting, webhooks = parse(json.loads(body))
             if old.error:
                 log.info("peer %s answers again", url)
-            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks, owners)
+            return PeerState(url, node, self.clock(), jobs, "", alerting, webhooks)
         except client.Unproven:
             error = "answer not proven by peer_token: not a ddpwatch daemon, not used"
         except client.TooLarge:
@@ -197,13 +245,11 @@ class PeerPoller:
         if error != old.error:
             log.warning("peer %s: %s", url, error)
         return PeerState(url, old.node, old.fetched_at, old.jobs, error, old.alerting,
-                         old.webhooks, old.owners)
+                         old.webhooks)
 
 
-def _same_owner(state: PeerState, key: str, uid: int | None) -> bool:
-    """Whether the peer's job `key` may be this node's job of owner `uid`: yes
-    when either side does not know (uid None or -1, an older peer), else only the
-    same uid (clusters share their users' uids)."""
-    theirs = state.owners.get(key)
-    return uid is None or uid < 0 or theirs is None or theirs < 0 or theirs == uid
-
+def _same_owner(theirs: int, uid: int | None) -> bool:
+    """Whether a peer's job of owner `theirs` may be this node's job of owner
+    `uid`: yes when either side does not know (uid None or -1, an older peer),
+    else only the same uid (clusters share their users' uids)."""
+    return uid is None or uid < 0 or theirs < 0 or theirs == uid

@@ -76,7 +76,8 @@ class DaemonView:
     ready: bool                           # a first tick has completed
     peers: tuple[PeerView, ...] = ()       # each configured peer, when the peer view is on
     alert_stats: dict | None = None       # webhook sink -> counts (alerts.Dispatcher.stats)
-    alerting_jobs: tuple[str, ...] = ()   # jobs this node sends webhooks for (told to peers)
+    # (label, owner uid) of the jobs this node sends webhooks for (told to peers)
+    alerting_jobs: tuple[tuple[str, int], ...] = ()
     webhooks: bool = False  # this node has webhooks configured (told to peers)
     stage_failures: dict[str, int] | None = None  # tick stage -> failures since start
     stack_dumps: int = -1  # py-spy runs since start (-1: not counted, an old view)
