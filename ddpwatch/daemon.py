@@ -176,8 +176,9 @@ class Daemon:
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
-        live = [(owner, self._watched(owner).name(labels.get(owner) or discovery.job_key(job)),
-                 job) for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
+        live = [(owner, self._watched(owner).name(labels.get(owner) or discovery.job_key(job),
+                                                  discovery.job_key(job)), job)
+                for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
         exits = self._survey.exits if self._survey is not None else None
         foreground = frozenset(pid for pid, info in table.items() if info.foreground)
         judged = self._guard("departures", lambda: self.departures.update(
@@ -220,8 +221,13 @@ class Daemon:
     def _alerting(self) -> tuple:
         """(label, owner uid) of the jobs this node sends webhooks for, told to its
         peers (publish/peers.py): a claim names whose job it is, not only its label."""
-        return tuple(sorted({(i.job, limits.owner_uid(i.owner)) for i in self.incidents.open()
-                             if self.alert_route.sending(i.id)}))
+        return tuple(sorted({(self._run_id(i), limits.owner_uid(i.owner))
+                             for i in self.incidents.open() if self.alert_route.sending(i.id)}))
+
+    def _run_id(self, incident) -> str:
+        """The run id its other nodes know the incident's job by (JobView.run_id)."""
+        watched = self.watched.get(incident.owner)
+        return watched.run_id if watched is not None and watched.run_id else incident.job
 
     def _guard(self, stage: str, fn, default):
         try:
@@ -277,8 +283,10 @@ class Daemon:
         (the run id), for people, metrics and peers."""
         watched = self._watched(key)
         requested = self._requested is ALL_JOBS or limits.owner_uid(key) in self._requested
-        # the peer view: this job's ranks on other nodes, as their daemons see them
-        remote = self.peers.remote_signals(label, limits.owner_uid(key)) if self.peers else ()
+        # the peer view: this job's ranks on other nodes, as their daemons see them:
+        # by the run id they know it by and its owner (publish/peers.py)
+        remote = (self.peers.remote_signals(watched.run_id or label, limits.owner_uid(key))
+                  if self.peers else ())
 
         def sample(how):
             snap = self.sampler.sample(job, self._survey, how, key)
@@ -303,7 +311,7 @@ class Daemon:
         watched.worked |= judgement.job.verdict == "healthy"
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy" or requested)
-        view = JobView(label, judgement, last, over, owner=key)
+        view = JobView(label, judgement, last, over, owner=key, run_id=watched.run_id or label)
         watched.view = view
         return view
 
@@ -366,7 +374,7 @@ class Daemon:
         if self.dispatcher is None:
             return  # no webhooks here: claim nothing, so the peers alert themselves
         route_open(self.alert_route, self.incidents, by_key, self.node, self.peers, news,
-                   self.clock(), self._send, log.info)
+                   self.clock(), self._send, log.info, self._run_id)
 
     def _write_bundle(self, incident, view) -> bool:
         """Write the incident's evidence; on failure (a full disk) the incident

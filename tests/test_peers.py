@@ -34,9 +34,11 @@ def get_json(url: str):
 
 
 def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url: str,
-               master: tuple[str, int], ifname: str, webhook: str, prefix=(), faults=()):
+               master: tuple[str, int], ifname: str, webhook: str, prefix=(), faults=(),
+               first=()):
     """A node: a shell (pid 2 of its own PID namespace; pid 1 stays a plain
-    shell so no rank looks orphaned) running one rank by hand and a daemon."""
+    shell so no rank looks orphaned) running one rank by hand and a daemon;
+    `first`, a command started a second before the rank (a look-alike)."""
     root = tmp_path / name
     (root / "hb").mkdir(parents=True)
     config = root / "config.yaml"
@@ -51,7 +53,8 @@ def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url:
     trainer = ["env", *(f"{k}={v}" for k, v in rank_env.items()), sys.executable, "-m",
                "trainer", "--steps=0", *(f"--fault={f}" for f in faults)]
     daemon = [sys.executable, "-m", "ddpwatch", "run", "--config", str(config)]
-    script = (f"hostname {name}; sh -c '{' '.join(trainer)} > {root / 'rank.log'} 2>&1 & "
+    before = f"{' '.join(first)} > {root / 'first.log'} 2>&1 & sleep 1; " if first else ""
+    script = (f"hostname {name}; sh -c '{before}{' '.join(trainer)} > {root / 'rank.log'} 2>&1 & "
               f"{' '.join(daemon)} > {root / 'daemon.log'} 2>&1 & wait'; true")
     env = {"DDPWATCH_DIR": str(root / "hb")}
     argv = [*prefix, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "sh", "-c", script]
@@ -150,3 +153,71 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     assert get_json(url_a + "/status")["job"]["culprits"] == []
     metrics = urllib.request.urlopen(url_a + "/metrics", timeout=10).read().decode()
     assert f'ddpwatch_peer_up{{peer="{url_b}"}} 0.0' in metrics
+
+
+def test_a_look_alike_started_first_neither_hides_nor_silences_the_real_job(
+        start_job, tmp_path, netns, receivers):
+    """Another user (uid 65534) starts a look-alike "rank 1" on node B under the
+    run id the real job will have (its master's address and port), a second
+    before the real rank 1 starts there. Node B labels the look-alike with the
+    bare run id and the real job with its owner added (observe/discovery.py
+    labels). Node A must still join node B's real rank, not the look-alike, and
+    name it when it hangs; node B must leave the real job's webhooks to node A,
+    whose claim names the real job's owner (publish/peers.py `owned`)."""
+    need_namespaces()
+    import otheruser
+    runtime = otheruser.runtime()
+    hook = receivers(host=netns["host_addr"])
+    port_a, port_b, master_port = free_port(), free_port(), free_port()
+    url_a = f"http://{netns['host_addr']}:{port_a}"
+    url_b = f"http://{netns['peer_addr']}:{port_b}"
+    master = (netns["host_addr"], master_port)
+    label = f"{master[0]}:{master[1]}"
+    lookalike = otheruser.as_user(
+        otheruser.NOBODY, "env", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0",
+        f"MASTER_ADDR={master[0]}", f"MASTER_PORT={master[1]}",
+        *runtime.argv("-c", "import time; time.sleep(3600)"))
+    start_node(start_job, tmp_path, "node-a", 0, f"{netns['host_addr']}:{port_a}", url_b,
+               master, netns["host_if"], hook.url)
+    _, root_b = start_node(start_job, tmp_path, "node-b", 1, f"{netns['peer_addr']}:{port_b}",
+                           url_a, master, netns["peer_if"], hook.url, prefix=netns["exec"],
+                           faults=["hang:rank=1:step=150"], first=lookalike)
+
+    def logs():
+        return "\n".join(f"--- {p}:\n" + (p.read_text()[-3000:] if p.exists() else "(none)")
+                         for p in (root_b / "daemon.log", root_b / "first.log",
+                                   root_b / "rank.log"))
+
+    def jobs(url):
+        return {j["key"]: j for j in (get_json(url + "/status") or {}).get("jobs", [])}
+
+    def ranks_of(job):
+        return {(r["rank"], r["host"]): (r["verdict"], r["role"]) for r in job["ranks"]}
+
+    # node B holds both: the look-alike under the bare run id, the real job beside it
+    real_b = wait_until(lambda: (lambda js: next((k for k in js if k.startswith(label + "@u0.")),
+                                                 None) if label in js else None)(jobs(url_b)),
+                        TIMEOUT, what=f"node B's look-alike and real job\n{logs()}")
+    both = {(0, "node-a"), (1, "node-b")}
+    wait_until(lambda: set(ranks_of(jobs(url_a).get(label, {"ranks": []}))) == both
+               and set(ranks_of(jobs(url_b).get(real_b, {"ranks": []}))) == both, TIMEOUT,
+               what=f"both nodes judging the real job's two ranks\n{logs()}")
+    look_b = jobs(url_b)[label]
+    assert {r["host"] for r in look_b["ranks"]} <= {"node-b"}, look_b  # joined to nothing
+    # rank 1 hangs at step 150: node A names the real rank 1, on node B
+    culprit = {(0, "node-a"): ("blocked_in_collective", "victim"),
+               (1, "node-b"): ("hung_outside_collective", "culprit")}
+    wait_until(lambda: ranks_of(jobs(url_a).get(label, {"ranks": []})) == culprit, TIMEOUT,
+               what=f"node A naming rank 1 on node-b\n{logs()}")
+    # node B's incident of the real job is left to node A, the owner of its rank 0
+    def real_incident_b():
+        return next((i for i in (get_json(url_b + "/status") or {}).get("incidents", [])
+                     if i["owner"].startswith("u0.") and i["state"] != "resolved"), None)
+    wait_until(lambda: (real_incident_b() or {}).get("alerts_from") == "node-a", TIMEOUT,
+               what=f"node B leaving the real job's webhooks to node A\n{logs()}")
+    wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
+                        and b["node"] == "node-a" and b["job"] == label
+                        and b["culprits"] == [1]], TIMEOUT,
+               what=f"node A's firing webhook naming rank 1\n{logs()}")
+    assert not [b for b in hook.bodies() if b["node"] == "node-b" and b["job"] == real_b], \
+        hook.bodies()

@@ -162,20 +162,24 @@ def test_a_peers_job_of_another_owner_is_neither_joined_nor_heard_claiming():
 
 
 def test_two_owners_of_one_label_on_a_peer_stay_two_jobs():
-    """Another user's look-alike under a real job's label on the peer that holds
-    the real job: the real job's ranks still join this node's, the look-alike's
-    do not, and whichever of them the peer lists last, neither shadows the other
-    (a label-keyed answer keeps one). An older peer sees neither under that label."""
+    """Another user's look-alike under a real job's run id on the peer that holds
+    the real job, started before it: the real job's ranks still join this node's
+    under the run id, the look-alike's do not, and whichever of them the peer
+    lists last, neither shadows the other (a label-keyed answer keeps one). An
+    older peer sees neither under that run id."""
     from ddpwatch.publish.peers import document
     from ddpwatch.publish.view import DaemonView
 
     class View:  # the fields of publish/view.JobView that document reads
-        def __init__(self, key, owner, pid):
-            self.key, self.owner = key, owner
+        def __init__(self, key, owner, pid, run_id=""):
+            self.key, self.owner, self.run_id = key, owner, run_id
             self.judgement = type("J", (), {"local": ({"pid": pid, "rank": 1, "alive": True},)})
 
+    # the look-alike started first: it holds the bare label on this node, the real
+    # job's label has its owner added (observe/discovery.py labels)
     for order in ((0, 1), (1, 0)):
-        jobs = [View("10.0.0.1:29500", "u0.p7.s1", 7), View("10.0.0.1:29500", "u65534.p9.s2", 9)]
+        jobs = [View("10.0.0.1:29500@u0.p7.s3", "u0.p7.s3", 7, "10.0.0.1:29500"),
+                View("10.0.0.1:29500", "u65534.p9.s2", 9, "10.0.0.1:29500")]
         view = DaemonView(node="node-b", tick=3, wall_time=0.0, tick_duration_s=0.0,
                           jobs=tuple(jobs[i] for i in order), incidents=(), probes=(),
                           incidents_opened_total={}, ready=True,

@@ -131,19 +131,24 @@ def document(view) -> dict:
     """What this daemon serves at /peer: its own ranks' signals, per job and owner."""
     def uid(j) -> int:
         return owner_uid(j.owner) if j.owner else -1
-    shared = collections.Counter(j.key for j in view.jobs)
-    alone = [j for j in view.jobs if shared[j.key] == 1]
-    alerting = set(view.alerting_jobs)  # (job key, owner uid)
+    def run_id(j) -> str:
+        return j.run_id or j.key
+    shared = collections.Counter(run_id(j) for j in view.jobs)
+    alone = [j for j in view.jobs if shared[run_id(j)] == 1]
+    alerting = set(view.alerting_jobs)  # (run id, owner uid)
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
             # whose each job is: a peer joins only a job of the same uid (a label is
             # any user's to pick; README, "Trust model")
-            "owned": [{"key": j.key, "uid": uid(j), "ranks": list(j.judgement.local),
-                       "alerting": (j.key, uid(j)) in alerting} for j in view.jobs],
-            # for peers older than `owned`: labels held by one job only
-            "jobs": {j.key: list(j.judgement.local) for j in alone},
-            "owners": {j.key: uid(j) for j in alone if j.owner},
-            "alerting": sorted({j.key for j in alone if (j.key, uid(j)) in alerting}),
+            # by the run id the job's other nodes know it by, not the label this
+            # node gave it to tell its jobs sharing one apart (observe/discovery.py
+            # labels): a look-alike that started first takes the bare label here
+            "owned": [{"key": run_id(j), "uid": uid(j), "ranks": list(j.judgement.local),
+                       "alerting": (run_id(j), uid(j)) in alerting} for j in view.jobs],
+            # for peers older than `owned`: run ids held by one job only
+            "jobs": {run_id(j): list(j.judgement.local) for j in alone},
+            "owners": {run_id(j): uid(j) for j in alone if j.owner},
+            "alerting": sorted({run_id(j) for j in alone if (run_id(j), uid(j)) in alerting}),
             "webhooks": view.webhooks}
 
 

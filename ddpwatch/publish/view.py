@@ -51,6 +51,10 @@ class JobView:
     over_time: object = None
     # who the job is (discovery.owner_key): whose it is to see (publish/viewer.py)
     owner: str = ""
+    # the run id its other nodes know it by: `key` without the "@<owner>" that
+    # tells this node's jobs sharing a run id apart (observe/discovery.py labels);
+    # with the owner's uid it is the job to its peers (publish/peers.py)
+    run_id: str = ""
 
 
 @dataclass(frozen=True)

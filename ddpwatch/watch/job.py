@@ -54,18 +54,20 @@ class WatchedJob:
         self.time = TimeBook()
         self._started: frozenset = frozenset()  # rank pids a judgement saw past their start
         self.label = ""            # what people call it (see `name`)
+        self.run_id = ""           # what its other nodes call it (see `name`)
         self.alive_at: float | None = None  # boot-time seconds its ranks were last seen
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
         self.logged = "none"       # the verdict the journal last told (daemon._journal)
 
-    def name(self, label: str) -> str:
+    def name(self, label: str, run_id: str = "") -> str:
         """The label the job is known by, kept once it came from its run id: a job
         whose ranks are ending (torchrun's agent alone a tick before it exits) has
         no run id left to read, and its page must carry the name its status had
         (tests/test_thirdparty_killed.py). A job's first ticks, before its ranks
-        are read, have only its pid ("pid123"): the run id replaces that."""
-        if not self.label or (ANONYMOUS.fullmatch(self.label) and not ANONYMOUS.fullmatch(label)):
-            self.label = label
+        are read, have only its pid ("pid123"): the run id replaces that. `run_id`
+        (the label before this node told its jobs sharing one apart) is kept alike."""
+        self.label = _kept(self.label, label)
+        self.run_id = _kept(self.run_id, run_id or label)
         return self.label
 
     def window(self, snap, duty, window_s: float):
@@ -119,6 +121,11 @@ class WatchedJob:
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
                                 dict(self.time.totals), self.time.recent(wall, 3600.0), slow)
+
+
+def _kept(known: str, new: str) -> str:
+    return new if not known or (ANONYMOUS.fullmatch(known) and not ANONYMOUS.fullmatch(new)) \
+        else known
 
 
 def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:

@@ -115,13 +115,15 @@ class AlertRoute:
 
 
 def route_open(route: AlertRoute, book, views: dict, here: str, peers, news: set,
-               now: float, send, say) -> None:
+               now: float, send, say, run_id=lambda incident: incident.job) -> None:
     """One tick's routing of the open incidents of `book` (publish/incidents.py):
     each is sent from here (`send(incident)`) when this node alerts for it and it
     is new to its receivers (opened, changed, or just handed to this node), or
     left to the node that claims it. `views`: owner key -> this tick's JobView;
     `peers`: the peer view (publish/peers.PeerPoller) or None; `news`: ids of
-    incidents opened or changed this tick; `say`: the journal's info line."""
+    incidents opened or changed this tick; `say`: the journal's info line;
+    `run_id(incident)`: the name its job's other nodes know it by, which their
+    claims name (publish/view.py JobView.run_id)."""
     mute = peers.without_webhooks() if peers else frozenset()
     for incident in book.open():
         # a peer's claim counts for a job of this incident's owner only (peers.py)
@@ -129,7 +131,7 @@ def route_open(route: AlertRoute, book, views: dict, here: str, peers, news: set
         view = views.get(incident.owner)
         owner = owner_node(view.judgement.ranks if view else (), here, mute)
         was_sending = route.sending(incident.id)
-        if route.route(incident.id, incident.job, owner, here, claims, now):
+        if route.route(incident.id, run_id(incident), owner, here, claims, now):
             if not was_sending or incident.id in news:
                 send(incident)
         elif incident.id in news:
