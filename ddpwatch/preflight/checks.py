@@ -54,7 +54,7 @@ def check_nodes(nodes, expected, error):
 
 def check_exchange(secret: bool) -> dict:
     """Whether this table can be trusted: without the secret, whoever reached the
-    store port first could have played master (wire.py)."""
+    store port first could have played master (protocol.py)."""
     if secret:
         return row("exchange", "all", "pass", "every message signed with the preflight secret")
     return row("exchange", "all", "warn",
