@@ -1,5 +1,5 @@
 """`ddpwatch preflight`: the network checklist run on every node before a
-multi-node launch (the field notes' hand checklist).
+multi-node launch (docs/design.md "The network checklist").
 
 facts.py gathers what this node can say about itself (read, then pure
 parsers); holder.py names the process holding a port; probe.py connects to a
