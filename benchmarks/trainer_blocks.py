@@ -19,7 +19,7 @@ What differs, arm by arm (everything ddpwatch.instrument() does to a trainer):
   (default_hooks.allreduce_hook). A Python hook must return a future whose
   value is a Python object, so torch runs a Python callback on Gloo's thread
   for every bucket: this arm is what any Python comm hook costs, the floor of
-  ddpwatch's bucket heartbeats (issue: DDP's own buckets are invisible else).
+  ddpwatch's bucket heartbeats (without a hook, DDP's own buckets are invisible).
 Every block builds a fresh DDP around the same model (torch removes the old
 reducer's autograd hooks), so both arms train the same parameters; its first
 steps (DDP rebuilds its buckets after the first) are not timed. A step is timed

@@ -22,7 +22,7 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from ddpwatch.observe import wire  # noqa: E402
+from ddpwatch.observe import tcp_discovery  # noqa: E402
 from ddpwatch.observe.probes import ProbeContext  # noqa: E402
 from ddpwatch.observe.sampler import Sampler  # noqa: E402
 
@@ -42,12 +42,12 @@ def main() -> None:
         now = [0.0]
         ctx = ProbeContext(clock=lambda: now[0])
         reads = [0]
-        real = wire.uses_torch
+        real = tcp_discovery.uses_torch
 
         def counted(procfs, pid):
             reads[0] += 1
             return real(procfs, pid)
-        wire.uses_torch = counted
+        tcp_discovery.uses_torch = counted
         for label, with_wire in (("without wire_groups", False), ("with wire_groups", True)):
             with Sampler(ctx, lambda name: name not in OFF) as sampler:
                 times, per_pass, probe = [], [], []

@@ -18,7 +18,7 @@ import socket
 import time
 
 from .judge import classify, rules as rules_mod, vocabulary
-from .observe import discovery, helpers
+from .observe import discovery, programs
 from .observe.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
@@ -91,7 +91,7 @@ class Daemon:
         self._saved = None  # what incident_store last saved (a mark of it)
         self._persist_error = ""
         # helper programs found once, by absolute path, not through PATH per call
-        missing = [n for n, p in helpers.resolve_all().items() if p is None]
+        missing = [n for n, p in programs.resolve_all().items() if p is None]
         if missing:
             log.warning("not found: %s (the probes that run them report it)",
                         ", ".join(missing))

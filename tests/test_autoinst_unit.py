@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 from ddpwatch.commands.exec import boot_dir, exec_env
-from ddpwatch.rank import autoboot, autohook
+from ddpwatch.rank import autohook, autowarn
 from ddpwatch.rank.identity import launcher_identity
 
 
@@ -87,7 +87,7 @@ def fake_package(tmp_path, monkeypatch):
     (pkg / "broken.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("DDPWATCH_AUTO_WARNED", raising=False)
-    monkeypatch.setattr(autoboot, "_warned", False)
+    monkeypatch.setattr(autowarn, "_warned", False)
     yield "ddpw_fakepkg"
     for name in [m for m in sys.modules if m.startswith("ddpw_fakepkg")]:
         del sys.modules[name]

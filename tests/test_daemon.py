@@ -338,11 +338,11 @@ def test_no_stacks_for_a_starting_job_until_the_grace_ends(start_job, tmp_path, 
 
 
 def test_a_firewall_on_this_node_is_named_from_the_wire(start_job, tmp_path, hb_dir, netns):
-    """The first field note, seen by the daemon of the node whose firewall lets
-    MASTER_PORT in and drops the rest: the second node's Gloo connects arrive on
-    the veth and are never answered. Its packet capture counts them across ticks
-    (they come seconds apart) and names this node's firewall, not the rank whose
-    connects sit in SYN-SENT."""
+    """docs/design.md "A firewall that drops Gloo's data connections", seen by the daemon
+    of the node whose firewall lets MASTER_PORT in and drops the rest: the second
+    node's Gloo connects arrive on the veth and are never answered. Its packet capture
+    counts them across ticks (they come seconds apart) and names this node's firewall,
+    not the rank whose connects sit in SYN-SENT."""
     port = free_port()
     drop = ["INPUT", "-i", netns["host_if"], "-p", "tcp", "--syn", "!", "--dport", str(port),
             "-j", "DROP"]

@@ -231,8 +231,9 @@ def test_killed_rank_whose_node_goes_silent(start_job, hb_dir, netns):
 
 
 def test_firewall_that_opens_only_the_master_port(start_job, hb_dir, netns):
-    """The first field note. Rendezvous needs only MASTER_PORT, but Gloo's data
-    connections go to ports the ranks pick at run time: for each pair of ranks,
+    """docs/design.md "A firewall that drops Gloo's data connections". Rendezvous
+    needs only MASTER_PORT, but Gloo's data connections go to ports the ranks pick
+    at run time: for each pair of ranks,
     the one with the higher address connects to the other (this torch's Gloo).
     Here the master's node (this host, the lower address on the veth) accepts
     connects from the second node to MASTER_PORT only: the store works, and both
@@ -274,8 +275,9 @@ HOSTNAME_LOOPBACK = ["unshare", "--uts", "bash", "-c", 'hostname localhost && ex
 
 @pytest.mark.parametrize("netns", ["198.18"], indirect=True)
 def test_hostname_that_resolves_to_loopback(start_job, hb_dir, netns):
-    """A field note: without GLOO_SOCKET_IFNAME, Gloo listens on what the hostname
-    resolves to and tells the peers to connect there. On the second node that is
+    """docs/design.md "A hostname that resolves to loopback": without
+    GLOO_SOCKET_IFNAME, Gloo listens on what the hostname resolves to and tells
+    the peers to connect there. On the second node that is
     127.0.0.1. The master's rank, on a LAN address above 127/8 (as 192.168 is),
     connects to it: to its own loopback, refused until Gloo gives up and the rank
     exits. diagnose of rank 1 says why, while rank 0 waits and after it is gone.

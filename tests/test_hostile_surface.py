@@ -1,7 +1,9 @@
-"""Issue 14, the daemon's surface: each attack run for real against a real
-`python -m ddpwatch run` (root, loopback, its own state dir and config); where the
-attack is a local user's, the attacker runs as uid 65534 (setpriv). Each test
-asserts the daemon keeps ticking, prints no traceback, and stays within bounds."""
+"""Attacks on the daemon's surface (docs/architecture.md "What a local user may
+cost it", "Who may speak for the daemon"): each attack run for real against a
+real `python -m ddpwatch run` (root, loopback, its own state dir and config);
+where the attack is a local user's, the attacker runs as uid 65534 (setpriv).
+Each test asserts the daemon keeps ticking, prints no traceback, and stays within
+bounds."""
 from __future__ import annotations
 
 import ast

@@ -1,14 +1,15 @@
-"""Issue 14's attacks, for real: an unprivileged user (uid 65534, via setpriv)
-against a real `ddpwatch run` daemon running as root on loopback, beside a real
-2-rank trainer job of root's (the victim) that is then stalled with SIGSTOP.
+"""A local user's attacks on the daemon, for real (docs/architecture.md "What a
+local user may cost it"): an unprivileged user (uid 65534, via setpriv) against
+a real `ddpwatch run` daemon running as root on loopback, beside a real 2-rank
+trainer job of root's (the victim) that is then stalled with SIGSTOP.
 
 The attacks run together for a window, then the test asserts that the daemon
 kept ticking, the victim's incident opened (culprit named, bundle under the
 state directory), nothing was written outside the state directory, no
 traceback was printed, and the figures stayed in bounds: tick time, py-spy
 runs, the daemon's CPU. The bounds are generous (a shared 2-core machine); the
-issue's figures for the old daemon were a crash (SIGBUS) within 24-56 s,
-0.36-0.55 s ticks with junk files, 65 py-spy runs per 10 s with forged records.
+daemon before these bounds crashed (SIGBUS) within 24-56 s, ticked in
+0.36-0.55 s with junk files, and ran py-spy 65 times per 10 s with forged records.
 
 And a daemon killed with SIGKILL and started again resolves the incident it
 had opened, under the same id, and pages no second time.

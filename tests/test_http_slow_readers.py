@@ -2,7 +2,7 @@
 held every worker of the HTTP server (/metrics answered 503 for seconds at a
 time). Now a worker only computes an answer; the accepting thread sends it as
 the client reads, and cuts it past its deadline or below the minimum byte rate
-(publish/httpserve.py). Pure parts, the server alone over real sockets, and an
+(publish/bounded_server.py). Pure parts, the server alone over real sockets, and an
 unprivileged user (uid 65534) against a real daemon watching a real job."""
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
 from test_hostile_surface import (need_root, no_traceback, keeps_ticking, python_as_nobody,
                                   refused_counts)
 
-from ddpwatch.publish import httpserve
-from ddpwatch.publish.httpserve import BoundedServer, request_class, too_slow
+from ddpwatch.publish import bounded_server
+from ddpwatch.publish.bounded_server import BoundedServer, request_class, too_slow
 
 
 def test_request_class_by_path():
@@ -34,7 +34,7 @@ def test_request_class_by_path():
 
 
 def test_too_slow_by_deadline_and_rate():
-    grace = httpserve.GRACE_S
+    grace = bounded_server.GRACE_S
     assert not too_slow(0, grace, 20.0, 1000.0)              # within the grace: never
     assert too_slow(0, grace + 0.1, 20.0, 1000.0)            # nothing sent after it
     assert not too_slow(1000, grace + 1.0, 20.0, 1000.0)     # exactly the rate
@@ -199,7 +199,7 @@ def test_slow_readers_of_status_leave_metrics_answered_and_the_real_job_paged(
     ended = re.search(r"ended (\d+) longest (\S+)", attacker.output())
     # each slow answer was cut within the server's response deadline, most by rate
     assert int(ended.group(1)) >= 24, attacker.output()
-    assert float(ended.group(2)) <= httpserve.BoundedServer.__init__.__kwdefaults__[
+    assert float(ended.group(2)) <= bounded_server.BoundedServer.__init__.__kwdefaults__[
         "response_deadline_s"] + 2, attacker.output()
     # cut by rate or deadline, or (24 > max_writers) to make room for newer ones of
     # their class; bursts of 24 heavy requests also meet 503 (never /metrics: above),

@@ -24,7 +24,7 @@ from ddpwatch.observe import snapshot
 from ddpwatch.publish.incidents import safe_name
 from ddpwatch.publish import bundle, page, report
 from ddpwatch.publish.alerts import Alert, alertmanager, generic, slack
-from ddpwatch.publish.httpd import Server
+from ddpwatch.publish.endpoints import Server
 from ddpwatch.publish.incidents import IncidentBook
 from ddpwatch.publish.page_list import incident_path
 from ddpwatch.publish.view import DaemonView, Incident, JobView

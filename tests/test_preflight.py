@@ -1,7 +1,8 @@
 """`ddpwatch preflight` on two "nodes": this host (the master, on its end of a
-veth) and a network namespace (the worker). Each failure of the field notes is
-made for real (iptables in the worker's namespace, its own hosts file and
-hostname, an interface of the other family, a stale listener on the master
+veth) and a network namespace (the worker). Each failure of docs/design.md
+"Failures seen in real runs" that preflight checks for is made for real
+(iptables in the worker's namespace, its own hosts file and hostname, an
+interface of the other family, a stale listener on the master
 port, another torch version on the worker's path) and read from both nodes'
 tables; a healthy pair passes and a 2-rank Gloo job launched right after trains."""
 from __future__ import annotations
@@ -104,7 +105,8 @@ def test_healthy_pair_passes_and_a_job_then_trains(start_job, tmp_path, netns):
 
 def test_worker_dropping_the_masters_connections_to_ephemeral_ports(start_job, tmp_path,
                                                                     netns, request):
-    """The first field note: the store port works, Gloo's ports are dropped."""
+    """docs/design.md "A firewall that drops Gloo's data connections": the store
+    port works, Gloo's ports are dropped."""
     ports = ephemeral_range(netns)
     iptables_in(netns, request, "INPUT", "-p", "tcp", "--syn", "-s", netns["host_addr"],
                 "--dport", ports.replace("-", ":"), "-j", "DROP")

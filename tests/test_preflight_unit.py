@@ -1,4 +1,4 @@
-"""The pure parts of `ddpwatch preflight`: parsers, the wire's checks on hostile
+"""The pure parts of `ddpwatch preflight`: parsers, the protocol's checks on hostile
 input, the checks over facts, the holder's description, the exit code; and the
 meeting on loopback with junk clients in the way."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO
 from ddpwatch.observe.probes.host import Interface
-from ddpwatch.preflight import checks, exchange, facts, holder, probe, render, wire
+from ddpwatch.preflight import checks, exchange, facts, holder, probe, protocol, render
 
 
 def test_parse_port_range():
@@ -99,13 +99,13 @@ def test_classify_connect_errors():
     assert probe.classify_error(OSError(errno.EHOSTUNREACH, "no")) == "unreachable"
 
 
-def test_wire_keeps_only_known_fields_of_the_right_type():
+def test_protocol_keeps_only_known_fields_of_the_right_type():
     msg = {"kind": "hello", "facts": {"hostname": "a\x1b[31mb" + "x" * 1000, "probe_port": "80",
                                       "torch": 2, "hostname_addrs": ["1.2.3.4", 5] * 50,
                                       "evil": {"x": 1}, "store_port": {"holder": "nope"},
                                       "gpu": 1, "port_range": [1, True, 3]}}
-    got = wire.parse(json.dumps(msg).encode(), "hello")["facts"]
-    assert got["hostname"].startswith("a?[31mb") and len(got["hostname"]) == wire.MAX_STR
+    got = protocol.parse(json.dumps(msg).encode(), "hello")["facts"]
+    assert got["hostname"].startswith("a?[31mb") and len(got["hostname"]) == protocol.MAX_STR
     assert got["probe_port"] == 0 and got["torch"] == "" and got["gpu"] is False
     assert got["hostname_addrs"] == ["1.2.3.4"] * 8  # list cut to 16 entries, bad ones dropped
     assert "evil" not in got and got["store_port"]["holder"] is None
@@ -118,13 +118,13 @@ def test_wire_keeps_only_known_fields_of_the_right_type():
     (b'{"kind": "roster", "you": 1, "nodes": []}', "roster"),
     (b'{"kind": "probes", "results": 3}', "probes"), (b"NaN", "hello"),
 ])
-def test_wire_rejects_junk(line, kind):
-    with pytest.raises(wire.ProtocolError):
-        wire.parse(line, kind)
+def test_protocol_rejects_junk(line, kind):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse(line, kind)
 
 
-def test_wire_unknown_probe_state_is_not_a_pass():
-    got = wire.parse(b'{"kind": "probes", "results": [{"src": 1, "dst": 0, "state": "great"}]}',
+def test_protocol_unknown_probe_state_is_not_a_pass():
+    got = protocol.parse(b'{"kind": "probes", "results": [{"src": 1, "dst": 0, "state": "great"}]}',
                      "probes")
     assert got["results"][0]["state"] == "not run"
 
@@ -133,15 +133,15 @@ def test_line_reader_bounds_size_and_time():
     a, b = socket.socketpair()
     with a, b:
         # from a thread: the socket buffer is smaller than the line
-        threading.Thread(target=lambda: _send_quietly(a, b"x" * (wire.MAX_LINE + 10)),
+        threading.Thread(target=lambda: _send_quietly(a, b"x" * (protocol.MAX_LINE + 10)),
                          daemon=True).start()
-        with pytest.raises(wire.ProtocolError, match="longer"):
-            wire.LineReader(b).line(time.monotonic() + 5)
+        with pytest.raises(protocol.ProtocolError, match="longer"):
+            protocol.LineReader(b).line(time.monotonic() + 5)
     a, b = socket.socketpair()
     with a, b:
         started = time.monotonic()
-        with pytest.raises(wire.ProtocolError, match="timed out"):
-            wire.LineReader(b).line(time.monotonic() + 0.3)
+        with pytest.raises(protocol.ProtocolError, match="timed out"):
+            protocol.LineReader(b).line(time.monotonic() + 0.3)
         assert time.monotonic() - started < 2
 
 
@@ -153,7 +153,7 @@ def _send_quietly(sock, data):
 
 
 def node(role, addr, **kw):
-    base = wire.clean({}, wire.FACTS)
+    base = protocol.clean({}, protocol.FACTS)
     base.update(role=role, hostname=f"h{addr[-1]}", seen_addr=addr, route_addr=addr,
                 route_iface="eth0", gloo_addr=addr, gloo_iface="eth0", gloo_iface_kind="regular",
                 gloo_ifname="eth0", gloo_source="GLOO_SOCKET_IFNAME=eth0",
@@ -262,7 +262,7 @@ def test_meeting_on_loopback_survives_junk_clients():
             junk.append(socket.create_connection(("127.0.0.1", port), timeout=1))
         except OSError:
             time.sleep(0.05)
-    for payload in (b"GET / HTTP/1.0\r\n\r\n", b"{" * (wire.MAX_LINE + 2)):
+    for payload in (b"GET / HTTP/1.0\r\n\r\n", b"{" * (protocol.MAX_LINE + 2)):
         c = socket.create_connection(("127.0.0.1", port))
         try:
             c.sendall(payload)
@@ -282,9 +282,9 @@ def test_meeting_on_loopback_survives_junk_clients():
 
 def _channels(secret: bytes):
     a, b = socket.socketpair()
-    nonce = wire.new_nonce()
-    master = wire.Channel(a, wire.LineReader(a), "master", secret, nonce)
-    worker = wire.Channel(b, wire.LineReader(b), "worker", secret, nonce)
+    nonce = protocol.new_nonce()
+    master = protocol.Channel(a, protocol.LineReader(a), "master", secret, nonce)
+    worker = protocol.Channel(b, protocol.LineReader(b), "worker", secret, nonce)
     return master, worker
 
 
@@ -300,17 +300,17 @@ def test_a_signed_channel_carries_the_exchange_and_refuses_what_is_not_its_own()
     line = master.reader.sock.recv(65536)
     master.reader.buf = line + line
     master.recv("probes", time.monotonic() + 2)
-    with pytest.raises(wire.ProtocolError, match="not signed with the preflight secret"):
+    with pytest.raises(protocol.ProtocolError, match="not signed with the preflight secret"):
         master.recv("probes", time.monotonic() + 2)
 
 
 @pytest.mark.parametrize("wrong", [b"", b"another-secret"])
 def test_a_hello_without_the_secret_is_refused(wrong):
     a, b = socket.socketpair()
-    master = wire.Channel(a, wire.LineReader(a), "master", b"s3cret", wire.new_nonce())
-    stranger = wire.Channel(b, wire.LineReader(b), "worker", wrong, master.master_nonce)
+    master = protocol.Channel(a, protocol.LineReader(a), "master", b"s3cret", protocol.new_nonce())
+    stranger = protocol.Channel(b, protocol.LineReader(b), "worker", wrong, master.master_nonce)
     stranger.send("hello", facts={"hostname": "x"})
-    with pytest.raises(wire.ProtocolError):
+    with pytest.raises(protocol.ProtocolError):
         master.recv("hello", time.monotonic() + 2)
 
 
@@ -320,17 +320,17 @@ def test_a_signed_message_is_worth_nothing_in_another_connection():
     line = one_master.reader.sock.recv(65536)
     other_master, _ = _channels(b"s3cret")  # another nonce of the master's
     other_master.reader.buf = line
-    with pytest.raises(wire.ProtocolError, match="not signed"):
+    with pytest.raises(protocol.ProtocolError, match="not signed"):
         other_master.recv("hello", time.monotonic() + 2)
 
 
 def test_greetings_say_whether_the_master_uses_a_secret():
-    nonce = wire.new_nonce()
-    assert wire.read_greeting(wire.greeting("").rstrip(b"\n")) == ""
-    assert wire.read_greeting(wire.greeting(nonce).rstrip(b"\n")) == nonce
-    for junk in (b"SSH-2.0-OpenSSH", wire.GREETING_AUTH + b"short",
-                 wire.GREETING_AUTH + b"Z" * 32):
-        assert wire.read_greeting(junk) is None
+    nonce = protocol.new_nonce()
+    assert protocol.read_greeting(protocol.greeting("").rstrip(b"\n")) == ""
+    assert protocol.read_greeting(protocol.greeting(nonce).rstrip(b"\n")) == nonce
+    for junk in (b"SSH-2.0-OpenSSH", protocol.GREETING_AUTH + b"short",
+                 protocol.GREETING_AUTH + b"Z" * 32):
+        assert protocol.read_greeting(junk) is None
 
 
 def _signed_master(port: int, wait_s: float) -> tuple[threading.Thread, dict]:

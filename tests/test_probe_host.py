@@ -1,5 +1,6 @@
 """Host probe: cpuinfo/loadavg parsers on saved files, interface classification
-(Gloo binding a docker bridge or a VPN is a field-notes hang), and the live probe."""
+(Gloo binding a docker bridge or a VPN hangs a job: docs/design.md "Gloo on the
+wrong interface"), and the live probe."""
 from __future__ import annotations
 
 import json

@@ -154,9 +154,9 @@ def test_ss_failure_keeps_proc_fields(fake_ss, monkeypatch):
 
 
 def test_no_ss_fails_the_probe(monkeypatch):
-    from ddpwatch.observe import helpers
-    real_path = helpers.path
-    monkeypatch.setattr(helpers, "path", lambda n: None if n == "ss" else real_path(n))
+    from ddpwatch.observe import programs
+    real_path = programs.path
+    monkeypatch.setattr(programs, "path", lambda n: None if n == "ss" else real_path(n))
     result = run_probe("sockets", ProbeContext(procfs=PROC), (5072,))
     assert not result.ok and "ss" in result.error
 

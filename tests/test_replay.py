@@ -371,7 +371,8 @@ def test_every_rule_decides_or_finds_in_some_fixture(default_rules):
 
 
 def test_a_lone_view_names_where_the_culprit_is(default_rules):
-    """Issue 18: victims whose culprit no view here holds name it by address."""
+    """Victims whose culprit no view here holds name it by address
+    (docs/design.md "Ranks judged together")."""
     lone = judged("two_nodes_lone_node0", default_rules).job
     assert lone.culprits == () and lone.elsewhere.startswith("a rank on 10.233.")
     plain = judged("two_nodes_thirdparty_lone_node0", default_rules).job

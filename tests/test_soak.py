@@ -1,5 +1,5 @@
 """Quiet on a healthy run, loud on a real hang: the short version of
-benchmarks/soak.py in the suite (DESIGN.md "Judgement over time").
+benchmarks/soak.py in the suite (docs/judgement-over-time.md).
 
 Two real torchrun jobs of a nanoGPT-shaped loop (tests/jobs/thirdparty/nanogpt_ddp.py)
 whose rank 0 alone evaluates every few seconds (one job) or evaluates and saves a

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from ddpwatch.observe import discovery, wire
+from ddpwatch.observe import discovery, tcp_discovery
 from ddpwatch.observe.discovery import ProcInfo
 from ddpwatch.observe.probes import ProbeContext, wire_groups
 from ddpwatch.observe.probes.sockets import TCP_STATES, TableEntry
 from ddpwatch.observe.probes.wire_groups import WireWatch
 from ddpwatch.observe.sampler import Sampler
-from test_wire_unit import NS, est, listen, pair_job, server_and_client
+from test_tcp_discovery_unit import NS, est, listen, pair_job, server_and_client
 
 PY = ("/usr/bin/python3", "train.py")
 STATE = {name: code for code, name in TCP_STATES.items()}
@@ -82,12 +82,12 @@ def node_with(tmp_path, sockets, torch=(), **kw) -> Node:
 def counted(monkeypatch):
     """pids whose /proc/PID/maps were read."""
     reads = []
-    real = wire.uses_torch
+    real = tcp_discovery.uses_torch
 
     def uses_torch(procfs, pid):
         reads.append(pid)
         return real(procfs, pid)
-    monkeypatch.setattr(wire, "uses_torch", uses_torch)
+    monkeypatch.setattr(tcp_discovery, "uses_torch", uses_torch)
     return reads
 
 
@@ -182,7 +182,7 @@ def test_a_process_with_too_many_files_is_left_out(tmp_path, monkeypatch):
     node = node_with(tmp_path, pair_job())
     for fd in range(20, 30):
         os.symlink("/dev/null", os.path.join(node.root, "11", "fd", str(fd)))
-    monkeypatch.setattr(wire, "FD_LIMIT", 10)
+    monkeypatch.setattr(tcp_discovery, "FD_LIMIT", 10)
     assert WireWatch().scan(node.root, node.table, frozenset(), 0.0).jobs == ()
 
 
@@ -203,7 +203,7 @@ def test_the_bound_is_said_in_the_status_and_the_known_ranks_stay_in(tmp_path, m
     node = node_with(tmp_path, pair_job())
     for pid in (40, 41, 42):  # older than the ranks, no torch
         node.add(pid, (), torch=False, start=1)
-    monkeypatch.setattr(wire, "MAX_CANDIDATES", 3)
+    monkeypatch.setattr(tcp_discovery, "MAX_CANDIDATES", 3)
     monkeypatch.setattr(discovery, "read_table", lambda procfs, cache=None: node.table)
     enabled = lambda name: name not in ("traffic", "exits", "host")  # noqa: E731
     with Sampler(ProbeContext(procfs=node.root), enabled) as sampler:
@@ -215,12 +215,12 @@ def test_the_bound_is_said_in_the_status_and_the_known_ranks_stay_in(tmp_path, m
         # the rest are looked at only as the known ones' places allow: none here
         # (40-42 are no torch, and stay first by age); not found, and said so
         assert sampler.survey(wire=True).jobs() == []
-    monkeypatch.setattr(wire, "MAX_CANDIDATES", 5)
+    monkeypatch.setattr(tcp_discovery, "MAX_CANDIDATES", 5)
     with Sampler(ProbeContext(procfs=node.root), enabled) as sampler:
         sampler.survey(wire=True)
         for pid in (40, 41, 42):
             node.table[pid] = dataclasses.replace(node.table[pid], start=10 ** 6)
-        monkeypatch.setattr(wire, "MAX_CANDIDATES", 2)
+        monkeypatch.setattr(tcp_discovery, "MAX_CANDIDATES", 2)
         # 10 and 11 known to map torch: they keep their places ahead of anything
         (job,) = sampler.survey(wire=True).jobs()
         assert job.launcher_kind == "wire" and job.rank_pids == (10, 11)

@@ -5,8 +5,8 @@ with the other node as its peer. The host namespace reaches both over the
 bridge, as a watcher outside the nodes would.
 
 Node 0 (the master) gets the higher address: Gloo connects each pair from the
-higher address to the lower, so node 0 dials node 1 as the field report's
-master dialled its worker."""
+higher address to the lower, so node 0 dials node 1 as the master dialled its
+worker in docs/design.md "A firewall that drops Gloo's data connections"."""
 from __future__ import annotations
 
 import json

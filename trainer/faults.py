@@ -1,7 +1,8 @@
 """Fault injection: put a run into a known-bad state on purpose (`--fault SPEC`).
 
 Like NVRx's test trainer (`--simulated_fault rank_hung` sends SIGSTOP), each
-fault reproduces a field report so ddpwatch's tests can check it is named:
+fault reproduces a failure seen in real runs (docs/design.md "Failures seen in
+real runs") so ddpwatch's tests can check it is named:
 
   hang:rank=R:step=S[:secs=X]   sleep outside any collective (default: for ever)
   stop:rank=R:step=S            SIGSTOP itself (frozen: state T, 0% CPU)

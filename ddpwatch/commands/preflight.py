@@ -13,7 +13,7 @@ import socket
 from .. import errors
 from ..observe.probes.host import interface_of
 from ..observe.probes.host import read_interfaces, resolve
-from ..preflight import checks, facts as facts_mod, render, wire
+from ..preflight import checks, facts as facts_mod, protocol, render
 from ..preflight.exchange import run_master, run_worker
 from ..preflight.holder import port_holder
 from ..preflight.probe import ProbeListener
@@ -56,8 +56,8 @@ def read_secret(environ, secret_file: str | None) -> bytes:
             raise errors.NoInput(f"--secret-file {secret_file}: {err.strerror}") from err
         where = f"--secret-file {secret_file}"
     else:
-        value = environ.get(wire.SECRET_ENV, "").strip().encode()
-        where = f"${wire.SECRET_ENV}"
+        value = environ.get(protocol.SECRET_ENV, "").strip().encode()
+        where = f"${protocol.SECRET_ENV}"
     if len(value) > MAX_SECRET:
         raise errors.UsageError(f"{where}: longer than {MAX_SECRET} bytes")
     if secret_file and not value:

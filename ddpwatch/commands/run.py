@@ -12,8 +12,8 @@ import time
 
 from .. import config as config_mod, errors
 from ..daemon import Daemon, load_rules
-from ..publish.httpd import Server
-from ..publish.httpserve import same_address
+from ..publish.endpoints import Server
+from ..publish.bounded_server import same_address
 from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
 
 log = logging.getLogger("ddpwatch")

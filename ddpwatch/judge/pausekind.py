@@ -1,6 +1,6 @@
 """What a rank busy outside the collectives is doing, read from its main thread's
-stack: the kind of a pause (DESIGN.md "Judgement over time") and where the
-training loop called it. Pure.
+stack: the kind of a pause (docs/judgement-over-time.md "The pause's kind and
+site") and where the training loop called it. Pure.
 
 Most training loops pause one rank now and then while the others wait in the
 next collective: rank 0 evaluates (nanoGPT's `estimate_loss` under

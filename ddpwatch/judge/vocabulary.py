@@ -83,7 +83,8 @@ HELD = frozenset({"slowing"})
 OPEN_AFTER_S = {v.name: v.open_after_s for v in VERDICTS if v.open_after_s}
 
 ROLES = ("culprit", "victim", "none")
-# Findings coexist with any verdict (DESIGN.md "Verdicts"); their severity is the rule's.
+# Findings coexist with any verdict (docs/design.md "Verdicts"); their severity is the
+# rule's.
 FINDINGS = ("bf16_on_cpu", "oversubscribed", "data_parity", "orphan", "wrong_interface")
 SEVERITIES = ("info", "warning", "critical")
 

@@ -259,7 +259,7 @@ def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None
 
 # launcher_kind values: how the ranks were started
 KINDS = ("torchrun", "accelerate", "deepspeed", "mpirun", "spawn", "lightning", "slurm",
-         "env", "wire", "none")  # wire: grouped by their connections (wire.py)
+         "env", "wire", "none")  # wire: grouped by their connections (tcp_discovery.py)
 
 
 def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..heartbeat.scan import ScanState
-from . import discovery, wire
+from . import discovery, tcp_discovery
 from .netns import net_ns
 from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
 from .probes.exits import for_pids, open_watch
@@ -68,10 +68,10 @@ class Survey:
 
     def job_of(self, pid: int) -> Job | None:
         """The job of `pid`; a lone rank started by hand with its peers found on
-        the wire (observe/wire.py): only for a person's request, it reads the
-        sockets of every Python process of the rank's user."""
+        the wire (observe/tcp_discovery.py): only for a person's request, it reads
+        the sockets of every Python process of the rank's user."""
         job = discovery.find_job(pid, self.table, self.live_record_pids)
-        return wire.extend(job, self.table, self.procfs) if job is not None else None
+        return tcp_discovery.extend(job, self.table, self.procfs) if job is not None else None
 
 
 class Sampler:

@@ -54,7 +54,7 @@ def check_nodes(nodes, expected, error):
 
 def check_exchange(secret: bool) -> dict:
     """Whether this table can be trusted: without the secret, whoever reached the
-    store port first could have played master (wire.py)."""
+    store port first could have played master (protocol.py)."""
     if secret:
         return row("exchange", "all", "pass", "every message signed with the preflight secret")
     return row("exchange", "all", "warn",
@@ -127,8 +127,9 @@ def _rate(p: dict) -> float:
 
 def check_gloo_ports(nodes, probes):
     """Each node accepts connections from every other on the ports Gloo will
-    use (field notes: the worker's firewall let the master reach 29500 and
-    dropped its connections to the ephemeral ports: a silent hang)."""
+    use (docs/design.md "A firewall that drops Gloo's data connections": the
+    worker's firewall dropped the master's connections to the ephemeral ports,
+    a silent hang)."""
     out = []
     by_pair = {(p["src"], p["dst"]): p for p in probes}
     for dst in range(len(nodes)):

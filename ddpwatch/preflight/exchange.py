@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..observe.probes.host import plain_addr
-from . import wire
+from . import protocol
 from .probe import connect, probe
 
 MAX_PENDING = 16  # connections heard at once before they say hello
@@ -33,7 +33,7 @@ class Meeting:
     probes: list = field(default_factory=list)
     me: int = 0
     error: str = ""  # why the meeting fell short ("" when everyone took part)
-    secret: bool = False  # every message signed with the preflight secret (wire.Channel)
+    secret: bool = False  # every message signed with the preflight secret (protocol.Channel)
     refused: int = 0  # the master's: connections whose hello was not signed with it
 
 
@@ -80,7 +80,7 @@ def _bind(port: int, family) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     try:
         sock.bind(("", port))
-        sock.listen(wire.MAX_NODES)
+        sock.listen(protocol.MAX_NODES)
     except OSError:
         sock.close()
         raise
@@ -99,16 +99,16 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
         if err.errno != errno.EADDRINUSE:
             facts["store_port"].update(state="unknown", error=str(err))
             meeting.error = f"cannot listen on port {port}: {err}"
-            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
+            meeting.nodes[0] = protocol.clean(facts, protocol.FACTS)
             return meeting
         facts["store_port"].update(state="held", holder=holder_of(port))
         try:
             server = _bind(port + 1, family)  # beside it: workers try there next
         except OSError as err2:
             meeting.error = f"cannot listen on port {port} nor {port + 1}: {err2}"
-            meeting.nodes[0] = wire.clean(facts, wire.FACTS)
+            meeting.nodes[0] = protocol.clean(facts, protocol.FACTS)
             return meeting
-    meeting.nodes[0] = wire.clean(facts, wire.FACTS)  # every node judges the same data
+    meeting.nodes[0] = protocol.clean(facts, protocol.FACTS)  # every node judges the same data
     workers: list = []
     try:
         heard, refused = _gather_workers(server, expected - 1, time.monotonic() + wait_s,
@@ -127,14 +127,14 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
             try:
                 channel.send("roster", you=i, nodes=meeting.nodes)
                 live.append((i, channel))
-            except (OSError, wire.ProtocolError):
+            except (OSError, protocol.ProtocolError):
                 channel.sock.close()
         meeting.probes = probe_all(meeting.nodes, 0)
         deadline = time.monotonic() + PROBE_PHASE_S
         for i, channel in live:
             try:
                 report = channel.recv("probes", deadline)
-            except wire.ProtocolError as err:
+            except protocol.ProtocolError as err:
                 meeting.error = meeting.error or f"node {i} sent no probe results: {err}"
                 continue
             # a node reports its own probes only
@@ -143,7 +143,7 @@ def run_master(port: int, expected: int, facts: dict, wait_s: float, family,
         for i, channel in live:
             try:
                 channel.send("final", nodes=meeting.nodes, probes=meeting.probes)
-            except (OSError, wire.ProtocolError):
+            except (OSError, protocol.ProtocolError):
                 pass
     finally:
         for channel in workers:
@@ -165,12 +165,12 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float,
     pending = threading.BoundedSemaphore(MAX_PENDING)
 
     def hear(conn, peer):
-        nonce = wire.new_nonce() if secret else ""
-        channel = wire.Channel(conn, wire.LineReader(conn), "master", secret, nonce)
+        nonce = protocol.new_nonce() if secret else ""
+        channel = protocol.Channel(conn, protocol.LineReader(conn), "master", secret, nonce)
         try:
-            conn.sendall(wire.greeting(nonce))
+            conn.sendall(protocol.greeting(nonce))
             hello = channel.recv("hello", min(time.monotonic() + HELLO_S, deadline))
-        except (wire.ProtocolError, OSError) as err:
+        except (protocol.ProtocolError, OSError) as err:
             conn.close()  # junk, a scanner, a stranger, or a worker gone: not a node
             if secret and "secret" in str(err):
                 with cond:
@@ -214,20 +214,20 @@ def _session(addr: str, port: int, reach: dict | None, secret: bytes, untrusted:
         reach = {"state": state, "error": error, "port": port, "preflight": False}
     if sock is None:
         return None, reach
-    reader = wire.LineReader(sock, limit=wire.GREETING_MAX)
+    reader = protocol.LineReader(sock, limit=protocol.GREETING_MAX)
     try:
-        nonce = wire.read_greeting(reader.line(time.monotonic() + 1.5))
-    except wire.ProtocolError:
+        nonce = protocol.read_greeting(reader.line(time.monotonic() + 1.5))
+    except protocol.ProtocolError:
         nonce = None
     if nonce is not None and bool(nonce) == bool(secret):
         if reach["port"] == port:
             reach["preflight"] = True
-        return wire.Channel(sock, wire.LineReader(sock), "worker", secret, nonce), reach
+        return protocol.Channel(sock, protocol.LineReader(sock), "worker", secret, nonce), reach
     if nonce is not None:
         untrusted.append(
             f"{addr}:{port} " + ("does not use the preflight secret: not trusted, "
                                  "nothing sent to it" if secret else
-                                 f"wants the preflight secret: set {wire.SECRET_ENV} here too"))
+                                 f"wants the preflight secret: set {protocol.SECRET_ENV} here too"))
     sock.close()
     return None, reach
 
@@ -272,6 +272,6 @@ def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of,
                 meeting.nodes, meeting.probes = final["nodes"], final["probes"]
             else:
                 meeting.error = "the master's final list of nodes differs from its roster"
-        except (wire.ProtocolError, OSError) as err:
+        except (protocol.ProtocolError, OSError) as err:
             meeting.error = f"the exchange with the master failed: {err}"
     return meeting

@@ -2,13 +2,13 @@
 machine over per-tick job verdicts; the daemon writes bundles and sends alerts
 for the events it returns.
 
-One incident is one page (DESIGN.md "Persistence before severity"; Alertmanager's
-group_interval): an incident's verdict may change every few seconds (hung,
-straggler, hung), and each change updates its bundle and page, but a change is
-told to people (`Event.notify`) only when the severity rises above what they were
-last told, and at most once per `group_interval_s`; a rise held back by the
-interval is told when the interval ends, if it still stands. It resolves once the
-job has been calm for `resolve_after_s` (hysteresis), with one resolved message."""
+One incident is one page (docs/judgement-over-time.md "One incident, one page";
+Alertmanager's group_interval): an incident's verdict may change every few seconds
+(hung, straggler, hung), and each change updates its bundle and page, but a change
+is told to people (`Event.notify`) only when the severity rises above what they were
+last told, and at most once per `group_interval_s`; a rise held back by the interval
+is told when the interval ends, if it still stands. It resolves once the job has
+been calm for `resolve_after_s` (hysteresis), with one resolved message."""
 from __future__ import annotations
 
 import dataclasses

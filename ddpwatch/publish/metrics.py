@@ -328,7 +328,7 @@ def families(view: DaemonView | None, errors: int = 0,
              http_stats: dict | None = None) -> list[Metric]:
     """The metric families for one view (None: the daemon has no view yet);
     `errors` counts failures the caller already met; `http_stats` the HTTP
-    server's refusals (httpserve.BoundedServer.stats)."""
+    server's refusals (bounded_server.BoundedServer.stats)."""
     rows: list[Row] = [("ddpwatch_up", (), 1.0), ("ddpwatch_build_info", (__version__,), 1.0)]
     rows += [("ddpwatch_http_refused_total", (reason,), float(n))
              for reason, n in sorted((http_stats or {}).items())]

@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 
+from .autowarn import warn_once
 from .identity import UNKNOWN, launcher_identity
 
 _spawn_index: int | None = None
@@ -83,7 +84,6 @@ def _quietly(fn) -> None:
     try:
         fn()
     except Exception as err:
-        from .autoboot import warn_once
         warn_once(f"automatic instrumentation failed: {err!r}")
 
 

@@ -16,38 +16,20 @@ it calls init_process_group (torchrun's agent and DataLoader workers import
 torch but never do). Turned off by DDPWATCH_AUTO unset or anything but "1".
 
 A broken ddpwatch never stops the training: every failure here is one line on
-stderr, once per process tree (DDPWATCH_AUTO_WARNED, inherited by children,
-keeps the ranks of a job from repeating what their launcher said).
+stderr, once per process tree (autowarn.warn_once).
 Imports no torch.
 """
 from __future__ import annotations
 
 import os
-import sys
 
-ENV = "DDPWATCH_AUTO"
-WARNED_ENV = "DDPWATCH_AUTO_WARNED"
+from .autowarn import ENV, warn_once
+
 _booted = False
-_warned = False
 
 
 def enabled(env=None) -> bool:
     return (os.environ if env is None else env).get(ENV, "") == "1"
-
-
-def warn_once(message: str) -> None:
-    """One line on stderr, once per process tree; never raises."""
-    global _warned
-    if _warned or os.environ.get(WARNED_ENV):
-        return
-    _warned = True
-    try:
-        os.environ[WARNED_ENV] = "1"
-        sys.stderr.write(f"ddpwatch: {message}; training goes on without heartbeats "
-                         f"(unset {ENV} to silence)\n")
-        sys.stderr.flush()
-    except Exception:  # a closed stderr: nothing more to do
-        pass
 
 
 def boot() -> bool:

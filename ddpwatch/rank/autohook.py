@@ -9,13 +9,15 @@ run. Every other import is one dict lookup. The wrapper hands the module back
 its real loader before executing it, so the module looks as if it had been
 imported plainly (inspect, linecache and importlib.resources see the real one).
 
-A callback that raises is reported once (autoboot.warn_once) and never breaks
+A callback that raises is reported once (autowarn.warn_once) and never breaks
 the import. Imports no torch.
 """
 from __future__ import annotations
 
 import sys
 import threading
+
+from .autowarn import warn_once
 
 _hooks: dict[str, list] = {}
 _lock = threading.RLock()
@@ -24,7 +26,7 @@ _lock = threading.RLock()
 def after_import(name: str, fn) -> None:
     """Call fn(module) after `name` is imported; now, if it already was."""
     module = sys.modules.get(name)
-    if module is not None:  # booted late (ddpwatch.auto.boot() called by hand)
+    if module is not None:  # booted late (autoboot.boot() called by hand)
         _run(fn, module)
         return
     with _lock:
@@ -37,7 +39,6 @@ def _run(fn, module) -> None:
     try:
         fn(module)
     except Exception as err:  # never into the importing code
-        from .autoboot import warn_once
         warn_once(f"automatic instrumentation failed after importing {module.__name__}: "
                   f"{err!r}")
 

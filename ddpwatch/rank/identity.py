@@ -2,7 +2,7 @@
 
 Automatic heartbeats (ddpwatch exec, DDPWATCH_AUTO=1) open a rank's record when
 its script calls init_process_group, before the rendezvous has said anything.
-What is known then, best first (/work/shared/DESIGN.md, "Launch topologies"):
+What is known then, best first (docs/design.md "Launch topologies"):
 
 * init_process_group's own `rank` / `world_size` arguments: what the group will
   use (the mp.spawn tutorial and Lightning pass them);

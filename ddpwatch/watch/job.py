@@ -1,5 +1,6 @@
 """WatchedJob: everything the daemon remembers of one job between ticks
-(DESIGN.md "Per-job state in one place"; STYLE.md 11, Prometheus's scrapeLoop).
+(docs/design.md "Per-job state in one place"; as Prometheus gives each scrape
+target a scrapeLoop of its own).
 
     snapshots of the window -> (classify, pure) -> judgement
     judgement + this job's past pauses -> (judge/overtime.py, pure) -> what is paged

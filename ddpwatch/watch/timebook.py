@@ -1,8 +1,8 @@
-"""Where a job's time goes (DESIGN.md "Where the time goes"): per rank, seconds
-computing, inside collectives, waiting for a peer, paused (by kind), stalled,
-from each tick's verdicts, accumulated since the daemon began watching the job
-(counters, /metrics) and per minute over the last hour (the incident page's
-bars, and "rank 1 idled 38% of the last 10 min").
+"""Where a job's time goes (docs/judgement-over-time.md "Where the time goes"):
+per rank, seconds computing, inside collectives, waiting for a peer, paused (by
+kind), stalled, from each tick's verdicts, accumulated since the daemon began
+watching the job (counters, /metrics) and per minute over the last hour (the
+incident page's bars, and "rank 1 idled 38% of the last 10 min").
 
 A tick's time is given to the state each rank was judged in. A rank that
 advances is split between computing and collectives by its heartbeat's share of

@@ -1,6 +1,6 @@
 """Peers family: each rank next to the other ranks of its job (on this node,
 and on others through the peer view). One rank's 0% CPU is only a verdict
-next to its peers' states (DESIGN.md). Pure."""
+next to its peers' states (docs/design.md "Ranks judged together"). Pure."""
 from __future__ import annotations
 
 import bisect
@@ -227,8 +227,9 @@ def link(ranks: list[dict]) -> None:
 
 
 def link_pauses(ranks: list[dict]) -> None:
-    """Who works outside the collectives while its peers wait (DESIGN.md "Is
-    anybody working?"): somebody working is a pause, nobody is a hang. After
+    """Who works outside the collectives while its peers wait
+    (docs/judgement-over-time.md "Is anybody working?"): somebody working is a
+    pause, nobody is a hang. After
     stack.link_start (ddp_starting) and window.link (cpu_wanted)."""
     for s in ranks:
         busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"

@@ -129,8 +129,8 @@ def link(ranks: list[dict]) -> None:
       the others did not);
     * on a tie (always so with 2 ranks), the ranks outside DDP's gradient all-reduce:
       every training step of every rank goes through it, so a rank elsewhere (an
-      explicit broadcast or barrier, or the loop left early: fewer batches, the
-      field notes' uneven shards) is the one whose path differs;
+      explicit broadcast or barrier, or the loop left early: fewer batches,
+      docs/design.md "Uneven data across nodes") is the one whose path differs;
     * on a tie without it (a barrier against a broadcast, 2 ranks), no culprit: both
       are named as victims with both call sites (a guess would be silent).
     Before all of these, where the ranks are in a known training loop: when some

@@ -1,7 +1,7 @@
 """Host probe: the node itself — CPU flags and cores, load, hostname, interfaces.
 
 Why each part: bf16 on a CPU without avx512_bf16/amx_bf16 is many times slower
-than fp32 (field notes: a `--device-type=cpu` run auto-picked bf16); cores bound
+than fp32 (docs/design.md "bf16 picked for a CPU run"); cores bound
 `oversubscribed`; Gloo may bind a docker bridge or a VPN interface, and a hostname
 resolving to loopback sends peers to 127.0.0.1 — both leave ranks unable to meet.
 
@@ -109,7 +109,8 @@ def parse_loadavg(text: str) -> LoadAvg:
     return LoadAvg(float(f[0]), float(f[1]), float(f[2]), int(runnable), int(tasks))
 
 
-# First match wins. Names from the field notes plus the usual suspects:
+# First match wins. Names from docs/design.md "Gloo on the wrong interface" plus
+# the usual suspects:
 # tailscale0, wg0, tun0/tap0, zt* (ZeroTier), utun; docker0, br-<id> (compose),
 # virbr0 (libvirt), cni0/flannel/cali (k8s); veth* (container ends).
 _KINDS = (

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from ... import codec
-from .. import helpers
+from .. import programs
 from ..budget import MAX_ADDRESSES, MAX_FDS, MAX_OUTPUT, TABLE_MAX_AGE_S, owner
 from . import Look, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
@@ -291,7 +291,7 @@ def read_ip_addr(ns_path: str, timeout_s: float) -> str:
     first MAX_ADDRESSES lines: any user may give a namespace of theirs 20 000."""
     nsenter, ip = _tool("nsenter"), _tool("ip")
     cmd = [nsenter, f"--net={ns_path}", ip, "-o", "addr", "show", "up"]
-    text = helpers.run_bounded(cmd, timeout_s, MAX_OUTPUT)
+    text = programs.run_bounded(cmd, timeout_s, MAX_OUTPUT)
     return "\n".join(text.splitlines()[:MAX_ADDRESSES])
 
 
@@ -300,12 +300,12 @@ def read_ss(ns_path: str | None, timeout_s: float) -> str:
     cmd = [_tool("ss"), "-tineH"]
     if ns_path:
         cmd = [_tool("nsenter"), f"--net={ns_path}"] + cmd
-    return helpers.run_bounded(cmd, timeout_s, MAX_OUTPUT)
+    return programs.run_bounded(cmd, timeout_s, MAX_OUTPUT)
 
 
 def _tool(name: str) -> str:
-    """A helper's absolute path, resolved once (observe/helpers.py)."""
-    found = helpers.path(name)
+    """A helper's absolute path, resolved once (observe/programs.py)."""
+    found = programs.path(name)
     if found is None:
         raise FileNotFoundError(f"{name} ({'util-linux' if name == 'nsenter' else 'iproute2'})"
                                 f" not found")

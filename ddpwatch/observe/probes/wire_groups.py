@@ -1,10 +1,10 @@
 """Wire-groups probe: ranks started by hand, for the daemon. A lone
 Python process that no launcher, environment or record claims is no rank to
 discovery; those that imported torch and have the shape of one DDP job on the
-wire (observe/wire.py `ddp_groups`: a TCPStore host every member is connected
-to, or a full mesh) become one job, launcher kind "wire", numbered from the
-evidence only (wire.number). `diagnose` does the same for the one pid a person
-names (wire.extend).
+wire (observe/tcp_discovery.py `ddp_groups`: a TCPStore host every member is
+connected to, or a full mesh) become one job, launcher kind "wire", numbered
+from the evidence only (tcp_discovery.number). `diagnose` does the same for the
+one pid a person names (tcp_discovery.extend).
 
 The daemon runs this every pass over the whole node, so what is learned is kept
 in a WireWatch (the sampler keeps it across passes):
@@ -16,11 +16,12 @@ in a WireWatch (the sampler keeps it across passes):
   each every few minutes, not every 10 s;
 * the groups found, so that a rank whose peer died (no longer connected to
   anyone) stays its job's rank while it lives, and a rank number found once is
-  kept when later evidence is missing (wire.carry).
-Only unclaimed Python processes are looked at, at most wire.MAX_CANDIDATES per
-user (the probe reports the rest as left out); sockets are read only of those
-that map libtorch, each with at most wire.FD_LIMIT open files; a group never
-spans two users. Nothing read is used as a path.
+  kept when later evidence is missing (tcp_discovery.carry).
+Only unclaimed Python processes are looked at, at most
+tcp_discovery.MAX_CANDIDATES per user (the probe reports the rest as left out);
+sockets are read only of those that map libtorch, each with at most
+tcp_discovery.FD_LIMIT open files; a group never spans two users. Nothing read
+is used as a path.
 
 `pids`: the processes already in a job (not looked at).
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import wire
+from .. import tcp_discovery
 from ..launchers import env_rank, launcher_kind
 from ..snapshot import Job
 from . import register
@@ -48,7 +49,7 @@ class WireGroups:
     def note(self) -> str:
         """Why the probe may have missed a job ("" if it saw everything)."""
         return "; ".join(f"{n} Python process(es) of uid {uid} not looked at (more than "
-                         f"{wire.MAX_CANDIDATES} per user)" for uid, n in self.left_out)
+                         f"{tcp_discovery.MAX_CANDIDATES} per user)" for uid, n in self.left_out)
 
 
 class WireWatch:
@@ -57,8 +58,8 @@ class WireWatch:
     def __init__(self, recheck_s: float = TORCH_RECHECK_S):
         self.recheck_s = recheck_s
         # -> (mapped, read at, wait before the next read)
-        self._torch: dict[wire.Member, tuple[bool, float, float]] = {}
-        self._groups: list = []  # wire.Group values of the last pass
+        self._torch: dict[tcp_discovery.Member, tuple[bool, float, float]] = {}
+        self._groups: list = []  # tcp_discovery.Group values of the last pass
         self.maps_reads = 0      # /proc/PID/maps read since start (cost, for benchmarks)
 
     def scan(self, procfs: str, table: dict, claimed: frozenset[int], now: float) -> WireGroups:
@@ -75,9 +76,9 @@ class WireWatch:
             # processes does not push a running job's ranks out
             infos.sort(key=lambda p: (not self._torch.get((p.pid, p.start), (False,))[0],
                                       p.start, p.pid))
-            if len(infos) > wire.MAX_CANDIDATES:
-                left_out.append((uid, len(infos) - wire.MAX_CANDIDATES))
-                infos = infos[:wire.MAX_CANDIDATES]
+            if len(infos) > tcp_discovery.MAX_CANDIDATES:
+                left_out.append((uid, len(infos) - tcp_discovery.MAX_CANDIDATES))
+                infos = infos[:tcp_discovery.MAX_CANDIDATES]
             looked += len(infos)
             # (a launcher is in its job, so claimed; one whose job discovery
             # missed is still no rank; asked of torch processes only: it costs)
@@ -87,7 +88,7 @@ class WireWatch:
             if len(mine) >= 2:  # one user's processes only: never another's job
                 found += self._groups_of(procfs, mine, table)
         alive = {(p.pid, p.start) for infos in by_uid.values() for p in infos}
-        self._groups = wire.carry(self._groups, found, alive)
+        self._groups = tcp_discovery.carry(self._groups, found, alive)
         return WireGroups(tuple(_job(group) for group in self._groups), looked, torch,
                           tuple(left_out))
 
@@ -96,7 +97,7 @@ class WireWatch:
         mapped, at, wait = self._torch.get(key, (False, -1e18, 0.0))
         if mapped or now - at < wait:
             return mapped
-        mapped = wire.uses_torch(procfs, info.pid)
+        mapped = tcp_discovery.uses_torch(procfs, info.pid)
         self.maps_reads += 1
         backoff = min(max(wait * 2, self.recheck_s), max(TORCH_RECHECK_MAX_S, self.recheck_s))
         self._torch[key] = (mapped, now, backoff)
@@ -104,13 +105,14 @@ class WireWatch:
 
     @staticmethod
     def _groups_of(procfs: str, infos: list, table: dict) -> list:
-        sockets = wire.read_wire(procfs, [p.pid for p in infos], wire.FD_LIMIT)
+        sockets = tcp_discovery.read_wire(procfs, [p.pid for p in infos],
+                                          tcp_discovery.FD_LIMIT)
         out = []
-        for host, members in wire.ddp_groups(sockets):
+        for host, members in tcp_discovery.ddp_groups(sockets):
             env_ranks = {pid: env_rank(table[pid].env)[0] for pid in members}
-            ranks, world = wire.number(set(members), host, wire.closed(members, sockets)
-                                       or wire.store_complete(host, set(members), sockets),
-                                       env_ranks)
+            whole = (tcp_discovery.closed(members, sockets)
+                     or tcp_discovery.store_complete(host, set(members), sockets))
+            ranks, world = tcp_discovery.number(set(members), host, whole, env_ranks)
             out.append((tuple(sorted(((pid, table[pid].start), ranks.get(pid, -1))
                                      for pid in members)), world))
         return out

@@ -1,7 +1,8 @@
-"""HTTP for the daemon: /metrics, /status, /peer, /healthz, /readyz, /incidents/
-(the list) and /incidents/<id> (an incident's page, drawn from its bundle, with
-its bundle's report.txt, report.json and snapshots.json under /incidents/<id>/);
-404 elsewhere.
+"""The daemon's HTTP endpoints: what each path answers (connections, workers and
+slow readers are bounded_server.py's). /metrics, /status, /peer, /healthz,
+/readyz, /incidents/ (the list) and /incidents/<id> (an incident's page, drawn
+from its bundle, with its bundle's report.txt, report.json and snapshots.json
+under /incidents/<id>/); 404 elsewhere.
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
 otherwise only on suspicion): at most once per `stacks_min_interval_s`, so asking
@@ -32,7 +33,7 @@ from . import auth, bundle, peers, report, viewer
 from .page_list import incident_path, render_list
 from ..codec import to_json
 from ..errors import DdpwatchError
-from .httpserve import BoundedServer
+from .bounded_server import BoundedServer
 
 log = logging.getLogger("ddpwatch")
 BUNDLE_FILES = {"report.txt": "text/plain; charset=utf-8", "report.json": "application/json",

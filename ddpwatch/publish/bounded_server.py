@@ -1,6 +1,7 @@
 """A small HTTP/1.0 server that no local user can exhaust (1 030 idle
 connections took one thread and one descriptor each, `/metrics` answered nothing
-for 30 s and discovery failed with EMFILE).
+for 30 s and discovery failed with EMFILE). It accepts, reads, dispatches and
+sends; what each path answers is endpoints.py's.
 
 * One thread accepts and watches connections that have not sent anything yet, in
   a selector; at most `max_pending` are kept, the oldest is closed to make room
