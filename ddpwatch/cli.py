@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = rules_sub.add_parser("check", help="validate rule files (default: the shipped rules)")
     c.add_argument("files", nargs="*", metavar="FILE")
     c.set_defaults(handler="rules_check")
+    c = rules_sub.add_parser("signals", help="list the signals rules can name: family, type, "
+                             "unit, meaning")
+    c.add_argument("names", nargs="*", metavar="NAME", help="only these signals")
+    c.add_argument("--family", help="only the signals of this family (process, stack, "
+                   "peers...)")
+    c.add_argument("--json", action="store_true", help='print {"signals": [...], "units": {...}}')
+    c.set_defaults(handler="rules_signals")
     return parser
 
 

@@ -18,11 +18,12 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     state       what the rank is doing, from the families above
     peers       the rank next to the other ranks of its job
 
-A new signal is a line in its family's SIGNALS and the code there that measures
-it; a rule naming anything no family declares, or comparing it with a value of
-another type, is rejected by the rules loader. A value that could not be
-measured is None, and a condition on None is false (a blind watcher must not
-conclude anything).
+A new signal is a line in its family's SIGNALS (name, type, meaning, unit:
+spec.py) and the code there that measures it; `ddpwatch rules signals` lists
+it from that line. A rule naming anything no family declares,
+or comparing it with a value of another type, is rejected by the rules loader.
+A value that could not be measured is None, and a condition on None is false
+(a blind watcher must not conclude anything).
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ from .spec import Signal
 PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound, window)
 FAMILIES = PER_RANK + (launch, host, state, exits, peers)
 SIGNALS: dict[str, Signal] = {}
+FAMILY: dict[str, str] = {}  # signal name -> the family (module) that declares it
 for _family in FAMILIES:
     for _signal in _family.SIGNALS:
         assert _signal.name not in SIGNALS, f"signal {_signal.name} declared twice"
         SIGNALS[_signal.name] = _signal
+        FAMILY[_signal.name] = _family.__name__.rpartition(".")[2]
 
 
 def measure(history: tuple[Snapshot, ...], remote: tuple[dict, ...] = ()) -> list[dict]:
@@ -110,4 +113,4 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
     return ranks
 
 
-__all__ = ["SIGNALS", "Signal", "measure", "local", "with_peers"]
+__all__ = ["SIGNALS", "FAMILY", "Signal", "measure", "local", "with_peers"]

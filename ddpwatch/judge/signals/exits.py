@@ -17,7 +17,7 @@ SIGNALS = declare(
     ("exit_abnormal", bool, "it ended by a signal or with a non-zero exit code"),
     ("exit_oom", bool, "killed by SIGKILL while the node's OOM-kill count rose"),
     ("exit_order", int, "1 for the first of the job's ranks seen to end, 2 the next..."),
-    ("exit_after_s", NUMBER, "seconds after the job's first rank ended that this one did"),
+    ("exit_after_s", NUMBER, "seconds after the job's first rank ended that this one did", "s"),
     ("died_first", bool, "the first of its job's ranks to end abnormally (a signal, a "
                          "non-zero code)"),
     ("peer_died_first", bool, "another rank of the job ended abnormally before this one "

@@ -6,7 +6,7 @@ from .spec import NUMBER, declare
 
 SIGNALS = declare(
     ("cpu_bf16", bool, "this CPU has avx512_bf16 or amx_bf16"),
-    ("cores", int, "logical CPUs"),
+    ("cores", int, "logical CPUs", "count"),
     ("cpu_model", str, "the CPU's model name (/proc/cpuinfo) on the rank's node"),
     ("node", str, "the hostname of the rank's node"),
     ("hostname_addrs", str, "what resolving it gives there (for a rank in another "
@@ -15,8 +15,8 @@ SIGNALS = declare(
     ("ns_unseen", str, "what of the rank's own namespace (hostname, hosts file, DNS, "
                        "interfaces) the watcher could not see ('' all seen, or its "
                        "namespaces are the watcher's)"),
-    ("local_ranks", int, "ranks of the job on this node"),
-    ("oversubscription", NUMBER, "intra-op threads x local ranks / cores"),
+    ("local_ranks", int, "ranks of the job on this node", "count"),
+    ("oversubscription", NUMBER, "intra-op threads x local ranks / cores", "ratio"),
 )
 
 

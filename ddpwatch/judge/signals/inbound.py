@@ -21,15 +21,17 @@ from .spec import NUMBER, declare
 SIGNALS = declare(
     ("syn_in_unanswered", int, "peers' connection attempts that arrived on this node for a port "
                                "the rank listens on and were never answered (traffic probe; "
-                               "None: no capture, or the rank is in another network namespace)"),
+                               "None: no capture, or the rank is in another network "
+                               "namespace)", "count"),
     ("syn_in_from", str, "where those attempts come from"),
     ("syn_in_first_from", str, "where the first of them came from"),
     ("syn_in_port", int, "the port the first of them dials"),
-    ("syn_in_ports", int, "how many of the rank's ports they dial"),
-    ("syn_in_last_s", NUMBER, "seconds since the last of them arrived"),
+    ("syn_in_ports", int, "how many of the rank's ports they dial", "count"),
+    ("syn_in_last_s", NUMBER, "seconds since the last of them arrived", "s"),
     ("syn_in_iface", str, "the interface they arrive on"),
-    ("syn_in_retries", int, "their retransmissions (each one the dialer giving up on an answer)"),
-    ("syn_in_for_s", NUMBER, "seconds since the first of them arrived"),
+    ("syn_in_retries", int, "their retransmissions (each one the dialer giving up on an answer)",
+                            "count"),
+    ("syn_in_for_s", NUMBER, "seconds since the first of them arrived", "s"),
     ("syn_in_dropped_at", str, "the address:port pairs they dial (space-separated)"),
     ("syn_sent_dropped_by", int, "the rank whose node receives and drops this rank's stuck "
                                  "connect"),

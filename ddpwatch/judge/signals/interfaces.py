@@ -35,7 +35,7 @@ SIGNALS = declare(
     ("master_route_iface", str, "the interface holding master_route_addr"),
     ("gloo_unconnected", int, "peers this rank has no Gloo data connection with: world size - "
                               "1 - its established TCP connections off MASTER_PORT (0 once "
-                              "the group is up)"),
+                              "the group is up)", "count"),
     ("gloo_off_route", bool, "Gloo listens on another address than the rank reaches the master "
                              "from, and one picked by the hostname (GLOO_SOCKET_IFNAME unset), "
                              "on a VPN/bridge/veth interface, or of the other address family"),
@@ -43,7 +43,7 @@ SIGNALS = declare(
     ("syn_sent_to_off_route", bool, "that rank's Gloo listens off its own route to the master "
                                     "(gloo_off_route or gloo_loopback)"),
     ("gloo_unreached_by", int, "peers whose connects to this rank's Gloo address sit in "
-                               "SYN-SENT"),
+                               "SYN-SENT", "count"),
     ("loopback_peer", int, "another rank of a multi-node job whose Gloo listens on loopback and "
                            "is not connected to all its peers (None: no such rank)"),
 )

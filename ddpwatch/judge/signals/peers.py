@@ -14,10 +14,10 @@ from .window import THROTTLED, cpu_wanted
 
 SIGNALS = declare(
     ("missing", bool, "a rank of an all-local job with no process and no record on this node"),
-    ("peers_blocked", int, "other ranks that are blocked"),
+    ("peers_blocked", int, "other ranks that are blocked", "count"),
     ("peers_compiling", int, "other ranks, alive and not stopped, that compile (warming up "
-                             "with dynamo/inductor frames on their stacks)"),
-    ("peers_alive", int, "other ranks that are alive"),
+                             "with dynamo/inductor frames on their stacks)", "count"),
+    ("peers_alive", int, "other ranks that are alive", "count"),
     ("pausing", bool, "works outside the collectives while a peer waits in one past its "
                       "bound: busy (CPU >= 5% wanted), in disk I/O (state D), or at a pause "
                       "its stack names (pause_kind other than unknown: a DataLoader's wait "
@@ -26,35 +26,36 @@ SIGNALS = declare(
                       "epoch's start; not stopped, compiling at start-up or meeting its peers. "
                       "A pause, not yet a hang: the daemon pages it only past what is "
                       "normal for the job (judge/overtime.py)"),
-    ("peers_paused", int, "other ranks that are pausing"),
+    ("peers_paused", int, "other ranks that are pausing", "count"),
     ("paused_peer", str, "who pauses and what it does (\"rank 0 evaluation at estimate_loss "
                          "<- train.py:260\"), for a waiting rank's evidence"),
-    ("peers_in_rendezvous", int, "other ranks still in init_process_group (stack or heartbeat)"),
-    ("seq_behind", int, "collectives this rank is behind the furthest peer"),
+    ("peers_in_rendezvous", int, "other ranks still in init_process_group (stack or heartbeat)",
+                                 "count"),
+    ("seq_behind", int, "collectives this rank is behind the furthest peer", "count"),
     ("peer_dead", bool, "a rank of the job died (its record remains, its process is gone)"),
     ("peer_exited", bool, "a rank of the job left cleanly (record says exited) while this one "
                           "runs"),
     ("peer_stopped", bool, "another rank of the job is stopped (state T): the others' shares "
                            "of time in collectives no longer compare"),
     ("peer_ops_differ", bool, "stuck ranks wait in different collectives"),
-    ("step_time_ratio", NUMBER, "this rank's step time over the peers' median"),
+    ("step_time_ratio", NUMBER, "this rank's step time over the peers' median", "ratio"),
     ("comm_share_ratio", NUMBER, "this rank's share of time in collectives over the peers' "
-                                 "median"),
-    ("peer_comm_share", NUMBER, "the peers' median share of step time in collectives"),
-    ("peer_cpu_ratio", NUMBER, "the peers' median CPU over the window, in cores"),
+                                 "median", "ratio"),
+    ("peer_comm_share", NUMBER, "the peers' median share of step time in collectives", "share"),
+    ("peer_cpu_ratio", NUMBER, "the peers' median CPU over the window, in cores", "cores"),
     ("runqueue_wait_vs_peers", NUMBER, "this rank's run-queue wait over the peers' median (on "
                                        "a busy node every rank waits some; a starved one "
-                                       "waits more)"),
+                                       "waits more)", "ratio"),
     ("peers_remote", int, "ranks of the job in this view that run on other nodes (the peer "
-                          "view, diagnose --peer)"),
+                          "view, diagnose --peer)", "count"),
     ("ranks_unseen", int, "ranks of the job no view here holds: world size - ranks seen (they "
-                          "run on nodes whose daemons are not peers)"),
+                          "run on nodes whose daemons are not peers)", "count"),
     ("compute_s", NUMBER, "seconds of the rank's step outside collectives: its step time less "
-                          "its waiting share (clock-free: each rank's own durations)"),
+                          "its waiting share (clock-free: each rank's own durations)", "s"),
     ("compute_ratio", NUMBER, "its share of step time outside collectives over the peers' "
                               "median share (floored at 5%): how many times longer it works "
                               "per step than they do (a straggler arrives last because it "
-                              "works longer)"),
+                              "works longer)", "ratio"),
     ("outworks_peers", bool, "works per step at least 2.5x as long as its peers "
                              "(compute_ratio) while they wait half of each step or more, "
                              "wanting a CPU for a good part of that time or held back by its "

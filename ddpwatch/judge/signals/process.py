@@ -8,16 +8,16 @@ from .spec import NUMBER, declare
 SIGNALS = declare(
     ("pid", int, "process id"),
     ("rank", int, "global rank (env or heartbeat), -1 unknown"),
-    ("world_size", int, "world size, -1 unknown"),
+    ("world_size", int, "world size, -1 unknown", "count"),
     ("alive", bool, "the rank's process exists"),
     ("state", str, "process state letter: R running, S sleeping, D disk, T stopped, Z zombie"),
-    ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)"),
+    ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)", "cores"),
     ("runqueue_wait_ratio", NUMBER,
-     "time the rank's threads waited for a CPU over the window, in cores"),
+     "time the rank's threads waited for a CPU over the window, in cores", "cores"),
     ("cpu_wait_share", NUMBER,
      "share of the time its threads wanted a CPU that they spent waiting for one (run-queue "
      "wait over run time plus wait, schedstat): near 0 on a free CPU, n/(n+1) beside n busy "
-     "processes"),
+     "processes", "share"),
     ("cpus", str, "the CPUs the rank may run on (its affinity), e.g. 1 or 0-1"),
     ("competitors", str, "other processes that ran on those CPUs through the window (state R "
                          "at both ends, CPU time grown): the busiest, with their share of a "
@@ -25,8 +25,8 @@ SIGNALS = declare(
     ("orphan", bool, "a leftover: its parent is gone (re-parented to init), it makes no "
                      "progress and no rank of its job is alive beside it (launch.orphan "
                      "decides, after the peers)"),
-    ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)"),
-    ("window_s", NUMBER, "seconds between the oldest and newest snapshot"),
+    ("intra_op_threads", int, "OMP_NUM_THREADS of the rank (torch's default: all cores)", "count"),
+    ("window_s", NUMBER, "seconds between the oldest and newest snapshot", "s"),
     ("all_ranks_local", bool, "every rank of the job runs on this node (master on loopback, "
                               "or LOCAL_WORLD_SIZE == WORLD_SIZE)"),
     ("launcher_only", bool, "a launcher with no rank processes"),

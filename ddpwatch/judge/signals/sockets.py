@@ -8,14 +8,14 @@ from .spec import NUMBER, declare
 
 SIGNALS = declare(
     ("holds_master_port", bool, "the process listens on the job's MASTER_PORT"),
-    ("syn_sent", int, "TCP connects stuck in SYN-SENT (a firewall or wrong address)"),
+    ("syn_sent", int, "TCP connects stuck in SYN-SENT (a firewall or wrong address)", "count"),
     ("syn_sent_to", str, "where a SYN-SENT socket points (a data connection's, if any)"),
     ("syn_sent_data", bool, "a stuck connect goes to a port other than MASTER_PORT: Gloo's "
                             "data connection to a port a peer picked at run time, past the "
                             "rendezvous"),
     ("peer_idle_s", NUMBER,
-     "seconds since any established TCP socket of the rank sent or received"),
-    ("retransmits", int, "retransmitted segments over the rank's sockets"),
+     "seconds since any established TCP socket of the rank sent or received", "s"),
+    ("retransmits", int, "retransmitted segments over the rank's sockets", "count"),
     ("remote_addrs", str, "other hosts the rank holds established TCP connections with (its "
                           "peers and store on other nodes; None none)"),
 )

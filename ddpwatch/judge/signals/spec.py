@@ -1,12 +1,23 @@
-"""What a signal is: a name rules can use, the type of its values, and what it
-means. Each family module lists its own (`SIGNALS`) next to the code that
-measures them; the rules loader rejects names no family declares and values of
-the wrong type."""
+"""What a signal is: a name rules can use, the type of its values, its unit and
+what it means. Each family module lists its own (`SIGNALS`) next to the code
+that measures them; the rules loader rejects names no family declares and values
+of the wrong type, and `ddpwatch rules signals` lists them all."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 NUMBER = (int, float)
+
+# The units a signal's values come in; a rule compares a value in its unit
+# (`stopped_share >= 0.2` is a fifth of the window, not 0.2%).
+UNITS = {
+    "s": "seconds",
+    "cores": "CPU cores (1.0 = one core busy for the whole window)",
+    "share": "a fraction of a whole, 0 to 1 (0.25 = a quarter; evidence shows it as 25%)",
+    "ratio": "this amount over another (1.0 = as much; 2.5 = two and a half times)",
+    "count": "how many",
+    "MB/s": "megabytes (10^6 bytes) per second",
+}
 
 
 @dataclass(frozen=True)
@@ -14,6 +25,12 @@ class Signal:
     name: str
     kind: type | tuple   # bool, int, str, or NUMBER (a measured amount)
     doc: str
+    unit: str = ""       # a key of UNITS; "" for flags, names and identifiers
+
+    def __post_init__(self):
+        if self.unit and self.unit not in UNITS:
+            raise ValueError(f"signal {self.name}: unknown unit {self.unit!r} (one of "
+                             f"{', '.join(UNITS)})")
 
     def accepts(self, value) -> bool:
         """Whether a rule may compare this signal with `value` (True == 1 is not
@@ -22,7 +39,11 @@ class Signal:
             return isinstance(value, bool) and self.kind is bool
         return isinstance(value, self.kind)
 
+    @property
+    def type_name(self) -> str:
+        return "number" if self.kind == NUMBER else self.kind.__name__
+
 
 def declare(*rows: tuple) -> tuple[Signal, ...]:
-    """SIGNALS = declare(("name", kind, "what it means"), ...)"""
+    """SIGNALS = declare(("name", kind, "what it means"[, "unit"]), ...)"""
     return tuple(Signal(*row) for row in rows)

@@ -16,19 +16,19 @@ SIGNALS = declare(
     ("stack", str, "main thread: collective, ddp_backward, rendezvous, compile, agent, "
                    "idle_user, active, mixed, stopped or unknown (py-spy)"),
     ("stack_top", str, "the innermost frames of the main thread"),
-    ("stack_samples", int, "stack dumps taken in the window"),
+    ("stack_samples", int, "stack dumps taken in the window", "count"),
     ("stack_waits", int, "stack dumps of the window with the main thread waiting in a "
                          "collective (collective or ddp_backward): all of stack_samples for "
-                         "a stuck rank, some for a training one"),
+                         "a stuck rank, some for a training one", "count"),
     ("stack_backward", int, "stack dumps of the window with the main thread in autograd's "
                             "backward (computing, or waiting for DDP's gradient all-reduce): "
-                            "the rank trains, past the job's set-up"),
+                            "the rank trains, past the job's set-up", "count"),
     ("stack_site", str, "the collective it waits in and the user's line that called it, the "
                         "same in every sample of the window (py-spy)"),
     ("stack_bf16", str, "what in its stacks says it computes in bf16 on the CPU: a known "
                         "bf16 mixed-precision plugin's frames on a node without GPUs, or a "
                         "bf16 kernel of libtorch_cpu (native dump)"),
-    ("stack_bf16_seen", int, "stack samples of the window showing stack_bf16"),
+    ("stack_bf16_seen", int, "stack samples of the window showing stack_bf16", "count"),
     ("desync_deviant", bool, "its stacks wait in a collective none of the common path's ranks "
                              "wait in (see link)"),
     ("desync_others", str, "where the other stuck ranks wait, from their stacks"),

@@ -10,27 +10,29 @@ from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
 
 SIGNALS = declare(
-    ("duty_samples", int, "readings of the rank's thread states over the window"),
-    ("stopped_share", NUMBER, "share of those readings with the process stopped (state T)"),
-    ("running_share", NUMBER, "share with a thread running or waiting for a CPU (R)"),
-    ("asleep_share", NUMBER, "share with every thread asleep (S, D)"),
-    ("stop_switches", int, "changes between stopped and running from one reading to the next"),
+    ("duty_samples", int, "readings of the rank's thread states over the window", "count"),
+    ("stopped_share", NUMBER, "share of those readings with the process stopped (state T)",
+                              "share"),
+    ("running_share", NUMBER, "share with a thread running or waiting for a CPU (R)", "share"),
+    ("asleep_share", NUMBER, "share with every thread asleep (S, D)", "share"),
+    ("stop_switches", int, "changes between stopped and running from one reading to the next",
+                           "count"),
     ("duty_cycled", bool, "stopped and resumed over and over in the window (2+ switches; "
                           "true when not counted, in snapshots of older versions): not a "
                           "rank stopped, or resumed, once during it"),
     ("throttled_share", NUMBER, "share of its cgroup's CPU periods throttled over the window "
-                                "(cpu.stat)"),
-    ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window"),
-    ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)"),
+                                "(cpu.stat)", "share"),
+    ("throttled_s", NUMBER, "seconds its cgroup was throttled over the window", "s"),
+    ("cpu_quota", NUMBER, "its cgroup's CPU limit, in cores (None: unlimited)", "cores"),
     ("cgroup", str, "its CPU cgroup"),
     ("cpu_wanted", NUMBER, "CPU used plus time its threads waited for a CPU over the window, "
                            "in cores: what it would use alone; ranks sharing a crowded node "
-                           "get little CPU yet are busy"),
+                           "get little CPU yet are busy", "cores"),
     ("peers_starved", bool, "its peers on this node wait for a CPU too (median >= 0.25 cores "
                             "over the window) and it waits less than 4x as long: the node is "
                             "crowded for the whole job, which is slowed alike, not held back "
                             "by one rank"),
-    ("rank_age_s", NUMBER, "seconds since the rank's process started"),
+    ("rank_age_s", NUMBER, "seconds since the rank's process started", "s"),
     ("job_starting", bool, "the job's youngest rank started less than 30 s ago, no "
                            "heartbeat shows steps and no stack a backward pass with every "
                            "rank connected: imports and "
