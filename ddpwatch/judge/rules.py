@@ -7,18 +7,16 @@
         priority: 90              # higher is tried first (verdict rules)
         confidence: 0.95
         severity: warning         # finding rules: info | warning | critical
-        when: ['state in ["T", "t"]']
+        when: ['state in ["T", "t"]']           # all must hold (conditions.py;
+                                                # an item may be `any: [...]`)
         evidence: "process state {state} ..."   # str.format over the signals
         remedy: "kill -CONT {pid} ..."
 
-A condition is `<signal>`, `not <signal>`, or `<signal> <op> <YAML value>` with
-op one of == != < <= > >= in. A condition on an unmeasured (None) signal is
-false. Unknown keys, signals, verdicts or roles are errors naming file, line and
-rule id (ConfigError, exit 78).
+Unknown keys, signals, verdicts or roles are errors naming file, line and rule
+id (ConfigError, exit 78).
 """
 from __future__ import annotations
 
-import operator
 import re
 import string
 from dataclasses import dataclass
@@ -27,35 +25,11 @@ import yaml
 
 from .. import yamlfile
 from ..errors import ConfigError
-from .signals import SIGNALS
+from .conditions import AnyOf, Condition, parse_when
 from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
 
 RULE_KEYS = {"id", "verdict", "finding", "role", "priority", "confidence", "severity", "when",
              "evidence", "remedy", "description"}
-_OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,
-        "<": operator.lt, ">": operator.gt, "in": lambda a, b: a in b}
-_COND = re.compile(r"^\s*(not\s+)?([a-z_][a-z0-9_]*)\s*(?:(==|!=|<=|>=|<|>|in)\s*(.+))?\s*$")
-
-
-@dataclass(frozen=True)
-class Condition:
-    text: str
-    signal: str
-    op: str          # "" (truthy), "not", or a key of _OPS
-    value: object = None
-
-    def holds(self, signals: dict) -> bool:
-        value = signals.get(self.signal)
-        if value is None:
-            return False
-        if self.op == "":
-            return bool(value)
-        if self.op == "not":
-            return not value
-        try:
-            return bool(_OPS[self.op](value, self.value))
-        except TypeError:
-            return False
 
 
 @dataclass(frozen=True)
@@ -68,7 +42,7 @@ class Rule:
     priority: int
     confidence: float
     severity: str
-    when: tuple[Condition, ...]
+    when: tuple[Condition | AnyOf, ...]
     evidence: str
     remedy: str
 
@@ -106,33 +80,6 @@ def render(template: str, signals: dict) -> str:
         fields = [f for _, f, _, _ in _Blank().parse(m.group(1)) if f]
         return "" if any(signals.get(f) is None for f in fields) else m.group(1)
     return _Blank().format(_OPTIONAL.sub(optional, template), **signals)
-
-
-def parse_condition(text: str, where: str) -> Condition:
-    if not isinstance(text, str):
-        raise ConfigError(f"{where}: a condition is a string, not {yamlfile.show(text)}")
-    m = _COND.match(text)
-    if not m:
-        raise ConfigError(f"{where}: cannot read condition {yamlfile.show(text)} "
-                          f"(want '<signal> <op> <value>', op one of {' '.join(_OPS)})")
-    negate, signal, op, raw = m.groups()
-    if signal not in SIGNALS:
-        raise ConfigError(f"{where}: unknown signal {signal!r} in {text!r}")
-    if negate and op:
-        raise ConfigError(f"{where}: 'not' only goes with a bare signal: {text!r}")
-    if not op:
-        return Condition(text, signal, "not" if negate else "")
-    node = yamlfile.compose(raw, f"{where}: value in {yamlfile.show(text)}")
-    value = None if node is None else yamlfile.construct(node, f"{where}: {yamlfile.show(text)}")
-    if op == "in" and not isinstance(value, list):
-        raise ConfigError(f"{where}: 'in' needs a list: {text!r}")
-    spec = SIGNALS[signal]
-    wrong = [v for v in (value if isinstance(value, list) else [value]) if not spec.accepts(v)]
-    if wrong:
-        kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
-        raise ConfigError(f"{where}: {signal} is {' or '.join(k.__name__ for k in kinds)}, "
-                          f"not {type(wrong[0]).__name__} ({wrong[0]!r}) in {text!r}")
-    return Condition(text, signal, op, tuple(value) if isinstance(value, list) else value)
 
 
 def load(path: str) -> list[Rule]:
@@ -199,9 +146,7 @@ def _rule(node, path: str) -> Rule:
     severity = raw.get("severity", "warning")
     if severity not in SEVERITIES:
         raise ConfigError(f"{where}: unknown severity {severity!r}")
-    when = raw.get("when", [])
-    if not isinstance(when, list) or not when:
-        raise ConfigError(f"{where}: 'when' must be a non-empty list of conditions")
+    when = parse_when(raw.get("when", []), where)
     confidence, priority = raw.get("confidence", 0.8), raw.get("priority", 0)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or isinstance(priority, bool) or not isinstance(priority, int) \
@@ -219,8 +164,8 @@ def _rule(node, path: str) -> Rule:
             raise ConfigError(f"{where}: bad {key} template: {err}") from err
     return Rule(id=rule_id, source=f"{path}:{line}", verdict=verdict, finding=finding,
                 role=role, priority=priority, confidence=confidence, severity=severity,
-                when=tuple(parse_condition(c, where) for c in when),
-                evidence=str(raw.get("evidence", "")), remedy=str(raw.get("remedy", "")))
+                when=when, evidence=str(raw.get("evidence", "")),
+                remedy=str(raw.get("remedy", "")))
 
 
 def load_default(extra_files=()) -> list[Rule]:
