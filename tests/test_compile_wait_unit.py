@@ -2,10 +2,10 @@
 collective, past its stall bound, for a peer that still compiles. Both are
 warming up; a peer stopped or dead, or hung without compile frames, is still
 a hang (judge/signals/peers.py `peers_compiling`)."""
-from ddpwatch.judge import rules as rules_mod
+from ddpwatch.judge import rules as rules_mod, stages
 from ddpwatch.judge.signals.peers import link
 
-RULES = sorted((r for r in rules_mod.load_default() if r.verdict), key=lambda r: -r.priority)
+RULES = stages.order(rules_mod.load_default())  # the verdict rules, as classify tries them
 
 
 def judged(ranks):

@@ -1,14 +1,13 @@
 """DDP's constructor meets every rank before the first step: a rank idle there
 while its peer is still busy is starting, not a victim, and the busy peer no
 straggler (judge/signals/stack.py `ddp_starting`, rule starting-ddp-setup)."""
-from ddpwatch.judge import rules as rules_mod
+from ddpwatch.judge import rules as rules_mod, stages
 from ddpwatch.judge.signals.stack import link_start as link
 
 
 def judged(ranks):
     link(ranks)
-    verdict_rules = sorted((r for r in rules_mod.load_default() if r.verdict),
-                           key=lambda r: -r.priority)
+    verdict_rules = stages.order(rules_mod.load_default())  # as classify tries them
     return [next((r.id for r in verdict_rules if r.matches(s)), "") for s in ranks]
 
 

@@ -9,6 +9,7 @@ RULE = """\
 rules:
   - id: my-rule
     verdict: stopped
+    stage: stopped
     when: {when}
     evidence: "state {{state}}"
 """

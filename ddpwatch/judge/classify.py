@@ -3,15 +3,16 @@
 One rank's 0% CPU means nothing alone; so signals are first measured per rank,
 then completed with what the peers do (who waits, who is behind, whose op
 differs: judge/signals/), and only then are the rules applied: the first verdict
-rule that matches decides a rank's verdict and role, every finding rule that
-matches adds a finding, and the culprits and the worst verdict make the job's.
+rule that matches, in the order of their stages (judge/stages.py), decides a
+rank's verdict and role, every finding rule that matches adds a finding, and the
+culprits and the worst verdict make the job's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..observe.snapshot import Snapshot
-from . import signals
+from . import signals, stages
 from .rules import Rule, render
 from .vocabulary import SEVERITY
 
@@ -66,7 +67,7 @@ class Judgement:
 
 def judge(history: tuple[Snapshot, ...], rules: list[Rule],
           remote: tuple[dict, ...] = ()) -> Judgement:
-    verdict_rules = sorted((r for r in rules if r.verdict), key=lambda r: -r.priority)
+    verdict_rules = stages.order(rules)
     finding_rules = [r for r in rules if r.finding]
     verdicts = []
     local = signals.local(history)

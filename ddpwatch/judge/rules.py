@@ -3,17 +3,24 @@
     rules:
       - id: stopped
         verdict: stopped          # or `finding: <id>` for findings
+        stage: stopped            # verdict rules: when it is tried (stages.py)
+        overrides: [other-id]     # optional: tried just before these, of its stage
         role: culprit             # culprit | victim | none (verdict rules)
-        priority: 90              # higher is tried first (verdict rules)
         confidence: 0.95
         severity: warning         # finding rules: info | warning | critical
-        when: ['state in ["T", "t"]']           # all must hold (conditions.py;
-                                                # an item may be `any: [...]`)
+        description: "What state it names and why, for people (docs/rules.md)."
+        when: ["alive", "state in ['T', 't']"]   # all must hold (conditions.py;
+                                                 # an item may be `any: [...]`)
         evidence: "process state {state} ..."   # str.format over the signals
         remedy: "kill -CONT {pid} ..."
 
-Unknown keys, signals, verdicts or roles are errors naming file, line and rule
-id (ConfigError, exit 78).
+The first verdict rule that matches, in the order of stages.order, decides a
+rank's verdict and role; every finding rule that matches adds a finding.
+`priority: N` (no stage) is the old way to order verdict rules, still accepted
+(legacy.py). Unknown keys, stages, signals, verdicts or roles are errors naming
+file, line and rule id (ConfigError, exit 78); so are overrides of rules that
+do not exist, of another stage's, or in a circle, once the files are merged
+(load_default). `ddpwatch rules signals` lists the signals.
 """
 from __future__ import annotations
 
@@ -25,11 +32,12 @@ import yaml
 
 from .. import yamlfile
 from ..errors import ConfigError
+from . import stages
 from .conditions import AnyOf, Condition, parse_when
 from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
 
-RULE_KEYS = {"id", "verdict", "finding", "role", "priority", "confidence", "severity", "when",
-             "evidence", "remedy", "description"}
+RULE_KEYS = {"id", "verdict", "finding", "role", "stage", "overrides", "priority", "confidence",
+             "severity", "when", "evidence", "remedy", "description"}
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,15 @@ class Rule:
     verdict: str
     finding: str
     role: str
-    priority: int
+    stage: str                  # verdict rules: one of stages.NAMES; "" in the old format
+    overrides: tuple[str, ...]  # ids of rules of its stage it is tried before
+    priority: int | None        # the old format's order (legacy.py); None when not given
     confidence: float
     severity: str
     when: tuple[Condition | AnyOf, ...]
     evidence: str
     remedy: str
+    description: str = ""
 
     def matches(self, signals: dict) -> bool:
         return all(c.holds(signals) for c in self.when)
@@ -147,12 +158,10 @@ def _rule(node, path: str) -> Rule:
     if severity not in SEVERITIES:
         raise ConfigError(f"{where}: unknown severity {severity!r}")
     when = parse_when(raw.get("when", []), where)
-    confidence, priority = raw.get("confidence", 0.8), raw.get("priority", 0)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
-            or isinstance(priority, bool) or not isinstance(priority, int) \
-            or not -10**6 <= priority <= 10**6:
-        raise ConfigError(f"{where}: confidence must be a number and priority a whole number "
-                          f"within -1000000..1000000")
+    stage, overrides, priority = _order(raw, where)
+    confidence = raw.get("confidence", 0.8)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
+        raise ConfigError(f"{where}: confidence must be a number")
     confidence = float(confidence)
     if not 0.0 <= confidence <= 1.0:  # also false for nan
         raise ConfigError(f"{where}: confidence {confidence} is not within 0..1")
@@ -163,23 +172,56 @@ def _rule(node, path: str) -> Rule:
         except ValueError as err:
             raise ConfigError(f"{where}: bad {key} template: {err}") from err
     return Rule(id=rule_id, source=f"{path}:{line}", verdict=verdict, finding=finding,
-                role=role, priority=priority, confidence=confidence, severity=severity,
-                when=when, evidence=str(raw.get("evidence", "")),
-                remedy=str(raw.get("remedy", "")))
+                role=role, stage=stage, overrides=overrides, priority=priority,
+                confidence=confidence, severity=severity, when=when,
+                evidence=str(raw.get("evidence", "")), remedy=str(raw.get("remedy", "")),
+                description=" ".join(str(raw.get("description", "")).split()))
+
+
+def _order(raw: dict, where: str) -> tuple[str, tuple[str, ...], int | None]:
+    """stage, overrides and the old format's priority of a rule."""
+    stage, overrides, priority = raw.get("stage", ""), raw.get("overrides", []), raw.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -10**6 <= priority <= 10**6):
+        raise ConfigError(f"{where}: priority must be a whole number within -1000000..1000000")
+    if ("stage" in raw or "overrides" in raw) and raw.get("finding"):
+        raise ConfigError(f"{where}: 'stage' and 'overrides' order verdict rules; every finding "
+                          f"rule applies")
+    if "stage" in raw and stage not in stages.NAMES:
+        raise ConfigError(f"{where}: unknown stage {yamlfile.show(stage)} (one of "
+                          f"{', '.join(stages.NAMES)}, tried in that order)")
+    if stage and priority is not None:
+        raise ConfigError(f"{where}: 'stage' and 'priority' both order it: keep the stage "
+                          f"(priority is the old format)")
+    if not isinstance(overrides, list) or not all(
+            isinstance(o, (str, int)) and not isinstance(o, bool) for o in overrides):
+        raise ConfigError(f"{where}: 'overrides' must be a list of rule ids, not "
+                          f"{yamlfile.show(overrides)}")
+    if overrides and not stage:
+        raise ConfigError(f"{where}: 'overrides' needs a 'stage' (it orders rules within one)")
+    return stage, tuple(str(o) for o in overrides), priority
 
 
 def load_default(extra_files=()) -> list[Rule]:
-    """The shipped rules, then each extra file on top (by id: add or override)."""
+    """The shipped rules, then each extra file on top (by id: add or override),
+    their order checked (stages.order: overrides of unknown rules, of another
+    stage's, or in a circle are errors)."""
     from ..resources import shipped
     rules = load(shipped("rules", "default.yaml"))
     for path in extra_files or ():
         rules = merge(rules, load(path))
+    stages.order(rules)
     return rules
 
 
 def merge(base: list[Rule], extra: list[Rule]) -> list[Rule]:
-    """`extra` adds rules; a rule with an existing id replaces it."""
+    """`extra` adds rules; a rule with an existing id replaces it, in its place
+    (tried where it was: stages.py), unless it names another stage: then it
+    joins that stage last, as a new rule would."""
     by_id = {r.id: r for r in base}
     for r in extra:
+        old = by_id.get(r.id)
+        if old is not None and r.stage and r.stage != old.stage:
+            del by_id[r.id]
         by_id[r.id] = r
     return list(by_id.values())
