@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from ..judge import classify, rules as rules_mod
+from ..judge import classify, rules as rules_mod, stages
 from ..observe import discovery
 from .. import errors
 from ..publish import report
@@ -180,6 +180,8 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
 
 def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
+    for note in stages.deprecations(rules):  # an old --rules file: what replaces it
+        print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)
     if args.replay:
         history = load(args.replay)
         # the peers asked now, else those the saved judgement was made with

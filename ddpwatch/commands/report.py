@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import errors
-from ..judge import classify, rules as rules_mod
+from ..judge import classify, rules as rules_mod, stages
 from ..observe import snapshot
 from ..publish import bundle, page, report
 
@@ -18,7 +18,10 @@ def main(args) -> int:
         history = snapshot.load(args.replay)  # exit 2 naming the file and the JSON path
         if not history:
             raise snapshot.SnapshotFileError(f"{args.replay}: the history holds no snapshot")
-        judgement = classify.judge(history, rules_mod.load_default(args.rules or ()))
+        rules = rules_mod.load_default(args.rules or ())
+        for note in stages.deprecations(rules):  # an old --rules file: what replaces it
+            print(f"ddpwatch report: warning: {note}", file=sys.stderr)
+        judgement = classify.judge(history, rules)
         html = page.render(report.as_json(judgement, history[-1]), history, None,
                            evidence_base=None)
         out = args.output or "-"

@@ -1,0 +1,58 @@
+"""`ddpwatch rules check FILE...`: a file is checked as diagnose --rules and the
+daemon load it, on top of the shipped rules and the files before it; the old
+format loads with a warning that says what replaces it."""
+from ddpwatch import cli
+
+MINE = """\
+rules:
+  - id: mine
+    verdict: stopped
+    role: culprit
+    {order}
+    description: "Stopped, as I see it."
+    when: ["alive", any: ["state == 'T'", "state == 't'"]]
+    evidence: "state {{state}}"
+"""
+
+
+def check(capsys, *paths) -> tuple[int, str, str]:
+    code = cli.main(["rules", "check", *map(str, paths)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_new_keys_and_overrides_of_shipped_rules_check(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text(MINE.format(order="stage: stopped\n    overrides: [stopped]"))
+    assert check(capsys, path) == (0, f"{path}: ok (1 verdict rules, 0 finding rules)\n", "")
+
+
+def test_a_later_file_may_override_an_earlier_ones_rule(tmp_path, capsys):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(MINE.format(order="stage: stopped"))
+    second.write_text(MINE.format(order="stage: stopped\n    overrides: [mine]")
+                      .replace("id: mine", "id: yours"))
+    code, out, err = check(capsys, first, second)
+    assert code == 0 and err == "" and out.count(": ok (1 verdict rules") == 2
+    code, _, err = check(capsys, second)  # alone: `mine` is nowhere
+    assert code == 78 and f"{second}:2: rule 'yours': overrides 'mine', which is no " in err
+
+
+def test_the_old_format_checks_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text(MINE.format(order="priority: 96"))
+    code, out, err = check(capsys, path)
+    assert code == 0 and out == f"{path}: ok (1 verdict rules, 0 finding rules)\n"
+    # 96: after straggler-part-stopped's 96 (a tie: the shipped rule first), before
+    # stopped's 95
+    assert err == (f"ddpwatch rules check: warning: {path}:2: rule 'mine': 'priority: 96' is "
+                   f"the old way to order verdict rules; tried before 'stopped': write 'stage: "
+                   f"stopped' and 'overrides: [stopped]' instead (docs/rules.md)\n")
+
+
+def test_what_it_refused_before_it_still_refuses(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(MINE.format(order="stage: stopped").replace("state == 't'", "gpu_temp > 9"))
+    code, out, err = check(capsys, path)
+    assert code == 78 and out == "" and "Traceback" not in err
+    assert f"{path}:2: rule 'mine': unknown signal 'gpu_temp'" in err
