@@ -3,7 +3,8 @@ conditions checked like the others, with file, line and rule id."""
 import pytest
 
 from ddpwatch.errors import ConfigError
-from ddpwatch.judge import rules as rules_mod
+from ddpwatch.judge import rules as rules_mod, stages
+from ddpwatch.judge.signals.interfaces import link
 
 RULE = """\
 rules:
@@ -62,3 +63,20 @@ def test_any_is_checked_like_when(tmp_path, when, said):
         load(tmp_path, when)
     msg = str(err.value)
     assert f"{tmp_path / 'extra.yaml'}:2: rule 'my-rule': " in msg and said in msg, msg
+
+
+@pytest.mark.parametrize("peer, rule", [
+    ({"gloo_off_route": True, "gloo_loopback": False}, "unreachable-peer-off-route"),
+    ({"gloo_loopback": True}, "unreachable-peer-off-route"),
+    ({"gloo_off_route": False, "gloo_loopback": False}, "unreachable-peer"),
+])
+def test_either_cause_of_an_unreachable_gloo_address_says_off_route(peer, rule):
+    """The shipped rule's `any:` (rules/default.yaml unreachable-peer-off-route):
+    the rank dialled listens off its route to the master, or on loopback
+    (judge/signals/interfaces.py `link` says which)."""
+    dialler = {"pid": 1, "rank": 0, "alive": True, "syn_sent": 1, "syn_sent_to": "10.0.0.2:41000"}
+    listener = {"pid": 2, "rank": 1, "alive": True, "gloo_addr": "10.0.0.2", "gloo_port": 41000,
+                "all_ranks_local": False, **peer}
+    link([dialler, listener])
+    tried = stages.order(rules_mod.load_default())
+    assert next(r.id for r in tried if r.matches(dialler)) == rule

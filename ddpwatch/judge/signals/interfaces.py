@@ -40,8 +40,10 @@ SIGNALS = declare(
                              "from, and one picked by the hostname (GLOO_SOCKET_IFNAME unset), "
                              "on a VPN/bridge/veth interface, or of the other address family"),
     ("syn_sent_to_rank", int, "the rank whose Gloo address this rank's stuck connect dials"),
-    ("syn_sent_to_off_route", bool, "that rank's Gloo listens off its own route to the master "
-                                    "(gloo_off_route or gloo_loopback)"),
+    ("syn_sent_to_gloo_off_route", bool, "that rank's Gloo listens off its own route to the "
+                                         "master (its gloo_off_route)"),
+    ("syn_sent_to_gloo_loopback", bool, "that rank's Gloo listens on loopback (its "
+                                        "gloo_loopback)"),
     ("gloo_unreached_by", int, "peers whose connects to this rank's Gloo address sit in "
                                "SYN-SENT", "count"),
     ("loopback_peer", int, "another rank of a multi-node job whose Gloo listens on loopback and "
@@ -119,11 +121,13 @@ def _wildcard(addr: str) -> bool:
 
 def link(ranks: list[dict]) -> None:
     """Tie each connect stuck in SYN-SENT to the rank whose Gloo address it dials
-    (`syn_sent_to_rank`), and count, for that rank, the peers whose connects to
-    it get no answer (`gloo_unreached_by`). A rank listening off its route to
-    the master is then the cause, not the firewall the connecting rank's own
-    evidence suggests. And name, for each rank, a peer whose Gloo listens on
-    loopback (`loopback_peer`): the cause of a rank that failed to start."""
+    (`syn_sent_to_rank`, with whether that rank listens off its route or on
+    loopback), and count, for that rank, the peers whose connects to it get no
+    answer (`gloo_unreached_by`). A rank listening off its route to the master,
+    or on loopback (rule unreachable-peer-off-route takes either), is then the
+    cause, not the firewall the connecting rank's own evidence suggests. And
+    name, for each rank, a peer whose Gloo listens on loopback (`loopback_peer`):
+    the cause of a rank that failed to start."""
     listeners = {}
     for p in ranks:
         if p.get("gloo_addr") and p.get("gloo_port"):
@@ -140,5 +144,6 @@ def link(ranks: list[dict]) -> None:
         if peer is None:
             continue
         s["syn_sent_to_rank"] = peer.get("rank")
-        s["syn_sent_to_off_route"] = bool(peer.get("gloo_off_route") or peer.get("gloo_loopback"))
+        s["syn_sent_to_gloo_off_route"] = bool(peer.get("gloo_off_route"))
+        s["syn_sent_to_gloo_loopback"] = bool(peer.get("gloo_loopback"))
         peer["gloo_unreached_by"] += 1
