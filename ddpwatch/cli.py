@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "peers...)")
     c.add_argument("--json", action="store_true", help='print {"signals": [...], "units": {...}}')
     c.set_defaults(handler="rules_signals")
+    c = rules_sub.add_parser("doc", help="print the reference of every rule and signal "
+                             "(docs/rules.md), with the replay fixtures each rule decides in")
+    c.add_argument("--fixtures", metavar="DIR", help="replay fixtures (default: the source "
+                   "checkout's tests/fixtures/snapshots)")
+    c.set_defaults(handler="rules_doc")
     return parser
 
 
