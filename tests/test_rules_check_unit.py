@@ -1,7 +1,12 @@
 """`ddpwatch rules check FILE...`: a file is checked as diagnose --rules and the
 daemon load it, on top of the shipped rules and the files before it; the old
 format loads with a warning that says what replaces it."""
+import os
+
+from conftest import REPO
+
 from ddpwatch import cli
+from ddpwatch.judge import rules as rules_mod, stages
 
 MINE = """\
 rules:
@@ -56,3 +61,17 @@ def test_what_it_refused_before_it_still_refuses(tmp_path, capsys):
     code, out, err = check(capsys, path)
     assert code == 78 and out == "" and "Traceback" not in err
     assert f"{path}:2: rule 'mine': unknown signal 'gpu_temp'" in err
+
+
+def test_the_example_in_writing_a_rule_checks(tmp_path, capsys):
+    """docs/architecture.md "Writing a rule": its example loads as it says it is
+    tried (just before paused-working)."""
+    with open(os.path.join(REPO, "docs", "architecture.md")) as f:
+        doc = f.read()
+    section = doc.split("## Writing a rule", 1)[1]
+    example = tmp_path / "example.yaml"
+    example.write_text(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert check(capsys, example) == (0, f"{example}: ok (1 verdict rules, 0 finding rules)\n",
+                                      "")
+    tried = [r.id for r in stages.order(rules_mod.load_default([str(example)]))]
+    assert tried[tried.index("hung-in-io") + 1] == "paused-working"

@@ -19,11 +19,11 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     peers       the rank next to the other ranks of its job
 
 A new signal is a line in its family's SIGNALS (name, type, meaning, unit:
-spec.py) and the code there that measures it; `ddpwatch rules signals` lists
-it from that line. A rule naming anything no family declares,
-or comparing it with a value of another type, is rejected by the rules loader.
-A value that could not be measured is None, and a condition on None is false
-(a blind watcher must not conclude anything).
+spec.py) and the code there that measures it; `ddpwatch rules signals` and
+docs/rules.md list it from that line. A rule naming anything no family
+declares, or comparing it with a value of another type, is rejected by the
+rules loader. A value that could not be measured is None, and a condition on
+None is false (a blind watcher must not conclude anything).
 """
 from __future__ import annotations
 
