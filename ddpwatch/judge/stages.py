@@ -47,20 +47,25 @@ NAMES = tuple(name for name, _ in STAGES)
 
 def order(rules) -> list:
     """The verdict rules of `rules` (a merged list: load_default) in the order
-    they are tried. ConfigError for an override that names no rule, a rule of
-    another stage, or goes round in a circle."""
+    they are tried. ConfigError for an override that names no rule or a rule
+    of another stage, and for overrides that go round in a circle. Cheap where nothing overrides:
+    classify.judge orders the rules at every judgement."""
     verdict = [r for r in rules if r.verdict]
-    by_id = {r.id: r for r in verdict}
-    _check_overrides(verdict, by_id)
-    staged = []
-    for stage in NAMES:
-        staged += _within([r for r in verdict if r.stage == stage])
-    position = {r.id: i for i, r in enumerate(verdict)}
-    return legacy.place([r for r in verdict if not r.stage], staged, position)
-
-
-def _check_overrides(verdict: list, by_id: dict) -> None:
+    by_stage: dict[str, list] = {name: [] for name in NAMES}
+    old = []
     for r in verdict:
+        (by_stage[r.stage] if r.stage else old).append(r)
+    overriding = [r for r in verdict if r.overrides]
+    if overriding:
+        _check_overrides(overriding, {r.id: r for r in verdict})
+    staged = [r for name in NAMES for r in _within(by_stage[name])]
+    if not old:
+        return staged
+    return legacy.place(old, staged, {r.id: i for i, r in enumerate(verdict)})
+
+
+def _check_overrides(overriding: list, by_id: dict) -> None:
+    for r in overriding:
         for target in r.overrides:
             other = by_id.get(target)
             if other is None:
@@ -74,30 +79,6 @@ def _check_overrides(verdict: list, by_id: dict) -> None:
                                   f"{other.stage!r}, not of its own stage {r.stage!r} (a rule "
                                   f"overrides rules of its stage: give it stage "
                                   f"{other.stage!r})")
-        cycle = _cycle(r, by_id)
-        if cycle:
-            raise ConfigError(f"{r.source}: rule {r.id!r}: overrides go round in a circle: "
-                              f"{' -> '.join(cycle)}")
-
-
-def _cycle(start, by_id: dict) -> list[str]:
-    """The ids of a circle of overrides through `start`, [] if none."""
-    path, seen = [start.id], {start.id}
-
-    def walk(rule) -> bool:
-        for target in rule.overrides:
-            if target == start.id:
-                path.append(target)
-                return True
-            if target in seen or target not in by_id:
-                continue
-            seen.add(target)
-            path.append(target)
-            if walk(by_id[target]):
-                return True
-            path.pop()
-        return False
-    return path if walk(start) else []
 
 
 def _within(rules: list) -> list:
@@ -108,12 +89,29 @@ def _within(rules: list) -> list:
     pending = [r for r in rules if r.overrides]
     while pending:
         placed = {r.id for r in out}
-        # the first in file order whose targets are placed (there is one: no circles)
-        ready = next(r for r in pending if placed.issuperset(r.overrides))
+        # the first in file order whose targets are placed
+        ready = next((r for r in pending if placed.issuperset(r.overrides)), None)
+        if ready is None:
+            raise _circle(pending)
         first = min(i for i, o in enumerate(out) if o.id in ready.overrides)
         out.insert(first, ready)  # after any rule inserted there before it: file order
         pending.remove(ready)
     return out
+
+
+def _circle(pending: list) -> ConfigError:
+    """Rules of one stage none of which can go first: each overrides another of
+    them (its targets exist there: _check_overrides). Following the overrides
+    from the first comes back to one of them: that circle is the error."""
+    by_id = {r.id: r for r in pending}
+    path = [pending[0]]
+    while True:
+        after = by_id[next(t for t in path[-1].overrides if t in by_id)]
+        if after in path:
+            circle = path[path.index(after):] + [after]
+            return ConfigError(f"{circle[0].source}: rule {circle[0].id!r}: overrides go round "
+                               f"in a circle: {' -> '.join(r.id for r in circle)}")
+        path.append(after)
 
 
 def deprecations(rules) -> list[str]:
