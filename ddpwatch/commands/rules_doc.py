@@ -22,7 +22,7 @@ def main(args) -> int:
     if not paths:
         raise errors.NoInput(f"{fixtures}: no replay fixtures (*.json) there; a source "
                              f"checkout has them in tests/fixtures/snapshots (--fixtures DIR)")
-    print(reference.markdown(rules, exercised(rules, paths), _source), end="")
+    print(reference.markdown(rules, exercised(rules, paths)), end="")
     return errors.OK
 
 
@@ -38,9 +38,3 @@ def exercised(rules, paths) -> dict[str, list[tuple[str, int]]]:
                 out.setdefault(rule_id, []).append((name, v.rank))
     return out
 
-
-def _source(rule) -> str:
-    """Where a shipped rule is written, as the repository has it (an installed
-    wheel keeps rules/ under share/ddpwatch: resources.py)."""
-    path, _, line = rule.source.rpartition(":")
-    return f"rules/{os.path.basename(path)}:{line}"

@@ -26,15 +26,16 @@ For each rank, the verdict rules are tried stage by stage, in the order below,
 and within a stage in the order listed; the first whose conditions all hold
 gives the rank its verdict and role. Every finding rule whose conditions hold
 adds a finding. A condition on a signal that could not be measured is false.
-Under each rule, *fixtures* are the replay fixtures
+Each rule is written in [rules/default.yaml](../rules/default.yaml) under its
+id. Under each rule, *fixtures* are the replay fixtures
 (`tests/fixtures/snapshots/<name>.json`, replayed by `tests/test_replay.py`) in
 which it decides a rank's verdict or finds.
 """
 
 
-def markdown(rules, exercised: dict[str, list[tuple[str, int]]], source) -> str:
-    """The page. `exercised`: rule id -> [(fixture, rank)]; `source(rule)`: where
-    the rule is written, relative to the repository ("rules/default.yaml:120")."""
+def markdown(rules, exercised: dict[str, list[tuple[str, int]]]) -> str:
+    """The page. `exercised`: rule id -> [(fixture, rank)]. No line numbers: an
+    edit to rules/default.yaml's comments leaves the page as it is."""
     tried = stages.order(rules)
     out = [HEADER, "## Stages\n", "| # | stage | what it names | rules |", "|---|---|---|---|"]
     for n, (name, doc) in enumerate(stages.STAGES, 1):
@@ -43,20 +44,19 @@ def markdown(rules, exercised: dict[str, list[tuple[str, int]]], source) -> str:
     out.append("\n## Verdict rules\n")
     for name, doc in stages.STAGES:
         out += [f"### Stage: {name}\n", doc + "\n"]
-        out += [_rule(r, exercised, source) for r in tried if r.stage == name]
+        out += [_rule(r, exercised) for r in tried if r.stage == name]
     out.append("## Finding rules\n")
-    out += [_rule(r, exercised, source) for r in rules if r.finding]
+    out += [_rule(r, exercised) for r in rules if r.finding]
     out += _signals(tried + [r for r in rules if r.finding])
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _rule(rule, exercised: dict, source) -> str:
+def _rule(rule, exercised: dict) -> str:
     if rule.verdict:
         what = f"verdict `{rule.verdict}`, role {rule.role}, confidence {rule.confidence:g}"
     else:
         what = f"finding `{rule.finding}`, severity {rule.severity}"
-    path, _, line = source(rule).rpartition(":")
-    lines = [f"#### {rule.id}\n", f"{what}; [{path}:{line}](../{path}#L{line})\n"]
+    lines = [f"#### {rule.id}\n", what + "\n"]
     if rule.overrides:
         lines.append(f"Tried before {', '.join(f'[{o}](#{o})' for o in rule.overrides)}.\n")
     lines.append((rule.description or "(no description)") + "\n")
