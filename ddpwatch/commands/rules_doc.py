@@ -34,7 +34,7 @@ def exercised(rules, paths) -> dict[str, list[tuple[str, int]]]:
         name = os.path.basename(path)[:-len(".json")]
         for v in classify.judge(load(path), rules, load_remote(path)).ranks:
             # v.signals holds every measured (non-None) signal: what the rules read
-            for rule_id in [v.rule] + [r.id for r in findings if r.matches(v.signals)]:
+            decided = [v.rule] if v.rule else []  # "": no rule matched (unknown)
+            for rule_id in decided + [r.id for r in findings if r.matches(v.signals)]:
                 out.setdefault(rule_id, []).append((name, v.rank))
     return out
-
