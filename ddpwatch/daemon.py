@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 
-from .judge import classify, rules as rules_mod, vocabulary
+from .judge import classify, rules as rules_mod, stages, vocabulary
 from .observe import discovery, programs
 from .observe.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
@@ -49,7 +49,12 @@ def boot_time() -> float:
 
 
 def load_rules(config: Config) -> list:
-    return rules_mod.load_default(config.rules)
+    """The shipped rules with the config's rule files on top; an old-format file
+    (`priority:`) loads, and the journal says what replaces it (judge/stages.py)."""
+    rules = rules_mod.load_default(config.rules)
+    for note in stages.deprecations(rules):
+        log.warning("rules: %s", note)
+    return rules
 
 
 class Daemon:

@@ -75,3 +75,19 @@ def test_the_example_in_writing_a_rule_checks(tmp_path, capsys):
                                       "")
     tried = [r.id for r in stages.order(rules_mod.load_default([str(example)]))]
     assert tried[tried.index("hung-in-io") + 1] == "paused-working"
+
+
+def test_the_daemon_says_what_replaces_an_old_rule_file(tmp_path, caplog):
+    """`ddpwatch run` with an old-format file in `rules:` loads it, and its journal
+    says what to write instead, as `rules check` does."""
+    import logging
+
+    from ddpwatch.config import Config
+    from ddpwatch.daemon import load_rules
+    path = tmp_path / "old.yaml"
+    path.write_text(MINE.format(order="priority: 95"))
+    with caplog.at_level(logging.WARNING, logger="ddpwatch"):
+        loaded = load_rules(Config(rules=[str(path)]))
+    assert "mine" in {r.id for r in loaded}
+    assert any(f"{path}:" in m and "'priority: 95' is the old way" in m and "stage:" in m
+               for m in caplog.messages), caplog.messages
