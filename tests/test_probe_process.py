@@ -182,6 +182,19 @@ def test_os_errors_become_typed_outcomes_at_the_boundary():
     assert outcome("") is Outcome.OBSERVED and outcome("???") is Outcome.FAILED
 
 
+def test_a_pids_outcome_is_carried_and_saved_as_its_text():
+    """The Outcome is made once, where the OS error is caught, and travels with
+    the text; a snapshot saves the text alone (its JSON as before)."""
+    import copy
+    obs = P.ProcessObs(5072, error=failure(PermissionError(13, "Permission denied")))
+    assert obs.error.outcome is Outcome.DENIED and outcome(obs.error) is Outcome.DENIED
+    assert copy.deepcopy(obs).error.outcome is Outcome.DENIED
+    saved = json.loads(json.dumps(codec.to_json(obs)))
+    assert saved["error"] == "denied: Permission denied"
+    replayed = codec.from_json(P.ProcessObs, saved)  # the text alone: read back
+    assert replayed == obs and outcome(replayed.error) is Outcome.DENIED
+
+
 def test_lean_read_keeps_schedstat_and_takes_exec_data_from_the_caller():
     """The daemon's pass over a healthy job: thread schedstat only (the straggler
     rules' run-queue wait), command line and environment as discovery read them."""

@@ -121,25 +121,43 @@ class ProbeResult:
 
 class Outcome(enum.Enum):
     """How observing one pid went. Probes translate the OS's errors into these
-    once, where they read (as psutil's wrap_exceptions does); a pid's `error`
-    text carries it ("gone", "denied: reason", "failed: reason") in snapshots,
-    and consumers ask `outcome(error)`, never the text."""
+    once, where they read (as psutil's wrap_exceptions does): `failure` gives
+    a pid's `error`, text that carries its Outcome. Snapshots keep the text
+    ("gone", "denied: reason", "failed: reason"); consumers ask `outcome(error)`,
+    never the text, and only a snapshot loaded from JSON has it read back."""
     OBSERVED = ""
     GONE = "gone"
     DENIED = "denied"
     FAILED = "failed"
 
 
-def failure(err: BaseException) -> str:
-    """The `error` text of a pid that could not be read, from what reading it raised."""
+class Failed(str):
+    """A pid's `error` text with the Outcome it was made from: saved, it is the
+    plain text (snapshot JSON is unchanged); in hand, `outcome` needs no parsing."""
+
+    def __new__(cls, text: str, outcome: Outcome):
+        self = super().__new__(cls, text)
+        self.outcome = outcome
+        return self
+
+    def __getnewargs__(self):  # copy and pickle make it again from both
+        return str(self), self.outcome
+
+
+def failure(err: BaseException) -> Failed:
+    """The `error` of a pid that could not be read, from what reading it raised."""
     if isinstance(err, (FileNotFoundError, ProcessLookupError)):
-        return Outcome.GONE.value
+        return Failed(Outcome.GONE.value, Outcome.GONE)
     if isinstance(err, PermissionError):
-        return f"{Outcome.DENIED.value}: {err.strerror}"
-    return f"{Outcome.FAILED.value}: {getattr(err, 'strerror', None) or err}"
+        return Failed(f"{Outcome.DENIED.value}: {err.strerror}", Outcome.DENIED)
+    return Failed(f"{Outcome.FAILED.value}: {getattr(err, 'strerror', None) or err}",
+                  Outcome.FAILED)
 
 
 def outcome(error: str) -> Outcome:
+    if isinstance(error, Failed):
+        return error.outcome
+    # the text alone: a snapshot loaded from JSON (observe/snapshot.py load)
     head = error.partition(":")[0]
     return next((o for o in Outcome if o.value == head), Outcome.FAILED) if error else \
         Outcome.OBSERVED
