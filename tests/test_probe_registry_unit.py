@@ -14,5 +14,5 @@ def test_every_probe_module_registers_one_probe_named_after_it():
     registered = probes.load_all()
     by_module = {}
     for name, spec in registered.items():
-        by_module.setdefault(spec.run.__module__.rsplit(".", 1)[-1], []).append(name)
+        by_module.setdefault(spec.impl.__module__.rsplit(".", 1)[-1], []).append(name)
     assert by_module == {m: [m] for m in modules}

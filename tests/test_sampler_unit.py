@@ -20,10 +20,12 @@ def calls(monkeypatch):
     """The real job probes' policies, with runs that record (probe, pids, ss -ti)."""
     seen = []
     for spec in probes.job_probes():
-        def run(ctx, pids, name=spec.name):
-            seen.append((name, pids, ctx.socket_info))
+        def run(ctx, this_pass, pids, name=spec.name):
+            seen.append((name, pids, this_pass.look >= Look.STACKS))
             return SimpleNamespace(pids=(), probe=name)
-        monkeypatch.setitem(probes.REGISTRY, spec.name, dataclasses.replace(spec, run=run))
+        # (it reads nothing: it is made without the probes the real one uses)
+        monkeypatch.setitem(probes.REGISTRY, spec.name,
+                            dataclasses.replace(spec, impl=run, uses=()))
     return seen
 
 
@@ -31,7 +33,7 @@ def survey(live_pids=()):
     records = [SimpleNamespace(pid=p, collective_seq=1, step=1) for p in live_pids]
     heartbeats = SimpleNamespace(records=records, alive=[True] * len(records))
     table = {p: SimpleNamespace(ppid=10, cmdline=(), env={}) for p in JOB.rank_pids}
-    return Survey(table, heartbeats, None, None, (), ())
+    return Survey(table, {"heartbeats": heartbeats}, (), ())
 
 
 def sample(look, live_pids=(11, 12), enabled=lambda name: name != "traffic"):
@@ -84,10 +86,10 @@ def test_a_persons_request_is_held_to_its_own_budget_whatever_the_jobs(calls, mo
     from ddpwatch.observe import sampler as sampler_mod
     spec = probes.REGISTRY["stacks"]
 
-    def dump(ctx, pids):
+    def dump(ctx, this_pass, pids):
         calls.append(("stacks", pids, True))
         return SimpleNamespace(pids=tuple(SimpleNamespace(pid=p, status="ok") for p in pids))
-    monkeypatch.setitem(probes.REGISTRY, "stacks", dataclasses.replace(spec, run=dump))
+    monkeypatch.setitem(probes.REGISTRY, "stacks", dataclasses.replace(spec, impl=dump))
     jobs = [Job(target_pid=100 * i, launcher_pid=100 * i - 1, launcher_kind="torchrun",
                 rank_pids=tuple(range(100 * i, 100 * i + 8)), run_id=f"r{i}",
                 ranks=tuple(range(8)), world_size=8) for i in range(1, 11)]
