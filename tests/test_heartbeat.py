@@ -212,7 +212,7 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     """The daemon's probe keeps records of exited writers (real processes): read
     again while their writer might still have published its last word, then
     reused until the file changes or goes away."""
-    from ddpwatch.observe.probes import ProbeContext
+    from ddpwatch.observe.probes import Pass, ProbeContext
     from ddpwatch.observe.probes import heartbeats as probe
     script = ("import sys; sys.path.insert(0, %r); from ddpwatch.heartbeat import open_writer; "
               "w = open_writer(%r, rank=0); w.step(5); w.close()" % (REPO, str(tmp_path)))
@@ -221,17 +221,18 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     reads = []
     real_read = probe.read_file
     monkeypatch.setattr(probe, "read_file", lambda p, *rest: reads.append(p) or real_read(p, *rest))
-    ctx = ProbeContext(heartbeat_dir=str(tmp_path), dead_records={})
+    ctx = ProbeContext(heartbeat_dir=str(tmp_path))
+    hb = probe.HeartbeatsProbe()
     for _ in range(4):
-        obs = probe.run(ctx, ())
+        obs = hb.run(ctx, Pass(), ())
         assert obs.alive == (False,) and obs.records[0].phase == "exited"
         assert obs.records[0].tokens == 5
     assert reads == [path, path]  # dead twice in a row: final, then reused
     os.utime(path, ns=(1, 1))  # rewritten (a new writer truncates it): read again
-    probe.run(ctx, ())
+    hb.run(ctx, Pass(), ())
     assert len(reads) == 3
     os.unlink(path)
-    assert probe.run(ctx, ()).records == () and ctx.dead_records == {}
+    assert hb.run(ctx, Pass(), ()).records == () and hb.dead == {}
 
 
 def _age_record(path: str, seconds: float) -> None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddpwatch import codec
-from ddpwatch.observe.probes import ProbeContext, load_all, run_probe
+from ddpwatch.observe.probes import Pass, ProbeContext, load_all, make, run_probe
 from ddpwatch.observe.probes import host as H
 
 CPUINFO = os.path.join(os.path.dirname(__file__), "fixtures", "cpuinfo")
@@ -92,7 +92,7 @@ def test_is_loopback():
 def test_run_with_fixture_procfs(tmp_path):
     shutil.copy(os.path.join(CPUINFO, "amd_epyc_2vcpu.txt"), tmp_path / "cpuinfo")
     (tmp_path / "loadavg").write_text("1.50 0.50 0.25 3/120 999\n")
-    data = H.run(ProbeContext(procfs=str(tmp_path), clock=lambda: 3.0, timeout_s=10))
+    data = H.read(ProbeContext(procfs=str(tmp_path), clock=lambda: 3.0, timeout_s=10))
     assert data.taken_at == 3.0 and data.cpu.model_name == "AMD EPYC"
     assert data.loadavg.runnable == 3 and data.hostname == socket.gethostname()
     assert any(i.kind == "loopback" for i in data.interfaces)
@@ -101,7 +101,7 @@ def test_run_with_fixture_procfs(tmp_path):
 
 
 def test_missing_parts_are_errors_not_failures(tmp_path):
-    data = H.run(ProbeContext(procfs=str(tmp_path), timeout_s=10))
+    data = H.read(ProbeContext(procfs=str(tmp_path), timeout_s=10))
     assert data.cpu.logical_cores == -1 and data.loadavg.one == -1.0
     assert [e.split(":")[0] for e in data.errors[:2]] == ["cpuinfo", "loadavg"]
 
@@ -118,7 +118,7 @@ def test_slow_resolver_does_not_stall(monkeypatch):
 def test_live_run_probe():
     spec = load_all()["host"]
     assert not spec.expensive and not spec.privileged
-    result = run_probe("host", ProbeContext(timeout_s=10), ())
+    result = run_probe(make("host"), ProbeContext(timeout_s=10), Pass(), ())
     assert result.ok, result.error
     assert result.data.cpu.logical_cores == os.cpu_count()
     assert result.data.loadavg.tasks > 0

@@ -2,7 +2,6 @@
 a few live processes (a SIGSTOPped sleep must read as state T)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -13,7 +12,9 @@ import pytest
 
 from conftest import need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.probes import Outcome, ProbeContext, failure, load_all, outcome, run_probe
+from ddpwatch.observe.discovery import ProcInfo
+from ddpwatch.observe.probes import (Look, Outcome, Pass, ProbeContext, failure, load_all, make,
+                                     outcome, run_probe)
 from ddpwatch.observe.probes import process as P
 
 FX = os.path.join(os.path.dirname(__file__), "fixtures", "proc")
@@ -128,7 +129,7 @@ def test_discovery_helpers():
 
 
 def test_run_on_fixture_tree():
-    data = P.run(CTX, (4987, 5072, 5073, 8465, 8506, 424242))
+    data = P.run(CTX, Pass(), (4987, 5072, 5073, 8465, 8506, 424242))
     assert data.taken_at == 100.0 and data.uptime_s > 0
     agent, r0, r1, stopped, zombie, gone = data.procs
     assert agent.children == (5072, 5073)
@@ -182,13 +183,25 @@ def test_os_errors_become_typed_outcomes_at_the_boundary():
     assert outcome("") is Outcome.OBSERVED and outcome("???") is Outcome.FAILED
 
 
+def test_a_pids_outcome_is_carried_and_saved_as_its_text():
+    """The Outcome is made once, where the OS error is caught, and travels with
+    the text; a snapshot saves the text alone (its JSON as before)."""
+    import copy
+    obs = P.ProcessObs(5072, error=failure(PermissionError(13, "Permission denied")))
+    assert obs.error.outcome is Outcome.DENIED and outcome(obs.error) is Outcome.DENIED
+    assert copy.deepcopy(obs).error.outcome is Outcome.DENIED
+    saved = json.loads(json.dumps(codec.to_json(obs)))
+    assert saved["error"] == "denied: Permission denied"
+    replayed = codec.from_json(P.ProcessObs, saved)  # the text alone: read back
+    assert replayed == obs and outcome(replayed.error) is Outcome.DENIED
+
+
 def test_lean_read_keeps_schedstat_and_takes_exec_data_from_the_caller():
     """The daemon's pass over a healthy job: thread schedstat only (the straggler
     rules' run-queue wait), command line and environment as discovery read them."""
-    detailed = P.run(CTX, (5072,)).procs[0]
-    lean_ctx = dataclasses.replace(CTX, thread_detail=False,
-                                   exec_info={5072: (("python3", "x.py"), {"RANK": "7"})})
-    lean = P.run(lean_ctx, (5072,)).procs[0]
+    detailed = P.run(CTX, Pass(), (5072,)).procs[0]
+    table = {5072: ProcInfo(5072, 4987, ("python3", "x.py"), {"RANK": "7"})}
+    lean = P.run(CTX, Pass(table, look=Look.GLANCE), (5072,)).procs[0]
     assert [t.sched for t in lean.threads] == [t.sched for t in detailed.threads]
     assert {(t.state, t.wchan, t.cpu_seconds, t.processor) for t in lean.threads} == {
         ("", "", -1.0, -1)}  # unknown, never a made-up "running"
@@ -223,7 +236,7 @@ def test_lean_read_degrades_per_thread(tmp_path, monkeypatch):
 
 
 def test_json_round_trip():
-    data = P.run(CTX, (4987, 5072, 8465, 8506, 424242))
+    data = P.run(CTX, Pass(), (4987, 5072, 8465, 8506, 424242))
     saved = json.loads(json.dumps(codec.to_json(data)))
     assert P.from_json(saved) == data
 
@@ -231,7 +244,7 @@ def test_json_round_trip():
 def test_registered_and_run_probe():
     spec = load_all()["process"]
     assert not spec.expensive and not spec.privileged
-    result = run_probe("process", CTX, (5072,))
+    result = run_probe(make("process"), CTX, Pass(), (5072,))
     assert result.ok and result.data.procs[0].env["RANK"] == "0"
 
 
@@ -241,25 +254,27 @@ def test_live_stopped_sleep_reads_as_T(start_job):
     job = start_job(["sleep", "300"], name="sleep")
     pid = job.proc.pid
     ctx = ProbeContext()
-    wait_until(lambda: P.run(ctx, (pid,)).procs[0].comm == "sleep", 30, what="sleep exec'd")
+    wait_until(lambda: P.run(ctx, Pass(), (pid,)).procs[0].comm == "sleep", 30,
+               what="sleep exec'd")
     os.kill(pid, signal.SIGSTOP)  # the start_job finalizer sends SIGCONT then SIGKILL
-    obs = wait_until(lambda: (o := P.run(ctx, (pid,)).procs[0]).state == "T" and o,
+    obs = wait_until(lambda: (o := P.run(ctx, Pass(), (pid,)).procs[0]).state == "T" and o,
                      30, what="state T")
     assert obs.threads[0].state == "T" and obs.threads[0].wchan == "do_signal_stop"
     assert obs.cmdline == ("sleep", "300") and obs.error == ""
     os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: P.run(ctx, (pid,)).procs[0].state == "S", 30, what="state S again")
+    wait_until(lambda: P.run(ctx, Pass(), (pid,)).procs[0].state == "S", 30,
+               what="state S again")
 
 
 def test_live_self_and_children(start_job):
     job = start_job([sys.executable, "-c", "import time; time.sleep(300)"],
                     env={"RANK": "5", "NOT_ALLOWED": "x"}, name="py")
     ctx = ProbeContext()
-    obs = wait_until(lambda: (o := P.run(ctx, (job.proc.pid,)).procs[0]).env.get("RANK")
+    obs = wait_until(lambda: (o := P.run(ctx, Pass(), (job.proc.pid,)).procs[0]).env.get("RANK")
                      and o, 30, what="child env")
     assert obs.env_source == "environ" and "NOT_ALLOWED" not in obs.env
     assert obs.env["DDPWATCH_DIR"] and obs.ppid == os.getpid()
-    me = P.run(ctx, (os.getpid(),)).procs[0]
+    me = P.run(ctx, Pass(), (os.getpid(),)).procs[0]
     assert job.proc.pid in me.children
     assert me.cpu_seconds > 0 and me.start_time_s > 0
     # (not threads[0]: once pids wrap, a later thread can have a lower tid)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.probes import ProbeContext, load_all, run_probe
+from ddpwatch.observe.probes import Pass, ProbeContext, load_all, make, run_probe
 from ddpwatch.observe.probes import sockets as S
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -118,7 +118,8 @@ def fake_ss(monkeypatch):
 
 
 def test_run_on_fixture_tree(fake_ss):
-    data = S.run(ProbeContext(procfs=PROC, clock=lambda: 7.0), (5072, 5073, 7799, 424242))
+    data = S.SocketsProbe().run(ProbeContext(procfs=PROC, clock=lambda: 7.0), Pass(),
+                                (5072, 5073, 7799, 424242))
     r0, r1, netns, gone = data.pids
     assert data.taken_at == 7.0 and gone == S.PidSockets(424242, error="gone")
     by_ino = {s.inode: s for s in r0.sockets}
@@ -148,7 +149,7 @@ def test_ss_failure_keeps_proc_fields(fake_ss, monkeypatch):
     def broken(ns_path, timeout_s):
         raise RuntimeError("nsenter: permission denied")
     monkeypatch.setattr(S, "read_ss", broken)
-    (r0,) = S.run(ProbeContext(procfs=PROC), (5072,)).pids
+    (r0,) = S.SocketsProbe().run(ProbeContext(procfs=PROC), Pass(), (5072,)).pids
     assert r0.error == "" and "permission denied" in r0.info_error
     assert len(r0.sockets) == 3 and all(s.bytes_sent == -1 for s in r0.sockets)
 
@@ -157,12 +158,12 @@ def test_no_ss_fails_the_probe(monkeypatch):
     from ddpwatch.observe import programs
     real_path = programs.path
     monkeypatch.setattr(programs, "path", lambda n: None if n == "ss" else real_path(n))
-    result = run_probe("sockets", ProbeContext(procfs=PROC), (5072,))
+    result = run_probe(make("sockets"), ProbeContext(procfs=PROC), Pass(), (5072,))
     assert not result.ok and "ss" in result.error
 
 
 def test_json_round_trip(fake_ss):
-    data = S.run(ProbeContext(procfs=PROC), (5072, 7799, 424242))
+    data = S.SocketsProbe().run(ProbeContext(procfs=PROC), Pass(), (5072, 7799, 424242))
     assert S.from_json(json.loads(json.dumps(codec.to_json(data)))) == data
     assert not load_all()["sockets"].expensive
 
@@ -188,7 +189,7 @@ def test_live_listener_seen_with_its_pid(start_job):
     need(shutil.which("ss") is not None, "ss (iproute2) not installed")
     job = start_job([sys.executable, "-c", LISTENER], name="listener")
     port = wait_until(lambda: _port(job), 30, what="listener port")
-    (obs,) = S.run(ProbeContext(timeout_s=10), (job.proc.pid,)).pids
+    (obs,) = S.SocketsProbe().run(ProbeContext(timeout_s=10), Pass(), (job.proc.pid,)).pids
     states = {(s.state, s.local_port) for s in obs.sockets}
     assert ("LISTEN", port) in states
     server_side = next(s for s in obs.sockets if s.state == "ESTABLISHED" and s.local_port == port)
@@ -205,7 +206,7 @@ def test_live_socket_in_another_net_namespace(start_job):
     job = start_job(["unshare", "-n", "sh", "-c", script], name="netns")
     port = wait_until(lambda: _port(job), 30, what="listener port in the namespace")
     pid = job.proc.pid  # sh exec'd python: same pid
-    (obs,) = S.run(ProbeContext(timeout_s=10), (pid,)).pids
+    (obs,) = S.SocketsProbe().run(ProbeContext(timeout_s=10), Pass(), (pid,)).pids
     assert obs.net_ns != os.readlink("/proc/self/ns/net") and obs.info_error == ""
     server_side = next(s for s in obs.sockets if s.state == "ESTABLISHED" and s.local_port == port)
     assert server_side.bytes_received == 5000  # only nsenter'd ss could say this

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.probes import ProbeContext, load_all
+from ddpwatch.observe.probes import Pass, ProbeContext, load_all
 from ddpwatch.observe.probes import process
 from ddpwatch.observe.probes import stacks as K
 
@@ -110,8 +110,9 @@ def test_stopped_zombie_and_gone_are_never_dumped(monkeypatch):
     def no_popen(*a, **k):
         raise AssertionError("py-spy must not run for these pids")
     monkeypatch.setattr(subprocess, "Popen", no_popen)
-    ctx = ProbeContext(procfs=PROC, native_stacks=True)
-    stopped, zombie, gone = K.run_dumps(ctx, "/nonexistent/py-spy", (8465, 8506, 424242))
+    ctx = ProbeContext(procfs=PROC)
+    stopped, zombie, gone = K.run_dumps(ctx, "/nonexistent/py-spy", (8465, 8506, 424242),
+                                        native=True)
     assert stopped == K.PidStacks(8465, "stopped: not dumped", "T")
     assert zombie.status == "zombie: not dumped" and gone.status == "gone"
 
@@ -119,7 +120,7 @@ def test_stopped_zombie_and_gone_are_never_dumped(monkeypatch):
 def test_no_py_spy_fails_the_probe(monkeypatch):
     monkeypatch.setattr(K, "find_py_spy", lambda: None)
     with pytest.raises(FileNotFoundError):
-        K.run(ProbeContext(), (os.getpid(),))
+        K.run(ProbeContext(), Pass(), (os.getpid(),))
     spec = load_all()["stacks"]
     assert spec.expensive and spec.privileged and "stopped" in spec.help
 
@@ -153,7 +154,7 @@ def _frames(result):
 
 def test_live_nonblocking_dump(start_job):
     pid = _live_python(start_job)
-    (res,) = K.run(ProbeContext(timeout_s=20), (pid,)).pids
+    (res,) = K.run(ProbeContext(timeout_s=20), Pass(), (pid,)).pids
     assert res.status == "ok" and not res.native and res.state == "S", res.error
     assert _frames(res) == ["napping", "<module>"]
 
@@ -162,7 +163,7 @@ def test_live_stopped_process_is_not_dumped_and_stays_stopped(start_job):
     pid = _live_python(start_job)
     os.kill(pid, signal.SIGSTOP)  # start_job's finalizer sends SIGCONT, then SIGKILL
     wait_until(lambda: process.read_state("/proc", pid) == "T", 30, what="state T")
-    (res,) = K.run(ProbeContext(timeout_s=20, native_stacks=True), (pid,)).pids
+    (res,) = K.run(ProbeContext(timeout_s=20), Pass(), (pid,), native=True).pids
     assert res.status == "stopped: not dumped" and res.threads == ()
     assert process.read_state("/proc", pid) == "T"  # untouched: still the user's stop
     os.kill(pid, signal.SIGCONT)
@@ -172,7 +173,7 @@ def test_live_native_dump_leaves_process_running(start_job):
     pid = _live_python(start_job)
     need(os.geteuid() == 0 or not os.path.exists("/proc/sys/kernel/yama/ptrace_scope"),
          "native dumps need ptrace rights")
-    (res,) = K.run(ProbeContext(timeout_s=20, native_stacks=True), (pid,)).pids
+    (res,) = K.run(ProbeContext(timeout_s=20), Pass(), (pid,), native=True).pids
     assert res.status == "ok" and res.native, res.error
     frames = _frames(res)
     assert "time_sleep" in frames and "napping" in frames
@@ -184,7 +185,7 @@ def test_live_dead_pid_is_gone(start_job):
     need(K.find_py_spy() is not None, "py-spy not installed")
     job = start_job([sys.executable, "-c", "pass"], name="short")
     job.wait(60)
-    (res,) = K.run(ProbeContext(timeout_s=20), (job.proc.pid,)).pids
+    (res,) = K.run(ProbeContext(timeout_s=20), Pass(), (job.proc.pid,)).pids
     assert res.status == "gone"
 
 

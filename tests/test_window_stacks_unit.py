@@ -83,17 +83,17 @@ def test_the_window_dumps_roundtrip_and_old_snapshots_load(tmp_path):
 
 
 def fake_run(calls, delay=0.0):
-    def run(name, ctx, pids):
-        calls.append((name, ctx.native_stacks, pids, time.monotonic()))
+    def run(probe, ctx, this_pass, pids):
+        calls.append((probe.name, probe.options.get("native", False), pids, time.monotonic()))
         time.sleep(delay)
-        return ProbeResult(name, True, delay, dump(pids[0], time.monotonic(), WAIT))
+        return ProbeResult(probe.name, True, delay, dump(pids[0], time.monotonic(), WAIT))
     return run
 
 
 def test_window_stacks_dump_on_time_without_native_frames():
     calls = []
     now = time.monotonic()
-    ctx = ProbeContext(native_stacks=True)
+    ctx = ProbeContext()  # diagnose --native or not: the window's stacks probe is its own
     dumps = WindowStacks(ctx, (10, 11), (now + 0.05, now + 0.1), run=fake_run(calls))
     time.sleep(0.3)
     got = dumps.stop()
@@ -115,8 +115,8 @@ def test_stop_skips_dumps_not_yet_due_and_waits_for_one_under_way():
 
 
 def test_failed_dumps_are_left_out_and_no_pids_no_thread():
-    def failing(name, ctx, pids):
-        return ProbeResult(name, False, 0.0, None, "FileNotFoundError: py-spy not found")
+    def failing(probe, ctx, this_pass, pids):
+        return ProbeResult(probe.name, False, 0.0, None, "FileNotFoundError: py-spy not found")
     now = time.monotonic()
     assert WindowStacks(ProbeContext(), (10,), (now,), run=failing).stop() == ()
     assert WindowStacks(ProbeContext(), (), (now,), run=failing).stop() == ()

@@ -82,17 +82,18 @@ def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
 
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
-            syn_wait_s: float = 0.0) -> tuple[Snapshot, ...]:
+            syn_wait_s: float = 0.0, native: bool = False) -> tuple[Snapshot, ...]:
     """Two samples `window_s` apart, the window's readings and stack dumps in the
     second (`_watched`). With `syn_wait_s`, a job whose ranks wait for
     peers on other nodes that should dial them is watched up to `syn_wait_s`
-    longer for the peers' connection attempts, then sampled twice again."""
+    longer for the peers' connection attempts, then sampled twice again.
+    `native`: the samples' stacks with native frames (--native)."""
     enabled = (lambda name: True) if with_stacks else (lambda name: name != "stacks")
     # the capture watches the whole window (opened with the sampler)
-    with Sampler(ctx, enabled) as sampler:
+    with Sampler(ctx, enabled, options={"stacks": {"native": native}}) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
         if _all_elsewhere(ctx.procfs, job):  # ranks on a namespace node: its wire
-            sampler.capture_net_of(pid)
+            sampler.probe("traffic").capture_net_of(ctx, pid)
         first = sample(sampler, job)
         second = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second):
@@ -189,8 +190,9 @@ def main(args) -> int:
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
-        ctx = ProbeContext(heartbeat_dir=args.dir, native_stacks=args.native)
-        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait)
+        ctx = ProbeContext(heartbeat_dir=args.dir)
+        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait,
+                          args.native)
         remote = peer_signals(args, history[-1])
     if args.save_snapshot:
         save(history, args.save_snapshot, remote)

@@ -1,12 +1,15 @@
 """One way to look at jobs, for the daemon's ticks and `diagnose` alike: which
 probes run when, run them, and make the Snapshot.
 
-A pass starts with `survey()`, which reads what is shared by every job on the
-node (the process table, the heartbeat records, the connection attempts on the
-wire, the host), then `sample(job, survey, look)` looks at one job as closely as
-asked. How close each probe needs to look before it runs is in its registration
-(probes/__init__.py `register(..., look=...)`), like node_exporter's
-`registerCollector`; the sampler honours it and the probes' on/off switches.
+A pass starts with `survey()`, which reads the process table and runs the node
+probes (what is shared by every job on the node: the heartbeat records, the
+connection attempts on the wire, the host, the ranks' exits), then
+`sample(job, survey, look)` looks at one job as closely as asked. When each
+probe runs is in its registration (probes/__init__.py `register(...)`: a node
+probe's stage, a job probe's look), like node_exporter's `registerCollector`;
+the sampler honours it and the probes' on/off switches. The probes' objects,
+made once per Sampler, keep what they learn between passes; the sampler keeps
+the pass's budget and the job probes' rate limits.
 """
 from __future__ import annotations
 
@@ -16,17 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..heartbeat.scan import ScanState
 from . import discovery, tcp_discovery
-from .netns import net_ns
-from .probes import REGISTRY, Look, ProbeContext, job_probes, load_all, run_probe
-from .probes.exits import for_pids, open_watch
-from .probes.traffic import for_ports, local_ports, open_capture
-from .probes.wire_groups import WireWatch
+from .probes import (REGISTRY, Look, Pass, Probe, ProbeContext, ProbeSpec, job_probes,
+                     load_all, make_all, node_probes, run_probe)
 from .budget import PassBudget
 from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
 
-HOST_MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
 # py-spy runs one pass may start, over all jobs (a person's request excepted):
 # every local user can start processes that look like suspicious ranks, and
 # each would cost a py-spy run every stacks_min_interval_s (65 runs per
@@ -43,16 +41,25 @@ MAX_FORCED_DUMPS_PER_PASS = 32
 class Survey:
     """What one pass saw of the whole node."""
     table: dict                    # pid -> discovery.ProcInfo
-    heartbeats: object             # probes.heartbeats.HeartbeatObs, or None if it failed
-    traffic: object                # probes.traffic.Traffic, or None
-    host: object                   # probes.host.Host, or None
+    # the node probes' readings by Snapshot field ("heartbeats": a HeartbeatObs,
+    # "host": the facts of the last minute...); None: it failed, or is off
+    readings: dict
     record_dirs: tuple[str, ...]   # directories the ranks named (DDPWATCH_DIR)
     probes: tuple[ProbeStatus, ...]
-    exits: object = None           # probes.exits.Exits (the watched pids' ends), or None
     procfs: str = "/proc"
     # every job on the node when the pass grouped lone ranks on the wire too
     # (survey(wire=True), the daemon's); None: discovery's alone, on demand
     found: tuple[Job, ...] | None = None
+
+    @property
+    def heartbeats(self):
+        """The records (probes.heartbeats.HeartbeatObs): discovery finds jobs by them."""
+        return self.readings.get("heartbeats")
+
+    @property
+    def exits(self):
+        """The watched pids' ends (probes.exits.Exits): the daemon's departed ranks."""
+        return self.readings.get("exits")
 
     @property
     def live_record_pids(self) -> frozenset[int]:
@@ -75,13 +82,18 @@ class Survey:
 
 
 class Sampler:
-    """Keeps what is worth keeping between passes: the packet capture (a peer's
-    connects retry seconds apart), the host facts, the records of gone writers,
-    the command lines of processes seen before, and each job's last stack dump."""
+    """Keeps the probes' objects (each keeps what it learns: the packet capture,
+    a peer's connects retry seconds apart; the host facts; the records of gone
+    writers), the command lines of processes seen before, and each job's last
+    stack dump."""
 
     def __init__(self, ctx: ProbeContext, enabled: Callable[[str], bool] = lambda name: True,
                  stacks_min_interval_s: float = 0.0, keep_caches: bool = True,
-                 budgets: bool = False):
+                 budgets: bool = False, options: dict[str, dict] | None = None):
+        """`options`: the probes' construction options, by name (diagnose --native:
+        {"stacks": {"native": True}}). Without `keep_caches`, nothing learned of
+        processes is kept between passes: command lines, gone writers' records,
+        lone ranks' torch."""
         load_all()
         self.ctx = ctx
         # a PassBudget per pass (observe/budget.py): the daemon's, beside other users
@@ -91,18 +103,16 @@ class Sampler:
         self.enabled = enabled
         self.stacks_min_interval_s = stacks_min_interval_s
         self._exec_cache: dict | None = {} if keep_caches else None
-        self._dead_records: dict | None = {} if keep_caches else None
-        self._wire = WireWatch() if keep_caches else None  # lone ranks' torch and groups
-        self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
-        # the kernel's process events: how watched ranks end (probes/exits.py)
-        self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
-        # pids of the ranks and launchers sampled in this pass and the last: whose
-        # exits the next survey keeps (others' are dropped: any user can fork)
-        self._watched: set[int] = set()
-        self._watched_before: set[int] = set()
-        self._host, self._host_at = None, -1e18
-        self._ns_cache: dict = {}  # the ranks' namespaces' views (probes/nshost.py)
-        self._scan_state = ScanState()  # record directories' listings, refused files
+        options = dict(options or {})
+        if not keep_caches:
+            options["heartbeats"] = {"keep_dead": False, **options.get("heartbeats", {})}
+            options["wire_groups"] = {"keep": False, **options.get("wire_groups", {})}
+        self._probes: dict[str, Probe] = make_all(options)
+        for name, probe in self._probes.items():
+            probe.switch(ctx, enabled(name))
+        # pids of the ranks and launchers sampled since the last survey: the node
+        # probes that ask (ProbeSpec.sampled_pids: whose exits are kept) get them
+        self._sampled: set[int] = set()
         self._dumps_left = MAX_DUMPS_PER_PASS
         self._forced_left = MAX_FORCED_DUMPS_PER_PASS
         self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
@@ -111,24 +121,16 @@ class Sampler:
 
     def reconfigure(self, ctx: ProbeContext, enabled: Callable[[str], bool],
                     stacks_min_interval_s: float) -> None:
-        """New settings (SIGHUP); the capture stays open while traffic stays on."""
-        if enabled("traffic") != (self._capture is not None):
-            self.close()
-            self._capture = open_capture(ctx.clock, ctx.procfs) if enabled("traffic") else None
-        if enabled("exits") != (self._exit_watch is not None):
-            if self._exit_watch is not None:
-                self._exit_watch.close()
-            self._exit_watch = open_watch(ctx.clock, ctx.procfs) if enabled("exits") else None
+        """New settings (SIGHUP); a probe keeps what it holds while it stays on
+        (the capture stays open while traffic stays on)."""
+        for name, probe in self._probes.items():
+            probe.switch(ctx, enabled(name))
         self.ctx, self.enabled = ctx, enabled
         self.stacks_min_interval_s = stacks_min_interval_s
 
     def close(self) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self._capture = None
-        if self._exit_watch is not None:
-            self._exit_watch.close()
-            self._exit_watch = None
+        for probe in self._probes.values():
+            probe.close()
 
     def __enter__(self):
         return self
@@ -136,24 +138,14 @@ class Sampler:
     def __exit__(self, *exc):
         self.close()
 
-    @property
-    def capture(self):
-        return self._capture
-
-    def capture_net_of(self, pid: int) -> None:
-        """Watch the wire of `pid`'s network namespace instead of ours: a rank on a
-        namespace node, judged from the host, with the connects that arrive there.
-        Nothing changes when the capture is off or already there."""
-        if self._capture is None or net_ns(self.ctx.procfs, pid) in (
-                "", getattr(self._capture, "net_ns", "")):
-            return
-        self._capture.close()
-        self._capture = open_capture(self.ctx.clock, self.ctx.procfs, pid)
+    def probe(self, name: str) -> Probe:
+        """A probe's object (diagnose moves the traffic probe's capture)."""
+        return self._probes[name]
 
     # --- the node --------------------------------------------------------------------
     def survey(self, wire: bool = False) -> Survey:
         """The node as it is now; with `wire`, every job on it, lone ranks started
-        by hand grouped by their connections too (the wire_groups probe)."""
+        by hand grouped by their connections too (the "jobs" stage: wire_groups)."""
         ctx, statuses = self.ctx, []
         self._dumps_left = MAX_DUMPS_PER_PASS
         self._forced_left = MAX_FORCED_DUMPS_PER_PASS
@@ -162,57 +154,47 @@ class Sampler:
                 self._left_out.update(self._budget.left_out)
             self._budget = PassBudget()
         table = discovery.read_table(ctx.procfs, self._exec_cache)
-        named = discovery.heartbeat_dirs(table, ctx.procfs)
-        hb = run_probe("heartbeats", dataclasses.replace(
-            ctx, rank_heartbeat_dirs=named, dead_records=self._dead_records,
-            scan_state=self._scan_state, parents={pid: info.ppid for pid, info in table.items()}),
-            ())
-        statuses.append(status_of(hb))
-        traffic = None
-        if self._capture is not None:  # drained every pass: packets carry their own times
-            result = run_probe("traffic", dataclasses.replace(ctx, syn_capture=self._capture), ())
-            statuses.append(status_of(result))
-            traffic = result.data if result.ok else None
-        exits = None
-        if self._exit_watch is not None:  # drained every pass: exits carry their own times
-            watched = tuple(sorted(self._watched | self._watched_before))
-            self._watched_before, self._watched = self._watched, set()
-            result = run_probe("exits", dataclasses.replace(ctx, exit_watch=self._exit_watch),
-                               watched)
-            statuses.append(status_of(result))
-            exits = result.data if result.ok else None
-        if self.enabled("host") and ctx.clock() - self._host_at >= HOST_MAX_AGE_S:
-            result = run_probe("host", ctx, ())
+        seen = Pass(table, discovery.heartbeat_dirs(table, ctx.procfs), self._budget)
+        sampled, self._sampled = tuple(sorted(self._sampled)), set()
+        readings = {spec.snapshot_field: self._node(spec, seen, sampled, statuses)
+                    for spec in node_probes("records") + node_probes("node")}
+        survey = Survey(table, readings, seen.record_dirs, tuple(statuses), ctx.procfs)
+        return self._with_found_jobs(survey, seen) if wire else survey
+
+    def _node(self, spec: ProbeSpec, seen: Pass, sampled: tuple[int, ...], statuses: list):
+        """Node probe `spec`'s reading this pass: run when on (one that cannot be
+        switched off always is) and due, else (or when it failed) what it kept."""
+        probe = self._probes[spec.name]
+        on = self.enabled(spec.name) or not spec.switchable
+        if on and probe.due(self.ctx.clock()):
+            result = run_probe(probe, self.ctx, seen, sampled if spec.sampled_pids else ())
             statuses.append(status_of(result))
             if result.ok:
-                self._host, self._host_at = result.data, ctx.clock()
-        survey = Survey(table, hb.data if hb.ok else None, traffic, self._host, named,
-                        tuple(statuses), exits, ctx.procfs)
-        return self._with_wire_jobs(survey) if wire else survey
+                return result.data
+        return probe.kept()
 
-    def _with_wire_jobs(self, survey: Survey) -> Survey:
-        jobs = tuple(survey.jobs())
-        if not self.enabled("wire_groups"):
-            return dataclasses.replace(survey, found=jobs)
-        # A rank alone in its job (no launcher, nothing of its peers in its
-        # environment) may be one of a group only the wire shows: Ray Train's
-        # workers under DDPWATCH_AUTO=1 write records, so discovery finds each,
-        # alone (tests/test_ray_jobs.py). Left unclaimed, the wire groups them.
-        alone = {job.rank_pids[0] for job in jobs if len(job.rank_pids) == 1
-                 and job.launcher_pid <= 0 and job.launcher_kind == "none"}
-        claimed = {pid for job in jobs for pid in job.rank_pids + (job.launcher_pid,
-                                                                    job.target_pid)} - alone
-        result = run_probe("wire_groups", dataclasses.replace(
-            self.ctx, procs=survey.table, wire_watch=self._wire or WireWatch()),
-            tuple(sorted(claimed)))
-        status = status_of(result)
-        if result.ok and result.data.note:  # a bound left processes out: partly blind
-            status = dataclasses.replace(status, ok=False, error=result.data.note)
-        grouped = result.data.jobs if result.ok else ()
-        in_groups = {pid for job in grouped for pid in job.rank_pids}
-        jobs = tuple(job for job in jobs if not set(job.rank_pids) & in_groups)
-        return dataclasses.replace(survey, probes=survey.probes + (status,),
-                                   found=jobs + grouped)
+    def _with_found_jobs(self, survey: Survey, seen: Pass) -> Survey:
+        jobs, statuses = tuple(survey.jobs()), []
+        for spec in node_probes("jobs"):
+            if not self.enabled(spec.name):
+                continue
+            # A rank alone in its job (no launcher, nothing of its peers in its
+            # environment) may be one of a group only the wire shows: Ray Train's
+            # workers under DDPWATCH_AUTO=1 write records, so discovery finds each,
+            # alone (tests/test_ray_jobs.py). Left unclaimed, the wire groups them.
+            alone = {job.rank_pids[0] for job in jobs if len(job.rank_pids) == 1
+                     and job.launcher_pid <= 0 and job.launcher_kind == "none"}
+            claimed = {pid for job in jobs for pid in job.rank_pids + (job.launcher_pid,
+                                                                        job.target_pid)} - alone
+            result = run_probe(self._probes[spec.name], self.ctx, seen, tuple(sorted(claimed)))
+            status = status_of(result)
+            if result.ok and result.data.note:  # a bound left processes out: partly blind
+                status = dataclasses.replace(status, ok=False, error=result.data.note)
+            statuses.append(status)
+            grouped = result.data.jobs if result.ok else ()
+            in_groups = {pid for job in grouped for pid in job.rank_pids}
+            jobs = tuple(job for job in jobs if not set(job.rank_pids) & in_groups) + grouped
+        return dataclasses.replace(survey, probes=survey.probes + tuple(statuses), found=jobs)
 
     # --- one job ---------------------------------------------------------------------
     def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
@@ -225,11 +207,12 @@ class Sampler:
         # 0 alone is no job to discovery, and may end seconds after its peer's
         # death); an end not seen leaves the job's first death unknown
         # (judge/signals/exits.py link)
-        self._watched.update(pids + job.departed_pids)
-        ctx = self._ctx(survey, look)
+        self._sampled.update(pids + job.departed_pids)
+        seen = self._pass(survey, look)
         # An orphan rank's finding needs its listening sockets, and a job without
         # heartbeats has nothing but what the probes see: such jobs are "silent"
-        silent = (any(ctx.parents.get(pid) == 1 for pid in job.rank_pids)
+        table = survey.table
+        silent = (any(pid in table and table[pid].ppid == 1 for pid in job.rank_pids)
                   or not set(job.rank_pids) & survey.live_record_pids)
         results, specs = [], job_probes()
         for spec in specs:
@@ -237,18 +220,15 @@ class Sampler:
                 else spec.look
             later = spec.budgeted or (spec.again_at is not None and look >= spec.again_at)
             if start <= look and not later and self.enabled(spec.name):
-                results.append(run_probe(spec.name, ctx, _pids_for(spec, job)))
+                results.append(run_probe(self._probes[spec.name], self.ctx, seen,
+                                         _pids_for(spec, job)))
         data = {spec.snapshot_field: None for spec in specs}
         data.update({REGISTRY[r.name].snapshot_field: (r.data if r.ok else None)
                      for r in results})
         snap = Snapshot(
             version=SNAPSHOT_VERSION, taken_at=self.ctx.clock(), wall_time=time.time(), job=job,
-            host=survey.host, heartbeats=survey.heartbeats,
-            probes=tuple(status_of(r) for r in results),
-            # the node's connection attempts that concern this job only
-            traffic=for_ports(survey.traffic, local_ports(data.get("sockets"))),
-            # how this job's ranks (those gone included) and launcher ended
-            exits=for_pids(survey.exits, pids + job.departed_pids), **data)
+            probes=tuple(status_of(r) for r in results), **_node_for_job(survey, job, data),
+            **data)
         return self.look_closer(snap, survey, key, force_stacks) if look >= Look.STACKS else snap
 
     def look_closer(self, snap: Snapshot, survey: Survey, key: str = "",
@@ -259,31 +239,29 @@ class Sampler:
         Budgeted probes run at most every `stacks_min_interval_s` per job `key`
         (py-spy costs the ranks) unless `force_stacks`; in between, the last dump
         stands for the ranks that have not moved since."""
-        ctx = self._ctx(survey, Look.STACKS)
+        seen = self._pass(survey, Look.STACKS)
         results, fields = [], {}
         for spec in job_probes():
             if not self.enabled(spec.name):
                 continue
             if spec.budgeted:
                 fields[spec.snapshot_field] = self._budgeted(
-                    spec, ctx, _pids_for(spec, snap.job), survey, key, force_stacks, results)
+                    spec, seen, _pids_for(spec, snap.job), survey, key, force_stacks, results)
             elif spec.again_at is not None and spec.again_at <= Look.STACKS:
-                result = run_probe(spec.name, ctx, _pids_for(spec, snap.job))
+                result = run_probe(self._probes[spec.name], self.ctx, seen,
+                                   _pids_for(spec, snap.job))
                 results.append(result)
                 if result.ok:
                     fields[spec.snapshot_field] = result.data
-        sockets = fields.get("sockets", snap.sockets)
+        data = {spec.snapshot_field: getattr(snap, spec.snapshot_field)
+                for spec in job_probes()} | fields
         return dataclasses.replace(
             snap, **fields, probes=snap.probes + tuple(status_of(r) for r in results),
-            traffic=for_ports(survey.traffic, local_ports(sockets)))
+            **_node_for_job(survey, snap.job, data))
 
-    def _ctx(self, survey: Survey, look: Look) -> ProbeContext:
+    def _pass(self, survey: Survey, look: Look) -> Pass:
         # discovery has just read every parent, command line and environment
-        return dataclasses.replace(
-            self.ctx, parents={pid: info.ppid for pid, info in survey.table.items()},
-            exec_info={pid: (info.cmdline, info.env) for pid, info in survey.table.items()},
-            thread_detail=look >= Look.DETAIL, socket_info=look >= Look.STACKS,
-            ns_cache=self._ns_cache, budget=self._budget)
+        return Pass(survey.table, survey.record_dirs, self._budget, look)
 
     def left_out_now(self, what: str, n: int = 1) -> None:
         """Something this pass left out by a caller's bound (the daemon's jobs)."""
@@ -300,13 +278,13 @@ class Sampler:
             total.update(self._budget.left_out)
         return dict(total)
 
-    def _budgeted(self, spec, ctx, pids, survey, key, force, results):
+    def _budgeted(self, spec, seen, pids, survey, key, force, results):
         now = progress_of(survey.heartbeats)
         taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
         due = self.ctx.clock() - taken >= self.stacks_min_interval_s
         forced = force and self._forced_left > 0
         if forced or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
-            result = run_probe(spec.name, ctx, pids)
+            result = run_probe(self._probes[spec.name], self.ctx, seen, pids)
             results.append(result)
             if result.ok:
                 runs = sum(p.status in ("ok", "error") for p in result.data.pids)
@@ -322,6 +300,17 @@ class Sampler:
         """Jobs that are gone: their stack dumps with them."""
         for key in keys:
             self._stacks.pop(key, None)
+
+
+def _node_for_job(survey: Survey, job: Job, data: dict) -> dict:
+    """The node probes' readings as `job`'s snapshot keeps them (ProbeSpec.for_job:
+    the connection attempts to its sockets' ports in `data`, its ranks' exits)."""
+    out = {}
+    for spec in node_probes("records") + node_probes("node"):
+        reading = survey.readings.get(spec.snapshot_field)
+        keep = spec.for_job if spec.for_job is not None and reading is not None else None
+        out[spec.snapshot_field] = keep(reading, job, data) if keep else reading
+    return out
 
 
 def _pids_for(spec, job: Job) -> tuple[int, ...]:

@@ -14,11 +14,10 @@ ranks in parallel (probes/stacks.py run_dumps).
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Callable
 
-from .probes import ProbeContext, run_probe
+from .probes import Pass, ProbeContext, make, run_probe
 
 MIDDLE_DUMPS = 2  # besides the window's two ends: 4 stack samples per window
 
@@ -36,11 +35,12 @@ class WindowStacks:
     """Dumps `pids` at each of `times` (ctx.clock's) on a thread; `stop()` waits
     for the dump under way (bounded by the probe's timeout), skips those not yet
     due, and returns the dumps taken, oldest first. A failed dump is left out:
-    the window's ends still say what the probe could not."""
+    the window's ends still say what the probe could not. The stacks probe is
+    its own, made without native frames."""
 
     def __init__(self, ctx: ProbeContext, pids: tuple[int, ...], times: tuple[float, ...],
                  run: Callable = run_probe):
-        self._ctx = dataclasses.replace(ctx, native_stacks=False)
+        self._ctx, self._probe = ctx, make("stacks")
         self._pids, self._times, self._run = pids, times, run
         self._stop = threading.Event()
         self._taken: list = []
@@ -54,7 +54,7 @@ class WindowStacks:
             # Event.wait returns early on stop(): a window cut short takes no more
             if self._stop.wait(max(at - self._ctx.clock(), 0.0)):
                 return
-            result = self._run("stacks", self._ctx, self._pids)
+            result = self._run(self._probe, self._ctx, Pass(), self._pids)
             if result.ok and result.data is not None:
                 self._taken.append(result.data)
 

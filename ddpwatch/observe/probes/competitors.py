@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ... import codec
-from . import Look, ProbeContext, register
+from . import Look, Pass, ProbeContext, register
 from .process import StatFields, parse_cpu_list, parse_stat, parse_status
 
 MAX_COMPETITORS = 32   # kept per snapshot, the busiest first
@@ -55,7 +55,7 @@ def _read(path: str) -> str:
 
 @register("competitors", look=Look.DETAIL,
           help="other processes running on the ranks' CPUs (state R, one /proc pass)")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Competitors:
+def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Competitors:
     taken_at = ctx.clock()
     cpus: set[int] = set()
     for pid in pids:

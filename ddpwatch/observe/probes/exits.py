@@ -15,17 +15,18 @@ parent. Ways to learn it anyway, as root:
   stat has its exit code only until its parent reaps it (torchrun: 0.1 s).
 * taskstats (genetlink, per-CPU exit listeners): the same facts at more cost.
 
-The socket is opened once (`ExitWatch`) and kept by its owner (the sampler),
-like the traffic capture. A classic BPF filter lets the kernel drop every event
-but a process's (thread group leader's) exit before it is queued; a drain keeps
-only the pids its caller watches (ranks and launchers of jobs), at most
-MAX_KEPT, each for KEEP_S: any local user can fork and exit thousands of times
-a second. Datagrams not sent by the kernel (netlink port 0) are dropped: local
-users can unicast to our socket. The node's OOM-kill count (/proc/vmstat
-oom_kill) is read at each drain, so a SIGKILL can be told apart as the OOM
-killer's when the count rose in the same interval.
+The socket is opened once (`ExitWatch`) and kept by the probe's object
+(`ExitsProbe`) while the probe is on, like the traffic capture. A classic BPF
+filter lets the kernel drop every event but a process's (thread group
+leader's) exit before it is queued; a drain keeps only the pids its caller
+watches (ranks and launchers of jobs), at most MAX_KEPT, each for KEEP_S: any
+local user can fork and exit thousands of times a second. Datagrams not sent
+by the kernel (netlink port 0) are dropped: local users can unicast to our
+socket. The node's OOM-kill count (/proc/vmstat oom_kill) is read at each
+drain, so a SIGKILL can be told apart as the OOM killer's when the count rose
+in the same interval.
 
-READ: `ExitWatch`, `open_watch`, `run` (the socket: observe/proc_events.py).
+READ: `ExitWatch`, `open_watch`, `ExitsProbe` (the socket: observe/proc_events.py).
 PARSE (pure): `decode_status`, `oom_kill_count`.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 from ... import codec
 from ..proc_events import close_socket, open_socket, parse_datagram
-from . import ProbeContext, register
+from . import Pass, Probe, ProbeContext, register
 
 KEEP_S = 300.0     # an exit is kept this long (a held job is judged meanwhile)
 MAX_KEPT = 512     # and at most this many (newest kept)
@@ -227,13 +228,42 @@ def open_watch(clock, procfs: str = "/proc") -> ExitWatch | NoWatch:
                        f"cannot be seen, only that it is gone")
 
 
-@register("exits", scope="node", privileged=True,
+def for_job(exits: Exits, job, data: dict) -> Exits:
+    """How a job's ranks (those gone included) and launcher ended."""
+    launcher = (job.launcher_pid,) if job.launcher_pid > 0 else ()
+    return for_pids(exits, job.rank_pids + launcher + job.departed_pids)
+
+
+@register("exits", scope="node", privileged=True, sampled_pids=True, for_job=for_job,
           help="how the ranks of watched jobs ended (signal, exit code, OOM kill) and when, "
                "from the kernel's process events (root: CAP_NET_ADMIN)")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Exits:
-    if ctx.exit_watch is None:
-        raise RuntimeError("no process-events watch was opened for this probe")
-    return ctx.exit_watch.snapshot(frozenset(pids))
+class ExitsProbe(Probe):
+    """Holds the process-events watch while on, drained every pass (exits carry
+    their own times), and the pids its last run was given: exits are kept of
+    the ranks and launchers sampled in this pass and the last (others' are
+    dropped: any user can fork)."""
+
+    def __init__(self):
+        self.watch: ExitWatch | NoWatch | None = None
+        self._before: frozenset[int] = frozenset()
+
+    def switch(self, ctx: ProbeContext, on: bool) -> None:
+        if on and self.watch is None:
+            self.watch = open_watch(ctx.clock, ctx.procfs)
+        elif not on:
+            self.close()
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Exits:
+        """`pids`: those sampled since the last pass."""
+        watched, self._before = self._before | frozenset(pids), frozenset(pids)
+        if self.watch is None:
+            raise RuntimeError("no process-events watch was opened for this probe")
+        return self.watch.snapshot(watched)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
 
 
 def from_json(obj) -> Exits:

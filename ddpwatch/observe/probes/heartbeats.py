@@ -1,5 +1,8 @@
 """Heartbeat probe: the records ranks write about themselves, plus whether each
 record's process is still the one that wrote it (heartbeat/liveness.py).
+
+READ: `read` (one look, as `ddpwatch ranks` takes), `HeartbeatsProbe` (the
+daemon's and diagnose's, every pass, keeping what a pass needs not read again).
 """
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ from dataclasses import dataclass
 
 from ...heartbeat import Record, Skipped, read_file
 from ...heartbeat.reader import BUSY_PATIENCE_S
-from ...heartbeat.scan import scan
+from ...heartbeat.scan import ScanState, scan
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
-from . import ProbeContext, register
+from . import Pass, Probe, ProbeContext, register
 
 # One budget per run for waiting out busy writers, over all files (reader.py)
 BUSY_BUDGET_S = 0.05
@@ -25,14 +28,33 @@ class HeartbeatObs:
     skipped: tuple[Skipped, ...]
 
 
-@register("heartbeats", scope="node", switchable=False, help="heartbeat records the ranks write (ddpwatch.instrument)")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
-    """Every record in the directories, within heartbeat/scan.py's caps: a bad
-    or hostile file is a Skipped, never the probe's failure."""
-    dead = ctx.dead_records
+# First in a pass: discovery finds jobs by the live records' pids
+@register("heartbeats", scope="node", stage="records", switchable=False,
+          help="heartbeat records the ranks write (ddpwatch.instrument)")
+class HeartbeatsProbe(Probe):
+    """Keeps, between passes, what need not be read again: the records of gone
+    writers (`dead`: path -> (file identity, Record, final); such a record no
+    longer changes, and finished runs' records pile up in the directory) and the
+    directories' listings and refused files (heartbeat/scan.py ScanState).
+    `keep_dead` False: every record is read every pass."""
+
+    def __init__(self, keep_dead: bool = True):
+        self.dead: dict | None = {} if keep_dead else None
+        self.scan_state = ScanState()
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> HeartbeatObs:
+        live = frozenset(seen.table) if seen.table else None  # processes that run now
+        return read(ctx, seen.record_dirs, live, self.dead, self.scan_state)
+
+
+def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None = None,
+         dead: dict | None = None, scan_state: ScanState | None = None) -> HeartbeatObs:
+    """Every record in ctx.heartbeat_dir and the directories the ranks `named`,
+    within heartbeat/scan.py's caps: a bad or hostile file is a Skipped, never
+    the probe's failure. `live`: the pids running now (their records are looked
+    at first); `dead` and `scan_state`: HeartbeatsProbe's."""
     records, alive, skipped = [], [], []
-    live = frozenset(ctx.parents) if ctx.parents else None
-    dirs = record_dirs(ctx.heartbeat_dir, ctx.rank_heartbeat_dirs)
+    dirs = record_dirs(ctx.heartbeat_dir, named)
     cached_dead, identities = {}, {}
     # one budget for waiting out busy writers, over all files of this run: a
     # legitimate writer is busy for microseconds, a hostile one forever
@@ -48,7 +70,7 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> HeartbeatObs:
                                                   deadline - time.monotonic())))
 
     paths = []
-    for path, result in scan(dirs, ctx.scan_state, live, reader):
+    for path, result in scan(dirs, scan_state, live, reader):
         if isinstance(result, Skipped):
             skipped.append(result)
             continue

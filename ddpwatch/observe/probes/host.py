@@ -5,8 +5,8 @@ than fp32 (docs/design.md "bf16 picked for a CPU run"); cores bound
 `oversubscribed`; Gloo may bind a docker bridge or a VPN interface, and a hostname
 resolving to loopback sends peers to 127.0.0.1 — both leave ranks unable to meet.
 
-READ: `run`, `read_interfaces`, `resolve`. PARSE (pure): `parse_cpuinfo`,
-`parse_loadavg`, `interface_kind`, `build_interfaces`.
+READ: `read`, `read_interfaces`, `resolve`; `HostProbe` keeps what it read.
+PARSE (pure): `parse_cpuinfo`, `parse_loadavg`, `interface_kind`, `build_interfaces`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import psutil
 
 from ... import codec
-from . import ProbeContext, register
+from . import Pass, Probe, ProbeContext, register
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,32 @@ def read_gpus(procfs: str, dev: str = "/dev") -> int:
     return nvidia + os.path.exists(f"{dev}/kfd")  # ROCm: one node for all AMD GPUs
 
 
+MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
+
+
 @register("host", scope="node", help="cpu flags/cores, loadavg, hostname resolution, interfaces "
                        "(flags VPN/bridge/veth ones)")
-def run(ctx: ProbeContext, pids: tuple[int, ...] = ()) -> Host:
+class HostProbe(Probe):
+    """Keeps the facts it read and when: a pass reads them again at most every
+    MAX_AGE_S, and stands on the last ones in between (or when a read failed)."""
+
+    def __init__(self):
+        self.facts: Host | None = None
+        self.read_at = -1e18
+
+    def due(self, now: float) -> bool:
+        return now - self.read_at >= MAX_AGE_S
+
+    def kept(self) -> Host | None:
+        return self.facts
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Host:
+        facts = read(ctx)
+        self.facts, self.read_at = facts, ctx.clock()
+        return facts
+
+
+def read(ctx: ProbeContext) -> Host:
     taken_at, errors = ctx.clock(), []
     cpu = CpuInfo("", (), -1, -1, -1, False)
     load = LoadAvg(-1.0, -1.0, -1.0, -1, -1)

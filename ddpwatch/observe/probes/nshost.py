@@ -15,8 +15,9 @@ resolution would do beyond its hosts file (DNS, nss-myhostname in its
 namespace) is not done: `unseen` says so, and the addresses are only those of
 its hosts file, never the watcher's answer.
 
-A namespace's view changes rarely: it is kept per namespace (ctx.ns_cache) for
-MAX_AGE_S. READ: `run`, `read_view`. PARSE (pure): `hosts_addrs`,
+A namespace's view changes rarely: the probe's object keeps it per namespace
+for MAX_AGE_S, and reads interfaces through the sockets probe's object, which
+keeps them too. READ: `NsHostProbe`, `read_view`. PARSE (pure): `hosts_addrs`,
 `hosts_sources`, `resolution`.
 """
 from __future__ import annotations
@@ -32,12 +33,12 @@ import psutil
 from ... import codec
 from ..netns import run_in_ns
 from ..rootfile import read_in_root, reader_of
-from . import Look, ProbeContext, register
+from . import Look, Pass, Probe, ProbeContext, register
 from .host import Interface, build_interfaces
-from .sockets import LeftOut, namespace_addresses
+from .sockets import LeftOut, SocketsProbe
 
 KINDS = ("uts", "net", "mnt")
-MAX_AGE_S = 60.0  # as the host probe's facts (sampler HOST_MAX_AGE_S)
+MAX_AGE_S = 60.0  # as the host probe's facts (host.MAX_AGE_S)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _text(root: str, path: str, reader) -> tuple[str | None, str]:
 def read_view(procfs: str, pid: int, differs: dict[str, bool], addresses) -> tuple:
     """(hostname, addrs, resolved, unseen, interfaces) of `pid`'s namespaces;
     the parts of namespaces that are ours are not read here (the host probe has them).
-    `addresses()` gives its interfaces' addresses (sockets.namespace_addresses:
+    `addresses()` gives its interfaces' addresses (SocketsProbe.namespace_addresses:
     `ip -o addr`, at most MAX_ADDRESSES lines): psutil would build all of them,
     and any user may give a namespace of theirs 20 000 (tests/test_hostile_second.py)."""
     unseen = []
@@ -186,39 +187,50 @@ def read_view(procfs: str, pid: int, differs: dict[str, bool], addresses) -> tup
 
 # With the sockets (where Gloo listens is judged against these): from DETAIL on,
 # at a glance for a job without heartbeats
-@register("nshost", field="ns_hosts", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, help="a rank's own hostname, its /etc/hosts answer for it and its "
+@register("nshost", field="ns_hosts", look=Look.DETAIL, sooner_if_silent=Look.GLANCE,
+          uses=("sockets",), help="a rank's own hostname, its /etc/hosts answer for it and its "
                          "interfaces, when its UTS/network/mount namespace is not ours")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> NsViews:
-    taken_at = ctx.clock()
-    ours = {k: _ns(ctx.procfs, "self", k) for k in KINDS}
-    if not all(ours.values()):  # a procfs without self (a fixture tree): nothing to compare
-        return NsViews(taken_at, ())
-    cache = ctx.ns_cache if ctx.ns_cache is not None else {}
-    for key in [k for k, (at, _) in cache.items() if taken_at - at >= MAX_AGE_S]:
-        del cache[key]
-    out, errors = [], []
-    for pid in pids:
-        theirs = {k: _ns(ctx.procfs, pid, k) for k in KINDS}
-        if not all(theirs.values()):
-            continue  # gone, or not ours to read: the process probe says which
-        differs = {k: theirs[k] != ours[k] for k in KINDS}
-        if not any(differs.values()):
-            continue
-        key = tuple(theirs[k] for k in KINDS)
-        if key not in cache:
-            try:
-                cache[key] = (taken_at, read_view(
-                    ctx.procfs, pid, differs,
-                    lambda: namespace_addresses(ctx, pid, theirs["net"])))
-            except LeftOut:
-                continue  # its user's `ip` runs for this pass are spent: a later pass
-            except Exception as err:  # one rank's view failing leaves the others'
-                errors.append(f"pid {pid}: {type(err).__name__}: {err}")
+class NsHostProbe(Probe):
+    """Keeps each namespace's view (`views`: namespaces -> (read at, view)) for
+    MAX_AGE_S; reads interfaces through `sockets` (SocketsProbe.namespace_addresses),
+    whose kept `ip addr` both probes stand on."""
+
+    def __init__(self, sockets: SocketsProbe | None = None):
+        self.sockets = sockets if sockets is not None else SocketsProbe()
+        self.views: dict = {}
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> NsViews:
+        taken_at = ctx.clock()
+        ours = {k: _ns(ctx.procfs, "self", k) for k in KINDS}
+        if not all(ours.values()):  # a procfs without self (a fixture tree): nothing to compare
+            return NsViews(taken_at, ())
+        cache = self.views
+        for key in [k for k, (at, _) in cache.items() if taken_at - at >= MAX_AGE_S]:
+            del cache[key]
+        out, errors = [], []
+        for pid in pids:
+            theirs = {k: _ns(ctx.procfs, pid, k) for k in KINDS}
+            if not all(theirs.values()):
+                continue  # gone, or not ours to read: the process probe says which
+            differs = {k: theirs[k] != ours[k] for k in KINDS}
+            if not any(differs.values()):
                 continue
-        hostname, addrs, resolved, unseen, interfaces = cache[key][1]
-        out.append(NsView(pid, " ".join(theirs[k] for k in KINDS if differs[k]), hostname,
-                          addrs, resolved, unseen, interfaces))
-    return NsViews(taken_at, tuple(out), tuple(errors))
+            key = tuple(theirs[k] for k in KINDS)
+            if key not in cache:
+                try:
+                    cache[key] = (taken_at, read_view(
+                        ctx.procfs, pid, differs,
+                        lambda: self.sockets.namespace_addresses(ctx, seen.budget, pid,
+                                                                 theirs["net"])))
+                except LeftOut:
+                    continue  # its user's `ip` runs for this pass are spent: a later pass
+                except Exception as err:  # one rank's view failing leaves the others'
+                    errors.append(f"pid {pid}: {type(err).__name__}: {err}")
+                    continue
+            hostname, addrs, resolved, unseen, interfaces = cache[key][1]
+            out.append(NsView(pid, " ".join(theirs[k] for k in KINDS if differs[k]), hostname,
+                              addrs, resolved, unseen, interfaces))
+        return NsViews(taken_at, tuple(out), tuple(errors))
 
 
 class _Addr:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ... import codec
 from ..budget import MAX_THREADS
-from . import ProbeContext, failure, register
+from . import Look, Pass, ProbeContext, failure, register
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -401,9 +401,15 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
 
 
 @register("process", switchable=False, field="processes", with_launcher=True, help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
+def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Processes:
+    """Every thread's state, wchan and CPU from Look.DETAIL on; at a glance only
+    their schedstat (run-queue wait, which straggler rules use): the daemon's
+    pass over a healthy job, a third of the files. Parents, command lines and
+    environments come from the pass's table when it has read them."""
     taken_at = ctx.clock()
-    parents = ctx.parents if ctx.parents is not None else ppid_map(ctx.procfs)
+    table = seen.table
+    parents = ({pid: info.ppid for pid, info in table.items()} if table is not None
+               else ppid_map(ctx.procfs))
     kids: dict[int, list[int]] = {}
     for child, parent in parents.items():
         kids.setdefault(parent, []).append(child)
@@ -411,11 +417,17 @@ def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Processes:
         uptime = float(_read(f"{ctx.procfs}/uptime").split()[0])
     except (OSError, ValueError, IndexError):
         uptime = -1.0
-    known = ctx.exec_info or {}
+    known = table or {}
     procs = tuple(read_process(ctx.procfs, pid, tuple(sorted(kids.get(pid, ()))),
-                               known.get(pid), ctx.thread_detail, ctx.budget)
+                               _exec_info(known.get(pid)), seen.look >= Look.DETAIL,
+                               seen.budget)
                   for pid in pids)
     return Processes(taken_at, uptime, CLK_TCK, procs)
+
+
+def _exec_info(info) -> tuple | None:
+    """(cmdline, allow-listed env) of a discovery.ProcInfo: they change only at exec."""
+    return (info.cmdline, info.env) if info is not None else None
 
 
 def from_json(obj) -> Processes:

@@ -8,8 +8,8 @@ inside the pid's namespace with nsenter when it is not ours, matched by inode.
 For such a pid the namespace's interfaces too (`ip -o addr`): the host probe
 lists the watcher's, and a rank in a container listens on the container's.
 
-READ: `run`, `_read_*`, `read_ss`, `read_ip_addr`. PARSE (pure): `parse_proc_net_tcp`,
-`parse_ss`, `parse_ip_addr`.
+READ: `SocketsProbe`, `socket_inodes`, `read_table`, `read_ss`, `read_ip_addr`.
+PARSE (pure): `parse_proc_net_tcp`, `parse_ss`, `parse_ip_addr`.
 Unknown numbers are -1: a socket ss did not describe must not look freshly active.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from ... import codec
 from .. import programs
 from ..budget import MAX_ADDRESSES, MAX_FDS, MAX_OUTPUT, TABLE_MAX_AGE_S, owner
-from . import Look, ProbeContext, failure, register
+from . import Look, Pass, Probe, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
@@ -319,77 +319,6 @@ def _ns(procfs: str, pid: int | str) -> str:
         return ""
 
 
-# Sooner for a job without heartbeats: its connections to its peers then say it
-# got past start-up (rules/default.yaml `starting`); again at STACKS with `ss -ti`.
-@register("sockets", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, again_at=Look.STACKS,
-          help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Sockets:
-    if ctx.socket_info:
-        _tool("ss")  # blind without it
-    taken_at = ctx.clock()
-    # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
-    # daemon reading a host /proc mounted elsewhere compares like with like; a
-    # fixture tree has no self: "" then means never nsenter.
-    own_ns = _ns(ctx.procfs, "self")
-    # one read per namespace, shared by the pass's jobs when there is a budget
-    budget = ctx.budget
-    memo = budget.memo if budget is not None else {}
-    tables: dict[str, tuple[TableEntry, ...]] = {}
-    infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
-    ifaces: dict[str, tuple[Interface, ...] | None] = {}
-    out = []
-    for pid in pids:
-        foreign = False
-        try:
-            try:
-                inodes = socket_inodes(ctx.procfs, pid, MAX_FDS)
-            except OSError as err:
-                if err.errno != errno.EMFILE:
-                    raise
-                if budget is not None:
-                    budget.count("fds")
-                out.append(PidSockets(pid, error=f"left out: {err.strerror}"))
-                continue
-            ns = _ns(ctx.procfs, pid)
-            foreign = bool(ns and own_ns and ns != own_ns)
-            if not inodes:
-                pass  # no socket to look up: a namespace's table costs a walk of the
-                # kernel's whole connection hash (observe/budget.py)
-            elif ns and ("table", ns) in memo:
-                tables[ns] = memo["table", ns]
-            elif ns not in tables or not ns:
-                kept = (ctx.ns_cache or {}).get(("table", ns)) if foreign else None
-                if foreign and budget is not None and not budget.take(
-                        "netns", owner(ctx.procfs, pid)):
-                    if kept is None or ctx.clock() - kept[0] >= TABLE_MAX_AGE_S:
-                        out.append(PidSockets(pid, ns, error=LEFT_OUT_NETNS))
-                        continue
-                    tables[ns] = kept[1]  # its user's namespaces are read in turn
-                else:
-                    tables[ns] = read_table(ctx.procfs, pid)
-                    if foreign and ctx.ns_cache is not None:
-                        ctx.ns_cache["table", ns] = (ctx.clock(), tables[ns])
-                if ns:
-                    memo["table", ns] = tables[ns]
-        except (FileNotFoundError, ProcessLookupError, PermissionError) as err:
-            out.append(PidSockets(pid, error=failure(err)))
-            continue
-        if ns not in infos and not ctx.socket_info:
-            infos[ns] = ((), "")  # states and queues from /proc are enough this time
-        if ns not in infos and ns and ("ss", ns) in memo:
-            infos[ns], ifaces[ns] = memo["ss", ns]
-        if ns not in infos:
-            infos[ns], ifaces[ns] = _ss_and_interfaces(ctx, pid, ns, foreign)
-            if ns:
-                memo["ss", ns] = (infos[ns], ifaces[ns])
-        ss_rows, info_error = infos[ns]
-        mine = [e for e in tables.get(ns, ()) if e.inode in inodes]
-        found = match(mine, ss_rows)
-        out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
-                              info_error=info_error, interfaces=ifaces.get(ns)))
-    return Sockets(taken_at, tuple(out))
-
-
 IFACES_MAX_AGE_S = 60.0  # as nshost.MAX_AGE_S
 LEFT_OUT_NETNS = ("left out: its user's network namespaces past what one pass reads "
                   "(observe/budget.py)")
@@ -399,43 +328,130 @@ class LeftOut(Exception):
     """A read its user's budget for the pass refused (observe/budget.py)."""
 
 
-def namespace_addresses(ctx: ProbeContext, pid: int, ns: str) -> tuple[Interface, ...]:
-    """The interfaces and addresses of pid's network namespace `ns`, by `ip -o
-    addr` (MAX_ADDRESSES at most), kept IFACES_MAX_AGE_S in ctx.ns_cache: this
-    probe and nshost both ask, and a namespace of 20 000 addresses then costs an
-    `ip` run a minute, not one per probe and tick. LeftOut past its user's helper
-    runs; OSError, RuntimeError or SubprocessError when `ip` fails."""
-    cache = ctx.ns_cache if ctx.ns_cache is not None else {}
-    kept = cache.get(("ip", ns))
-    if kept is not None and ctx.clock() - kept[0] < IFACES_MAX_AGE_S:
-        return kept[1]
-    if ctx.budget is not None and not ctx.budget.take("helper_runs", owner(ctx.procfs, pid)):
-        raise LeftOut("its user's helper runs past what one pass allows")
-    ifaces = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net", ctx.timeout_s))
-    cache["ip", ns] = (ctx.clock(), ifaces)
-    return ifaces
+# Sooner for a job without heartbeats: its connections to its peers then say it
+# got past start-up (rules/default.yaml `starting`); again at STACKS with `ss -ti`.
+@register("sockets", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, again_at=Look.STACKS,
+          help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
+class SocketsProbe(Probe):
+    """Keeps what it read of network namespaces other than the watcher's
+    (`kept`: ("table" | "ip", namespace) -> (read at, what was read)): a
+    namespace's socket table stands TABLE_MAX_AGE_S for a user past their
+    budget, its interfaces IFACES_MAX_AGE_S (nshost reads them through this
+    probe too)."""
 
+    def __init__(self):
+        self.kept: dict = {}
 
-def _ss_and_interfaces(ctx: ProbeContext, pid: int, ns: str, foreign: bool):
-    """((`ss -ti` rows, error), the namespace's interfaces or None) for pid's
-    namespace `ns`: one helper run each, within the pass's budget for its user."""
-    budget = ctx.budget
-    if budget is not None and not budget.take("helper_runs", owner(ctx.procfs, pid)):
-        return ((), "left out: its user's helper runs past what one pass allows"), None
-    try:
-        info = (parse_ss(read_ss(f"{ctx.procfs}/{pid}/ns/net" if foreign else None,
-                                 ctx.timeout_s)), "")
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        info = ((), f"{type(err).__name__}: {err}")
-    if not foreign:
-        return info, None
-    try:
-        return info, namespace_addresses(ctx, pid, ns)
-    except LeftOut:
-        why = "interfaces: left out"
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        why = f"interfaces: {type(err).__name__}: {err}"
-    return (info[0], "; ".join(filter(None, (info[1], why)))), None
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Sockets:
+        socket_info = seen.look >= Look.STACKS  # `ss -ti` too; the daemon's lean passes: /proc
+        if socket_info:
+            _tool("ss")  # blind without it
+        taken_at = ctx.clock()
+        self._forget_old(taken_at)
+        # ss runs in our namespace unless told otherwise. "self" under ctx.procfs, so a
+        # daemon reading a host /proc mounted elsewhere compares like with like; a
+        # fixture tree has no self: "" then means never nsenter.
+        own_ns = _ns(ctx.procfs, "self")
+        # one read per namespace, shared by the pass's jobs when there is a budget
+        budget = seen.budget
+        memo = budget.memo if budget is not None else {}
+        tables: dict[str, tuple[TableEntry, ...]] = {}
+        infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
+        ifaces: dict[str, tuple[Interface, ...] | None] = {}
+        out = []
+        for pid in pids:
+            foreign = False
+            try:
+                try:
+                    inodes = socket_inodes(ctx.procfs, pid, MAX_FDS)
+                except OSError as err:
+                    if err.errno != errno.EMFILE:
+                        raise
+                    if budget is not None:
+                        budget.count("fds")
+                    out.append(PidSockets(pid, error=f"left out: {err.strerror}"))
+                    continue
+                ns = _ns(ctx.procfs, pid)
+                foreign = bool(ns and own_ns and ns != own_ns)
+                if not inodes:
+                    pass  # no socket to look up: a namespace's table costs a walk of the
+                    # kernel's whole connection hash (observe/budget.py)
+                elif ns and ("table", ns) in memo:
+                    tables[ns] = memo["table", ns]
+                elif ns not in tables or not ns:
+                    kept = self.kept.get(("table", ns)) if foreign else None
+                    if foreign and budget is not None and not budget.take(
+                            "netns", owner(ctx.procfs, pid)):
+                        if kept is None or ctx.clock() - kept[0] >= TABLE_MAX_AGE_S:
+                            out.append(PidSockets(pid, ns, error=LEFT_OUT_NETNS))
+                            continue
+                        tables[ns] = kept[1]  # its user's namespaces are read in turn
+                    else:
+                        tables[ns] = read_table(ctx.procfs, pid)
+                        if foreign:
+                            self.kept["table", ns] = (ctx.clock(), tables[ns])
+                    if ns:
+                        memo["table", ns] = tables[ns]
+            except (FileNotFoundError, ProcessLookupError, PermissionError) as err:
+                out.append(PidSockets(pid, error=failure(err)))
+                continue
+            if ns not in infos and not socket_info:
+                infos[ns] = ((), "")  # states and queues from /proc are enough this time
+            if ns not in infos and ns and ("ss", ns) in memo:
+                infos[ns], ifaces[ns] = memo["ss", ns]
+            if ns not in infos:
+                infos[ns], ifaces[ns] = self._ss_and_interfaces(ctx, budget, pid, ns, foreign)
+                if ns:
+                    memo["ss", ns] = (infos[ns], ifaces[ns])
+            ss_rows, info_error = infos[ns]
+            mine = [e for e in tables.get(ns, ()) if e.inode in inodes]
+            found = match(mine, ss_rows)
+            out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
+                                  info_error=info_error, interfaces=ifaces.get(ns)))
+        return Sockets(taken_at, tuple(out))
+
+    def namespace_addresses(self, ctx: ProbeContext, budget, pid: int,
+                            ns: str) -> tuple[Interface, ...]:
+        """The interfaces and addresses of pid's network namespace `ns`, by `ip -o
+        addr` (MAX_ADDRESSES at most), kept IFACES_MAX_AGE_S: this probe and nshost
+        both ask, and a namespace of 20 000 addresses then costs an `ip` run a
+        minute, not one per probe and tick. LeftOut past its user's helper runs
+        in the pass's `budget`; OSError, RuntimeError or SubprocessError when `ip`
+        fails."""
+        self._forget_old(ctx.clock())
+        kept = self.kept.get(("ip", ns))
+        if kept is not None and ctx.clock() - kept[0] < IFACES_MAX_AGE_S:
+            return kept[1]
+        if budget is not None and not budget.take("helper_runs", owner(ctx.procfs, pid)):
+            raise LeftOut("its user's helper runs past what one pass allows")
+        ifaces = parse_ip_addr(read_ip_addr(f"{ctx.procfs}/{pid}/ns/net", ctx.timeout_s))
+        self.kept["ip", ns] = (ctx.clock(), ifaces)
+        return ifaces
+
+    def _ss_and_interfaces(self, ctx: ProbeContext, budget, pid: int, ns: str, foreign: bool):
+        """((`ss -ti` rows, error), the namespace's interfaces or None) for pid's
+        namespace `ns`: one helper run each, within the pass's budget for its user."""
+        if budget is not None and not budget.take("helper_runs", owner(ctx.procfs, pid)):
+            return ((), "left out: its user's helper runs past what one pass allows"), None
+        try:
+            info = (parse_ss(read_ss(f"{ctx.procfs}/{pid}/ns/net" if foreign else None,
+                                     ctx.timeout_s)), "")
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            info = ((), f"{type(err).__name__}: {err}")
+        if not foreign:
+            return info, None
+        try:
+            return info, self.namespace_addresses(ctx, budget, pid, ns)
+        except LeftOut:
+            why = "interfaces: left out"
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            why = f"interfaces: {type(err).__name__}: {err}"
+        return (info[0], "; ".join(filter(None, (info[1], why)))), None
+
+    def _forget_old(self, now: float) -> None:
+        """What no read would stand on any more (every kind is older than it may be)."""
+        for key in [k for k, (at, _) in self.kept.items() if now - at >= IFACES_MAX_AGE_S]:
+            del self.kept[key]
 
 
 def from_json(obj) -> Sockets:

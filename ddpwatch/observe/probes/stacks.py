@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ... import codec
 from .. import programs
-from . import Look, ProbeContext, register
+from . import Look, Pass, ProbeContext, register
 from ..budget import MAX_DUMP_THREADS
 from .process import parse_stat, read_state
 
@@ -150,10 +150,12 @@ def _finish(proc: subprocess.Popen, deadline: float) -> tuple[str, str]:
     return out, err
 
 
-def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[PidStacks, ...]:
+def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: bool = False,
+              budget=None) -> tuple[PidStacks, ...]:
     """Dump all pids concurrently (each py-spy is mostly waiting on /proc reads);
-    one shared deadline of ctx.timeout_s, doubled when native frames are wanted
-    (symbol loading for libtorch takes ~0.5-1 s)."""
+    one shared deadline of ctx.timeout_s, doubled when `native` frames are wanted
+    (symbol loading for libtorch takes ~0.5-1 s). `budget`: the pass's
+    (observe/budget.py), told of the ranks left out."""
     read = {pid: _state_and_threads(ctx.procfs, pid) for pid in pids}
     states = {pid: state for pid, (state, _) in read.items()}
     results: dict[int, PidStacks] = {}
@@ -167,27 +169,27 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
         elif threads > MAX_DUMP_THREADS:
             # py-spy reads every thread: 4 000 of them take it seconds, and any
             # user can start that many (tests/test_hostile_second.py)
-            if ctx.budget is not None:
-                ctx.budget.count("threads", threads - MAX_DUMP_THREADS)
+            if budget is not None:
+                budget.count("threads", threads - MAX_DUMP_THREADS)
             results[pid] = PidStacks(pid, "error", state, error=(
                 f"left out: {threads} threads, more than the {MAX_DUMP_THREADS} a dump "
                 f"may read"))
         else:
-            native = ctx.native_stacks and state in _NATIVE_OK
+            with_native = native and state in _NATIVE_OK
             running[pid] = (subprocess.Popen(
-                _command(py_spy, pid, native), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, start_new_session=True), native)
-    deadline = time.monotonic() + ctx.timeout_s * (2 if ctx.native_stacks else 1)
-    for pid, (proc, native) in running.items():
+                _command(py_spy, pid, with_native), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, start_new_session=True), with_native)
+    deadline = time.monotonic() + ctx.timeout_s * (2 if native else 1)
+    for pid, (proc, with_native) in running.items():
         state, note = states[pid], ""
         try:
             out, _ = _finish(proc, deadline)
-            results[pid] = PidStacks(pid, "ok", state, native, parse_dump(out))
+            results[pid] = PidStacks(pid, "ok", state, with_native, parse_dump(out))
             continue
         except (subprocess.TimeoutExpired, RuntimeError, ValueError) as err:
             note = ("timeout" if isinstance(err, subprocess.TimeoutExpired)
                     else str(err))
-        if native:  # never leave a rank paused; then retry without pausing it
+        if with_native:  # never leave a rank paused; then retry without pausing it
             _resume_if_left_stopped(ctx.procfs, pid)
             try:
                 retry = subprocess.Popen(_command(py_spy, pid, False), stdout=subprocess.PIPE,
@@ -208,13 +210,15 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...]) -> tuple[Pi
 @register("stacks", expensive=True, privileged=True, look=Look.STACKS, budgeted=True,  # ptrace access to the ranks
           help="py-spy dump --nonblocking of each rank (--native on request); "
                "never dumps a stopped process")
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Stacks:
+def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...], native: bool = False) -> Stacks:
+    """`native`: its caller's option (diagnose --native), native frames too
+    (only of running pids)."""
     py_spy = find_py_spy()
     if py_spy is None:  # the whole probe is blind without it
         raise FileNotFoundError("py-spy not found next to the interpreter or on PATH "
                                 "(pip install py-spy)")
     taken_at = ctx.clock()
-    return Stacks(taken_at, py_spy, run_dumps(ctx, py_spy, pids))
+    return Stacks(taken_at, py_spy, run_dumps(ctx, py_spy, pids, native, seen.budget))
 
 
 def from_json(obj) -> Stacks:

@@ -13,12 +13,13 @@ training job's gigabytes cost nothing. Packet sockets see inbound frames before
 the firewall (netfilter INPUT) drops them, and outbound ones after it passed
 them. Needs CAP_NET_RAW; sees the watcher's network namespace only.
 
-The capture is opened once (`SynCapture`) and kept by its owner, the daemon or
-a diagnose, which drains it every sample: SYN retries come seconds apart, so a
-connect is judged over what accumulated, not over one instant. Headers are
-parsed with struct: scapy would cost the daemon some 40 MB for 40 bytes.
+The capture is opened once (`SynCapture`) and kept by the probe's object
+(`TrafficProbe`, made once for the daemon or a diagnose) while the probe is on,
+drained every pass: SYN retries come seconds apart, so a connect is judged over
+what accumulated, not over one instant. Headers are parsed with struct: scapy
+would cost the daemon some 40 MB for 40 bytes.
 
-READ: `SynCapture`, `run`. PARSE (pure): `parse_segment`, `SynLedger`.
+READ: `SynCapture`, `TrafficProbe`. PARSE (pure): `parse_segment`, `SynLedger`.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from ... import codec
 from ..netns import net_ns, run_in_net_ns
-from . import ProbeContext, register
+from . import Pass, Probe, ProbeContext, register
 
 ETH_P_ALL = 0x0003
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
@@ -281,13 +282,48 @@ def _stamp(ancillary, default: float, wall_to_clock: float) -> float:
     return default
 
 
-@register("traffic", scope="node", help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
+def for_job(traffic: Traffic, job, data: dict) -> Traffic:
+    """The node's connection attempts that concern a job: to or from its sockets'
+    ports (`data`: its job probes' by Snapshot field)."""
+    return for_ports(traffic, local_ports(data.get("sockets")))
+
+
+@register("traffic", scope="node", for_job=for_job, help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
                           "interfaces: a peer's connects this node drops (root)",
           privileged=True)
-def run(ctx: ProbeContext, pids: tuple[int, ...]) -> Traffic:
-    if ctx.syn_capture is None:
-        raise RuntimeError("no packet capture was opened for this probe")
-    return ctx.syn_capture.snapshot()
+class TrafficProbe(Probe):
+    """Holds the packet capture while on, drained every pass (packets carry
+    their own times): it stays open while the probe stays on, so a reload
+    (SIGHUP) loses no attempt."""
+
+    def __init__(self):
+        self.capture: SynCapture | NoCapture | None = None
+
+    def switch(self, ctx: ProbeContext, on: bool) -> None:
+        if on and self.capture is None:
+            self.capture = open_capture(ctx.clock, ctx.procfs)
+        elif not on:
+            self.close()
+
+    def capture_net_of(self, ctx: ProbeContext, pid: int) -> None:
+        """Watch the wire of `pid`'s network namespace instead of ours: a rank on a
+        namespace node, judged from the host, with the connects that arrive there.
+        Nothing changes when the capture is off or already there."""
+        if self.capture is None or net_ns(ctx.procfs, pid) in (
+                "", getattr(self.capture, "net_ns", "")):
+            return
+        self.capture.close()
+        self.capture = open_capture(ctx.clock, ctx.procfs, pid)
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Traffic:
+        if self.capture is None:
+            raise RuntimeError("no packet capture was opened for this probe")
+        return self.capture.snapshot()
+
+    def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()
+            self.capture = None
 
 
 def from_json(obj) -> Traffic:

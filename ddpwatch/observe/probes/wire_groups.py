@@ -6,8 +6,9 @@ connected to, or a full mesh) become one job, launcher kind "wire", numbered
 from the evidence only (tcp_discovery.number). `diagnose` does the same for the
 one pid a person names (tcp_discovery.extend).
 
-The daemon runs this every pass over the whole node, so what is learned is kept
-in a WireWatch (the sampler keeps it across passes):
+The daemon runs this every pass over the whole node, once discovery found the
+jobs it could, so what is learned is kept in a WireWatch (the probe's object
+keeps it across passes):
 * whether a process maps libtorch, per (pid, start time): once mapped it stays
   mapped; one not mapping it yet is looked at again after TORCH_RECHECK_S at the
   earliest (importing torch takes seconds), then twice as long after each miss
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from .. import tcp_discovery
 from ..launchers import env_rank, launcher_kind
 from ..snapshot import Job
-from . import register
+from . import Pass, Probe, ProbeContext, register
 
 TORCH_RECHECK_S = 10.0
 TORCH_RECHECK_MAX_S = 300.0  # a notebook that imports torch late is found within this
@@ -126,11 +127,18 @@ def _job(group) -> Job:
                run_id="", ranks=tuple(ranks.values()), world_size=world)
 
 
-@register("wire_groups", scope="node",
+@register("wire_groups", scope="node", stage="jobs",
           help="ranks started by hand: lone torch processes of one user grouped into a job "
                "by their TCP connections (a TCPStore or a full mesh); reads /proc/PID/maps "
                "and the sockets of unclaimed Python processes")
-def run(ctx, pids: tuple[int, ...]) -> WireGroups:
-    if ctx.wire_watch is None or ctx.procs is None:
-        raise ValueError("needs the caller's WireWatch and process table")
-    return ctx.wire_watch.scan(ctx.procfs, ctx.procs, frozenset(pids), ctx.clock())
+class WireGroupsProbe(Probe):
+    """Keeps its WireWatch across passes; `keep` False: a new one every pass."""
+
+    def __init__(self, keep: bool = True):
+        self.watch = WireWatch() if keep else None
+
+    def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> WireGroups:
+        if seen.table is None:
+            raise ValueError("needs the pass's process table")
+        return (self.watch or WireWatch()).scan(ctx.procfs, seen.table, frozenset(pids),
+                                                ctx.clock())
