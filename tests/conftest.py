@@ -10,6 +10,7 @@ import socket
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -335,3 +336,12 @@ def receivers():
     yield start
     for r in made:
         r.stop()
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory uid 65534 can use (pytest's tmp_path is root-only)."""
+    path = tempfile.mkdtemp(prefix="ddpwatch-hostile-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -21,8 +21,8 @@ import time
 
 import pytest
 from conftest import REPO, Job, free_port, need, wait_until
-from test_daemon import get
-from test_thirdparty_jobs import ANNOUNCE, THIRDPARTY
+from daemons import get
+from thirdparty_jobs import ANNOUNCE, THIRDPARTY
 
 from ddpwatch.observe.probes.wire_groups import TORCH_RECHECK_S
 

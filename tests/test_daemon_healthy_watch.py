@@ -23,8 +23,8 @@ import time
 import psutil
 import pytest
 from conftest import REPO, Job, free_port, need, wait_until
-from test_daemon import get
-from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY
+from daemons import get
+from thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY
 
 from ddpwatch.judge.vocabulary import CALM
 

@@ -303,7 +303,7 @@ def test_slurm_job_under_the_taskprolog_writes_heartbeats_the_daemon_reads(
     (tests/jobs/thirdparty/srun_ddp.py), and the node's daemon reads its ranks'
     heartbeats: DDPWATCH_AUTO=1 came from the prolog alone."""
     from slurm import Slurm
-    from test_daemon import DaemonRun, with_heartbeats
+    from daemons import DaemonRun, with_heartbeats
     cluster = Slurm(tmp_path_factory.mktemp("slurm"),
                     (f"TaskProlog={os.path.join(DEPLOY, 'slurm', 'taskprolog.sh')}",))
     try:
@@ -368,7 +368,7 @@ def test_image_names_the_culprit_of_a_stopped_rank(start_job, hb_dir):
     """The image run as the DaemonSet runs it (run.sh: host PID and network, five
     capabilities, read-only root, the record directory mounted read-only) beside a
     real 2-rank job on the host: SIGSTOP rank 1, the container's /status names it."""
-    from test_daemon import get, our_status, rank_pid, with_heartbeats
+    from daemons import get, our_status, rank_pid, with_heartbeats
     image = build_image()
     name = f"ddpwatch-test-{uuid.uuid4().hex[:8]}"
     port = free_port()

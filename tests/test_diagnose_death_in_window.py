@@ -19,7 +19,7 @@ import time
 import psutil
 
 from conftest import REPO, need, wait_until
-from test_thirdparty_jobs import HEALTHY, start
+from thirdparty_jobs import HEALTHY, start
 from diag import by_rank, until_verdict
 
 ATTEMPTS = 3

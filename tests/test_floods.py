@@ -11,8 +11,8 @@ import time
 
 from conftest import JOB_TAG, wait_until
 from test_alerts import alert
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
-from test_hostile_surface import need_root, no_traceback, keeps_ticking, python_as_nobody
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
+from attacker import need_root, no_traceback, keeps_ticking, python_as_nobody
 
 from ddpwatch.observe.discovery import CLK_TCK
 from ddpwatch.publish import bundle, limits

@@ -16,17 +16,17 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
 import pytest
 
 import otheruser
+from attacker import (NOBODY, job_with, keeps_ticking, need_root, no_traceback,
+                      python_as_nobody, refused_counts)
 from conftest import REPO, free_port, need, wait_until
-from test_daemon import DaemonRun, get
+from daemons import DaemonRun, get
 
-NOBODY = 65534
 TOKEN = "tok-Zq8v1-secret-token"
 WHSEC = "whsec_c2VjcmV0LWZvci10ZXN0cy1vbmx5"
 HOOK_PATH = "T0SECRET/B1SECRET/xyzSECRET"
@@ -62,46 +62,6 @@ BAD_FILES = [
 def run_cli(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "ddpwatch", *args], capture_output=True,
                           text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=REPO))
-
-
-def need_root():
-    need(os.geteuid() == 0 and shutil.which("setpriv") is not None,
-         "needs root and setpriv (util-linux) to attack as uid 65534")
-
-
-def as_nobody(*argv: str, nofile: int | None = None) -> list[str]:
-    """argv run as uid/gid 65534 with no supplementary groups (a local user)."""
-    cmd = otheruser.as_user(NOBODY, *argv)
-    return ["prlimit", f"--nofile={nofile}:{nofile}", *cmd] if nofile else cmd
-
-
-def python_as_nobody(*args: str, nofile: int | None = None) -> list[str]:
-    """`python *args` as uid 65534, from a copy that user can read: the checkout and
-    its interpreter may sit where only root can enter (tests/otheruser.py)."""
-    return as_nobody(*otheruser.runtime().argv(*args), nofile=nofile)
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory uid 65534 can use (pytest's tmp_path is root-only)."""
-    path = tempfile.mkdtemp(prefix="ddpwatch-hostile-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def ticks(daemon, token=None) -> int:
-    return daemon.status(token=token)["tick"]
-
-
-def keeps_ticking(daemon, token=None) -> None:
-    before = ticks(daemon, token)
-    wait_until(lambda: ticks(daemon, token) >= before + 2, 30, what="two more ticks")
-
-
-def no_traceback(daemon) -> None:
-    out = daemon.job.output()
-    assert "Traceback" not in out, out[-3000:]
 
 
 def refusals(daemon) -> list[str]:
@@ -303,11 +263,6 @@ def test_slow_dripping_clients_hold_no_worker(start_job, tmp_path, hb_dir):
     no_traceback(daemon)
 
 
-def refused_counts(metrics: str) -> dict[str, float]:
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^ddpwatch_http_refused_total\{reason="(\w+)"\} (\S+)$', metrics, re.M)}
-
-
 RESET_ATTACK = r"""
 import socket, struct, sys
 port = int(sys.argv[1])
@@ -409,10 +364,6 @@ def strict_json(body: bytes):
     def refuse(name):
         raise AssertionError(f"/status carries {name}")
     return json.loads(body, parse_constant=refuse)
-
-
-def job_with(doc: dict, pid: int):
-    return next((j for j in doc["jobs"] if any(r["pid"] == pid for r in j["ranks"])), None)
 
 
 def test_nan_in_a_users_record_never_reaches_status_json(start_job, tmp_path, hb_dir,
@@ -528,7 +479,7 @@ def test_a_users_stacks_request_dumps_only_their_own_ranks(start_job, tmp_path, 
     asks, and dumped when root does."""
     need_root()
     daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5, "stacks_min_interval_s": 1})
-    from test_daemon import trainer_job
+    from daemons import trainer_job
     trainer = trainer_job(start_job)
     healthy = wait_until(lambda: (lambda j: j if j and j["job"]["verdict"] == "healthy"
                                   and len(j["ranks"]) == 2 else None)(

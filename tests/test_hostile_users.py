@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from conftest import need, wait_until
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 
 NOBODY = 65534
 PYTHON = "/usr/bin/python3"  # the venv's interpreter lives under /root, out of nobody's reach

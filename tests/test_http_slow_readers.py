@@ -15,9 +15,9 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from conftest import wait_until
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
-from test_hostile_surface import (need_root, no_traceback, keeps_ticking, python_as_nobody,
-                                  refused_counts)
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
+from attacker import (need_root, no_traceback, keeps_ticking, python_as_nobody,
+                      refused_counts)
 
 from ddpwatch.publish import bounded_server
 from ddpwatch.publish.bounded_server import BoundedServer, request_class, too_slow

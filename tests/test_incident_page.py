@@ -21,7 +21,7 @@ import urllib.parse
 import html5lib
 
 from conftest import REPO, need, wait_until
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 from test_incident_page_unit import NS, external_refs, parse
 from ddpwatch.publish.page_list import incident_path
 

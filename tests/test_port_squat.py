@@ -30,8 +30,8 @@ import tempfile
 import pytest
 
 from conftest import REPO, free_port, need, wait_until
-from test_daemon import DaemonRun, get, our_status, rank_pid, trainer_job
-from test_hostile_surface import as_nobody, need_root
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
+from attacker import as_nobody, need_root
 
 PYTHON = "/usr/bin/python3"  # the checkout's venv may be out of nobody's reach
 TOKEN = "cluster-token-0123456789abcdef"
@@ -154,7 +154,7 @@ def nobody_gets(url: str, *paths: str) -> dict[str, tuple[int, str]]:
 
 
 def our_status_t(daemon, trainer) -> dict:
-    from test_daemon import ours
+    from daemons import ours
     return ours(daemon.status(token=TOKEN), trainer)
 
 

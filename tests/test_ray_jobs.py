@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 from conftest import Receiver, _job_starter, free_port, need, wait_until
 from diag import by_rank, until_verdict
-from test_daemon import get
-from test_thirdparty_contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
-from test_thirdparty_jobs import ANNOUNCE, SNAPSHOTS, THIRDPARTY
+from daemons import get
+from contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
+from thirdparty_jobs import ANNOUNCE, SNAPSHOTS, THIRDPARTY
 
 # healthy training watched for pages: a minute once (the records change what is
 # read, not what judges a healthy job over time), the diagnoses included

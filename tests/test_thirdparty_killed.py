@@ -24,8 +24,8 @@ import pytest
 
 from conftest import JOB_TAG, REPO, Job, free_port, need, wait_until
 from diag import removed_dir
-from test_daemon import DaemonRun
-from test_thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, need_package, start
+from daemons import DaemonRun
+from thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, need_package, start
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 

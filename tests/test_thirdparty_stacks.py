@@ -17,7 +17,7 @@ import shutil
 import pytest
 from conftest import Job, free_port, need, wait_until
 from diag import by_rank, cpu_has_bf16, diagnose, until_verdict
-from test_thirdparty_jobs import ANNOUNCE, LAUNCH, SNAPSHOTS, THIRDPARTY, start
+from thirdparty_jobs import ANNOUNCE, LAUNCH, SNAPSHOTS, THIRDPARTY, start
 
 from ddpwatch.judge.signals import stack as stack_family
 from ddpwatch.judge.stackmatch import bf16_evidence, call_site, loop_position

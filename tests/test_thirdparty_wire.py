@@ -18,7 +18,7 @@ import sys
 import pytest
 from conftest import Job, free_port, need, wait_until
 from diag import by_rank, diagnose, until_verdict
-from test_thirdparty_jobs import ANNOUNCE, HEALTHY, SNAPSHOTS, THIRDPARTY
+from thirdparty_jobs import ANNOUNCE, HEALTHY, SNAPSHOTS, THIRDPARTY
 
 JOB_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DDPWATCH_DIR")
 

@@ -13,9 +13,9 @@ import sys
 
 from conftest import free_port, need, wait_until
 from diag import by_rank, diagnose
-from test_daemon import DaemonRun
-from test_thirdparty_contention import MINE, _busy, _pin, _stop
-from test_thirdparty_jobs import ANNOUNCE, THIRDPARTY
+from daemons import DaemonRun
+from contention import MINE, _busy, _pin, _stop
+from thirdparty_jobs import ANNOUNCE, THIRDPARTY
 
 
 def test_a_rank_starved_from_its_start_is_named_in_its_first_steps(start_job, tmp_path,

@@ -17,7 +17,7 @@ import socket
 import time
 
 from conftest import wait_until
-from test_daemon import DaemonRun, get
+from daemons import DaemonRun, get
 
 from ddpwatch import sdnotify
 from ddpwatch.commands.run import HOLD_TICK_ENV

@@ -1,0 +1,54 @@
+"""The attacker's side of the hostile tests (tests/hostile): commands run as uid
+65534 (a local user, via setpriv), from a python that user can run
+(otheruser.py), and what every attack test asserts of the daemon under attack:
+it keeps ticking and prints no traceback."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import otheruser
+from conftest import need, wait_until
+
+NOBODY = 65534
+
+
+def need_root():
+    need(os.geteuid() == 0 and shutil.which("setpriv") is not None,
+         "needs root and setpriv (util-linux) to attack as uid 65534")
+
+
+def as_nobody(*argv: str, nofile: int | None = None) -> list[str]:
+    """argv run as uid/gid 65534 with no supplementary groups (a local user)."""
+    cmd = otheruser.as_user(NOBODY, *argv)
+    return ["prlimit", f"--nofile={nofile}:{nofile}", *cmd] if nofile else cmd
+
+
+def python_as_nobody(*args: str, nofile: int | None = None) -> list[str]:
+    """`python *args` as uid 65534, from a copy that user can read: the checkout and
+    its interpreter may sit where only root can enter (tests/otheruser.py)."""
+    return as_nobody(*otheruser.runtime().argv(*args), nofile=nofile)
+
+
+def ticks(daemon, token=None) -> int:
+    return daemon.status(token=token)["tick"]
+
+
+def keeps_ticking(daemon, token=None) -> None:
+    before = ticks(daemon, token)
+    wait_until(lambda: ticks(daemon, token) >= before + 2, 30, what="two more ticks")
+
+
+def no_traceback(daemon) -> None:
+    out = daemon.job.output()
+    assert "Traceback" not in out, out[-3000:]
+
+
+def refused_counts(metrics: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^ddpwatch_http_refused_total\{reason="(\w+)"\} (\S+)$', metrics, re.M)}
+
+
+def job_with(doc: dict, pid: int):
+    return next((j for j in doc["jobs"] if any(r["pid"] == pid for r in j["ranks"])), None)
