@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")  # jobs/, fixtures/, support/: found from any folder
 REQUIRE_ALL = os.environ.get("DDPWATCH_REQUIRE_ALL") == "1"
 JOB_TAG = "DDPWATCH_TEST_JOB"
 

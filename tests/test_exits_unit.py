@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from conftest import need, wait_until
+from conftest import REPO, need, wait_until
 
 from ddpwatch.judge import signals
 from ddpwatch.observe import proc_events
@@ -354,8 +354,7 @@ def test_where_the_kernel_gives_no_events_the_probe_says_what_cannot_be_seen():
             "st = next(p for p in v.probes if p.name == 'exits')\n"
             "print(v.exits is None, st.ok, st.error)\n")
     out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True,
-                         text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
+                         text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("True False RuntimeError: cannot listen to the kernel's "
                                  "process events"), out.stdout

@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 import pytest
+from conftest import TESTS
 
 from ddpwatch.judge.signals import host as host_signals
 from ddpwatch.judge.signals import interfaces as iface_signals
@@ -155,7 +156,7 @@ def test_the_page_says_what_was_not_seen_in_the_ranks_namespaces():
 
 
 def test_a_snapshot_keeps_the_ranks_view_and_older_ones_load_without_it(tmp_path):
-    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+    fixture = os.path.join(TESTS, "fixtures", "snapshots",
                            "two_nodes_lone_node0.json")
     history = load(fixture)  # saved before the nshost probe: not looked
     assert all(s.ns_hosts is None for s in history)
@@ -171,7 +172,7 @@ def test_replayed_host_view_of_node1_is_node1s_and_without_it_the_watchers():
     node 1's view; with that view taken out, the evidence falls back to the
     watcher's own hostname, which is what the probe is for."""
     from ddpwatch.judge import signals
-    history = load(os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+    history = load(os.path.join(TESTS, "fixtures", "snapshots",
                                 "two_nodes_nsview_outside.json"))
     (rank1,) = signals.measure(history)
     assert rank1["node"] == "node1" and rank1["hostname_addrs"] == "127.0.1.1"

@@ -12,12 +12,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import TESTS
 
 from ddpwatch import codec
 from ddpwatch.observe.probes import Pass, ProbeContext, load_all, make, run_probe
 from ddpwatch.observe.probes import host as H
 
-CPUINFO = os.path.join(os.path.dirname(__file__), "fixtures", "cpuinfo")
+CPUINFO = os.path.join(TESTS, "fixtures", "cpuinfo")
 
 
 def cpuinfo(name):

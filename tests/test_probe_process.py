@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from conftest import need, wait_until
+from conftest import TESTS, need, wait_until
 from ddpwatch import codec
 from ddpwatch.observe.discovery import ProcInfo
 from ddpwatch.observe.probes import (Look, Outcome, Pass, ProbeContext, failure, load_all, make,
                                      outcome, run_probe)
 from ddpwatch.observe.probes import process as P
 
-FX = os.path.join(os.path.dirname(__file__), "fixtures", "proc")
+FX = os.path.join(TESTS, "fixtures", "proc")
 CTX = ProbeContext(procfs=FX, clock=lambda: 100.0)
 
 

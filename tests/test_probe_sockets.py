@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from conftest import need, wait_until
+from conftest import TESTS, need, wait_until
 from ddpwatch import codec
 from ddpwatch.observe.probes import Pass, ProbeContext, load_all, make, run_probe
 from ddpwatch.observe.probes import sockets as S
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+FIX = os.path.join(TESTS, "fixtures")
 PROC = os.path.join(FIX, "proc")
 HOST_NS = "net:[4026531833]"  # the namespace the fixtures' ranks ran in
 

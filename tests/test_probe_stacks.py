@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from conftest import REPO, need, wait_until
+from conftest import REPO, TESTS, need, wait_until
 from ddpwatch import codec
 from ddpwatch.observe.probes import Pass, ProbeContext, load_all
 from ddpwatch.observe.probes import process
 from ddpwatch.observe.probes import stacks as K
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+FIX = os.path.join(TESTS, "fixtures")
 PYSPY = os.path.join(FIX, "pyspy")
 PROC = os.path.join(FIX, "proc")
 

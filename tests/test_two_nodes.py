@@ -23,13 +23,13 @@ import sys
 import time
 
 import pytest
-from conftest import Job, free_port, need, wait_until
+from conftest import REPO, TESTS, Job, free_port, need, wait_until
 from diag import by_rank, diagnose, until_verdict, verdicts
 from twonodes import TOKEN, CpuQuota, Net, Node, get_json, start_pair
 
 from ddpwatch.observe.snapshot import load_remote
 
-SNAPSHOTS = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots")
+SNAPSHOTS = os.path.join(TESTS, "fixtures", "snapshots")
 TRAINER = [sys.executable, "-m", "trainer", "--device-type=cpu", "--steps=0"]
 HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 STRAGGLER = {0: ("waiting_on_peer", "victim"), 1: ("straggler", "culprit")}
@@ -43,7 +43,7 @@ class Starter:
 
     def __call__(self, argv, env=None, name="job"):
         full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                    PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    PYTHONPATH=REPO)
         full.update(env or {})
         self.jobs.append(Job(argv, full, str(self.tmp / f"{name}-{len(self.jobs)}.log")))
         return self.jobs[-1]
@@ -201,7 +201,7 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
     """The same quota on a plain torchrun script (tests/jobs/thirdparty), no
     heartbeats: both pages compare the ranks by their run-queue wait, each node's
     own clock's ratio."""
-    script = os.path.join(os.path.dirname(__file__), "jobs", "thirdparty", "torchrun_ddp.py")
+    script = os.path.join(TESTS, "jobs", "thirdparty", "torchrun_ddp.py")
     net = Net()
     start = Starter(tmp_path)
     quota = None

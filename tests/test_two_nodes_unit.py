@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from conftest import REPO, TESTS
+
 from ddpwatch.judge.signals import peers, window
 from ddpwatch.judge.signals.sockets import remote_addrs
 from ddpwatch.observe.netns import net_ns
@@ -86,11 +88,11 @@ def test_the_incident_page_names_a_culprit_elsewhere():
     from ddpwatch.judge import classify, rules
     from ddpwatch.observe.snapshot import load
     from ddpwatch.publish import page, report
-    path = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+    path = os.path.join(TESTS, "fixtures", "snapshots",
                         "two_nodes_lone_node0.json")
     history = load(path)
     judged = classify.judge(history, rules.load(os.path.join(
-        os.path.dirname(os.path.dirname(__file__)), "rules", "default.yaml")))
+        REPO, "rules", "default.yaml")))
     doc = report.as_json(judged, history[-1])
     html = page.render(doc, history)
     assert "culprit: a rank on 10.233." in html and "(not watched from this node)" in html
@@ -106,7 +108,7 @@ def test_a_straggler_on_a_slower_cpu_names_both_cpu_models():
 
     from ddpwatch.judge import classify, rules as rules_mod
     from ddpwatch.observe.snapshot import load, load_remote
-    path = os.path.join(os.path.dirname(__file__), "fixtures", "snapshots",
+    path = os.path.join(TESTS, "fixtures", "snapshots",
                         "two_nodes_throttled_node0.json")
     history, remote = load(path), load_remote(path)
     rules = rules_mod.load_default(None)
