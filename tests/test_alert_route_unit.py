@@ -7,7 +7,7 @@ import os
 
 import pytest
 from conftest import REPO
-from test_peers_unit import node_view, over_the_wire
+from peer_views import node_view, over_the_wire
 
 from ddpwatch.judge import classify, rules as rules_mod
 from ddpwatch.publish.alerts.route import AlertRoute, owner_node

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import REPO, free_port, wait_until
+from crafted import alert
 
 from ddpwatch.publish.alerts import (
     Alert,
@@ -49,15 +50,6 @@ def dispatchers():
     yield start
     for d in made:
         d.close(0)
-
-
-def alert(status="firing", iid="inc-1", **kw) -> Alert:
-    fields = dict(node="node-a", job="run-42", verdict="hung_outside_collective",
-                  culprits=(3,), summary="rank 3 sleeps outside all_reduce #17; ranks 0-2 wait",
-                  started_at=1_700_000_000.0, ended_at=0.0 if status == "firing" else 1_700_000_090.0,
-                  status_url="http://node-a:19500/status")
-    fields.update(kw)
-    return Alert(status=status, incident_id=iid, **fields)
 
 
 def one(kind, url, **kw):

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 from conftest import Receiver, free_port, need, wait_until
-from test_alerts import alert
+from crafted import alert
 
 from ddpwatch.publish.alerts import Dispatcher, build_sinks
 

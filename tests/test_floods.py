@@ -10,7 +10,7 @@ import signal
 import time
 
 from conftest import JOB_TAG, wait_until
-from test_alerts import alert
+from crafted import alert
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 from attacker import need_root, no_traceback, keeps_ticking, python_as_nobody
 

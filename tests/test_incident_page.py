@@ -7,124 +7,20 @@ job has no incident page; once SIGCONT lets the job on, the page says when and
 how the incident resolved."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
-import struct
 import sys
-import threading
-import time
-import urllib.parse
 
 import html5lib
 
-from conftest import REPO, need, wait_until
+from conftest import need, wait_until
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
-from test_incident_page_unit import NS, external_refs, parse
+from pages import (CHROMIUM, NS, RecordingProxy, artifacts_dir, chromium, external_refs, parse,
+                   png_size)
 from ddpwatch.publish.page_list import incident_path
 
 EXTERNAL = "https://ddpwatch.example/node1"
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--disable-default-apps", "--hide-scrollbars",
-                  "--disable-extensions", "--no-default-browser-check")
-
-
-def artifacts_dir() -> str:
-    path = os.environ.get("DDPWATCH_ARTIFACTS") or os.path.join(REPO, "test-artifacts")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-class RecordingProxy:
-    """Chromium's only way out (--proxy-server, loopback included): every
-    connection it opens is recorded with its first line (CONNECT host:443, GET
-    http://...) and refused an answer."""
-
-    def __init__(self):
-        self.seen: list[str] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._record, args=(conn,), daemon=True).start()
-
-    def _record(self, conn):
-        with conn:
-            conn.settimeout(5)
-            try:
-                first = conn.recv(4096).split(b"\r\n", 1)[0].decode("latin-1")
-            except OSError:
-                first = ""
-            # A connection closed before a byte was sent asked for nothing (Chromium
-            # preconnects, and closes what it preconnected when it exits).
-            if first:
-                self.seen.append(first)
-
-    def close(self):
-        self.sock.close()
-
-
-def chromium(start_job, tmp_path, proxy, url: str, *mode: str, out: str | None = None) -> list:
-    """One headless Chromium run (its own process group, killed at teardown).
-    Returns the requests it made off the machine that the page made: see
-    page_requests."""
-    netlog = str(tmp_path / f"netlog-{time.monotonic_ns()}.json")
-    argv = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}",
-            f"--proxy-server=http://127.0.0.1:{proxy.port}", "--proxy-bypass-list=<-loopback>",
-            f"--log-net-log={netlog}", *mode, url]
-    if out:  # --dump-dom writes the DOM to stdout; the job log keeps stderr
-        argv = ["bash", "-c", 'exec "$@" >"$0"', out, *argv]
-    before = len(proxy.seen)
-    job = start_job(argv, name="chromium")
-    code = job.wait(timeout=180)
-    assert code == 0, job.output()[-3000:]
-    return page_requests(netlog, proxy.seen[before:])
-
-
-def page_requests(netlog: str, proxied: list[str]) -> list:
-    """What the page asked the network for. Chromium itself phones home whatever
-    the flags say (component updater, network time, accounts: seen here with
-    --disable-background-networking --disable-component-update); its NetLog
-    tells them apart: the browser's own requests have no initiator ("not an
-    origin"), a page's carry the page's origin. Every request the proxy saw must
-    be one of the browser's own, and no request may come from the page."""
-    with open(netlog) as f:
-        log = json.load(f)
-    names = {v: k for k, v in log["constants"]["logEventTypes"].items()}
-    starts = [e["params"] for e in log["events"]
-              if names.get(e["type"]) == "URL_REQUEST_START_JOB" and "url" in e.get("params", {})]
-    from_page = [p["url"] for p in starts if not p["url"].startswith("file:")
-                 and p.get("initiator") != "not an origin"]
-    own_hosts = {urllib.parse.urlsplit(p["url"]).hostname for p in starts
-                 if p.get("initiator") == "not an origin"}
-    unexplained = [line for line in proxied if _proxied_host(line) not in own_hosts]
-    return from_page + unexplained
-
-
-def _proxied_host(line: str) -> str | None:
-    """The host of a proxy request line: CONNECT host:443 / GET http://host/..."""
-    method, _, rest = line.partition(" ")
-    target = rest.split(" ", 1)[0]
-    if method == "CONNECT":
-        return target.rsplit(":", 1)[0].strip("[]")
-    return urllib.parse.urlsplit(target).hostname
-
-
-def png_size(path: str) -> tuple[int, int]:
-    with open(path, "rb") as f:
-        head = f.read(24)
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    return struct.unpack(">II", head[16:24])
 
 
 def our_incident(daemon, key):

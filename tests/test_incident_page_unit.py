@@ -12,10 +12,10 @@ import re
 import urllib.error
 import urllib.request
 
-import html5lib
 import pytest
 
 from conftest import REPO
+from pages import NS, external_refs, parse
 from ddpwatch import cli, errors
 from ddpwatch.config import load as load_config
 from ddpwatch.errors import ConfigError
@@ -30,7 +30,6 @@ from ddpwatch.publish.page_list import incident_path
 from ddpwatch.publish.view import DaemonView, Incident, JobView
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "snapshots")
-NS = {"h": "http://www.w3.org/1999/xhtml", "s": "http://www.w3.org/2000/svg"}
 
 
 def judged(name: str):
@@ -42,31 +41,6 @@ def judged(name: str):
 def doc_of(name: str) -> tuple[dict, tuple]:
     judgement, history = judged(name)
     return report.as_json(judgement, history[-1]), history
-
-
-def parse(html: str):
-    """Strict HTML5 parsing: any parse error (bad nesting, stray tag) raises."""
-    return html5lib.HTMLParser(strict=True, namespaceHTMLElements=True).parse(html)
-
-
-def external_refs(html: str) -> list[str]:
-    """Every reference in the markup that would make a browser fetch something
-    off the page: any URL-bearing attribute that is not a fragment or a relative
-    path, and url()/@import in styles (attributes and <style>)."""
-    tree = parse(html)
-    refs = []
-    for el in tree.iter():
-        for name, value in el.attrib.items():
-            local = name.rsplit("}", 1)[-1].lower()
-            if local in ("src", "href", "action", "poster", "data", "srcset", "formaction",
-                         "background", "manifest", "ping"):
-                if re.match(r"\s*([a-z][a-z0-9+.-]*:|//)", value, re.I):
-                    refs.append(value)
-            if local == "style" and re.search(r"url\(|@import", value, re.I):
-                refs.append(value)
-        if str(el.tag).endswith("}style") and re.search(r"url\(|@import", el.text or "", re.I):
-            refs.append(el.text)
-    return refs
 
 
 def texts(tree, xpath: str) -> list[str]:

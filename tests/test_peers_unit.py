@@ -4,7 +4,6 @@ culprit, with the other node's signals (as /peer serves them, through JSON)
 both do. Polling: fresh answers are used, old ones dropped, bad ones named."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -15,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import REPO
+from peer_views import node_view, over_the_wire
 
 from ddpwatch.judge import classify, rules as rules_mod
 from ddpwatch.publish.peers import PeerPoller
@@ -27,31 +27,6 @@ SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
 @pytest.fixture(scope="module")
 def rules():
     return rules_mod.load(os.path.join(REPO, "rules", "default.yaml"))
-
-
-def node_view(history, rank: int, node: str):
-    """What a daemon on a node holding only `rank` would have seen."""
-    out = []
-    for snap in history:
-        keep = [i for i, r in enumerate(snap.heartbeats.records) if r.rank == rank]
-        pids = tuple(snap.heartbeats.records[i].pid for i in keep)
-        hb = dataclasses.replace(snap.heartbeats,
-                                 records=tuple(snap.heartbeats.records[i] for i in keep),
-                                 alive=tuple(snap.heartbeats.alive[i] for i in keep))
-        job = dataclasses.replace(snap.job, rank_pids=tuple(p for p in snap.job.rank_pids
-                                                            if p in pids))
-        # one rank per node: the master is on another address, one local rank
-        procs = tuple(dataclasses.replace(p, env={**p.env, "MASTER_ADDR": "10.0.0.1",
-                                                  "LOCAL_WORLD_SIZE": "1"})
-                      for p in snap.processes.procs)
-        out.append(dataclasses.replace(
-            snap, heartbeats=hb, job=job, host=dataclasses.replace(snap.host, hostname=node),
-            processes=dataclasses.replace(snap.processes, procs=procs)))
-    return tuple(out)
-
-
-def over_the_wire(judgement):
-    return tuple(json.loads(json.dumps(judgement.local)))
 
 
 @pytest.mark.parametrize("fixture, culprit_verdict", [

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port, need, wait_until
 from prometheus_client import CONTENT_TYPE_LATEST
-from test_metrics import ALERT_STATS, PEERS, daemon_view, paused_job, straggler_job
+from crafted import ALERT_STATS, PEERS, daemon_view, paused_job, straggler_job
 
 from ddpwatch.publish.metrics import make_registry, render
 from ddpwatch.judge.vocabulary import NAMES as VERDICTS

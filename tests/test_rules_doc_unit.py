@@ -5,7 +5,7 @@ import os
 import re
 
 from conftest import REPO
-from test_replay import EXPECTED
+from replay_expected import EXPECTED
 
 from ddpwatch import cli
 from ddpwatch.judge import rules as rules_mod, stages

@@ -22,8 +22,7 @@ import sys
 import html5lib
 import pytest
 from conftest import REPO, need
-from test_incident_page import CHROMIUM, RecordingProxy, artifacts_dir, chromium, png_size
-from test_incident_page_unit import NS
+from pages import CHROMIUM, NS, RecordingProxy, artifacts_dir, chromium, png_size
 
 from ddpwatch.publish.bundle import dir_name
 

@@ -1,30 +1,10 @@
 """Grouping ranks by their connections (observe/tcp_discovery.py), on built socket tables."""
 from __future__ import annotations
 
+from socket_tables import NS, est, listen, pair_job, server_and_client
+
 from ddpwatch.observe import tcp_discovery
 from ddpwatch.observe.probes.sockets import TableEntry
-
-NS = "net:[4026531840]"
-LO = "127.0.0.1"
-
-
-def est(ino, lport, pport, laddr=LO, paddr=LO):
-    return TableEntry(ino, "tcp", "ESTABLISHED", laddr, lport, paddr, pport, 0, 0, 0)
-
-
-def listen(ino, port):
-    return TableEntry(ino, "tcp", "LISTEN", "0.0.0.0", port, "0.0.0.0", 0, 0, 0, 0)
-
-
-def pair_job(extra_for_1=()):
-    """Rank 0 (pid 10) hosts the store on 29500; both are its clients; one Gloo
-    connection between them (rank 1 dials rank 0's port 40000)."""
-    return {
-        10: (NS, (listen(1, 29500), est(2, 50000, 29500), est(3, 29500, 50000),
-                  est(4, 29500, 50001), listen(5, 40000), est(6, 40000, 50002))),
-        11: (NS, (est(7, 50001, 29500), est(8, 50002, 40000)) + tuple(extra_for_1)),
-        12: (NS, (est(9, 51000, 80, paddr="10.0.0.9"),)),  # someone else's HTTP client
-    }
 
 
 def test_links_pair_the_two_ends_of_a_connection():
@@ -99,12 +79,6 @@ def test_component_goes_through_members_only():
 
 
 # ---- the daemon's rule: which lone torch processes have the shape of one DDP job
-
-def server_and_client():
-    """An inference server (pid 20, port 8000) and its client (21), both torch
-    processes of one user: one connection, nobody dials their own port."""
-    return {20: (NS, (listen(30, 8000), est(31, 8000, 52000))),
-            21: (NS, (est(32, 52000, 8000),))}
 
 
 def test_a_store_host_and_its_clients_are_a_ddp_group():

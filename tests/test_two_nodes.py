@@ -18,39 +18,18 @@ copies the snapshots judged into tests/fixtures/snapshots (two_nodes_*.json).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 
 import pytest
-from conftest import REPO, TESTS, Job, free_port, need, wait_until
-from diag import by_rank, diagnose, until_verdict, verdicts
-from twonodes import TOKEN, CpuQuota, Net, Node, get_json, start_pair
+from conftest import TESTS, free_port, need, wait_until
+from diag import by_rank, until_verdict
+from twonodes import (HEALTHY, TOKEN, TRAINER, CpuQuota, Net, Node, Starter, get_json, job_on,
+                      seen, start_pair, until_diagnosed)
 
 from ddpwatch.observe.snapshot import load_remote
 
-SNAPSHOTS = os.path.join(TESTS, "fixtures", "snapshots")
-TRAINER = [sys.executable, "-m", "trainer", "--device-type=cpu", "--steps=0"]
-HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
 STRAGGLER = {0: ("waiting_on_peer", "victim"), 1: ("straggler", "culprit")}
-
-
-class Starter:
-    """start_job for a module: Jobs killed when the module's scenario ends."""
-
-    def __init__(self, tmp):
-        self.tmp, self.jobs = tmp, []
-
-    def __call__(self, argv, env=None, name="job"):
-        full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                    PYTHONPATH=REPO)
-        full.update(env or {})
-        self.jobs.append(Job(argv, full, str(self.tmp / f"{name}-{len(self.jobs)}.log")))
-        return self.jobs[-1]
-
-    def kill(self):
-        for job in self.jobs:
-            job.kill()
 
 
 # The straggler on node 1 by what each view sees: its own durations or run-queue
@@ -58,42 +37,6 @@ class Starter:
 # daemon, its diagnose, the peer view), the cgroup quota itself
 ACROSS = ("straggler-across-nodes", "straggler-throttled")
 STARVED_ACROSS = ("straggler-starved-across-nodes", "straggler-throttled")
-
-def seen(node: Node, key: str | None) -> dict:
-    """{rank: (verdict, role)} of job `key` on the node's /status (None: the job
-    holding rank 1, whatever its key: torchrun's depends on its rendezvous)."""
-    job = job_on(node, key)
-    return {r["rank"]: (r["verdict"], r["role"]) for r in job["ranks"]} if job else {}
-
-
-def job_on(node: Node, key: str | None):
-    return next((j for j in (node.status() or {}).get("jobs", []) if j["key"] == key or (
-        key is None and 1 in {r["rank"] for r in j["ranks"]})), None)
-
-
-def diagnose_in(node: Node, pid: int, *extra: str, save: str = "") -> dict:
-    """`ddpwatch diagnose` run inside the node's namespaces, on its rank `pid` (host pid)."""
-    path = os.path.join(node.root, f"{save or 'diag'}.json")
-    _, report = diagnose(node.ns_pid(pid), "--save-snapshot", path, *extra,
-                         hb_dir=str(node.root / "hb"), prefix=node.enter(pid))
-    if save and os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
-        shutil.copy(path, os.path.join(SNAPSHOTS, f"{save}.json"))
-    return report
-
-
-def until_diagnosed(node: Node, pid: int, expected: dict, *extra: str, save: str = "",
-                    timeout: float = 60) -> dict:
-    last = {}
-
-    def check():
-        nonlocal last
-        last = diagnose_in(node, pid, *extra, save=save)
-        return last if all(verdicts(last).get(r) == v for r, v in expected.items()) else None
-    try:
-        return wait_until(check, timeout, interval=0.5, what=f"diagnose on {node.name}: {expected}")
-    except BaseException:
-        print({r["rank"]: (r["verdict"], r["rule"], r["evidence"]) for r in last.get("ranks", [])})
-        raise
 
 
 def lone_daemon(start: Starter, node: Node, pid: int) -> str:

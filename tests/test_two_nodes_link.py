@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import need, wait_until
-from test_two_nodes import HEALTHY, TRAINER, Starter, job_on, seen, until_diagnosed
-from twonodes import TOKEN, Net, run, start_pair
+from twonodes import (HEALTHY, TOKEN, TRAINER, Net, Starter, job_on, run, seen, start_pair,
+                      until_diagnosed)
 
 SLOW = {0: ("slow_collective", "none"), 1: ("slow_collective", "none")}
 RATE = ("rate", "8mbit", "burst", "32kbit", "latency", "400ms")

@@ -17,8 +17,8 @@ import sys
 import pytest
 from conftest import free_port, wait_until
 from diag import by_rank, until_verdict
-from test_two_nodes import SNAPSHOTS, TRAINER, Starter, until_diagnosed
-from twonodes import TOKEN, Net, get_json, start_pair
+from twonodes import (SNAPSHOTS, TOKEN, TRAINER, Net, Starter, get_json, start_pair,
+                      until_diagnosed)
 
 from ddpwatch.observe.probes.nshost import hosts_sources
 

@@ -18,7 +18,7 @@ from ddpwatch.observe.probes import ProbeContext, wire_groups
 from ddpwatch.observe.probes.sockets import TCP_STATES, TableEntry
 from ddpwatch.observe.probes.wire_groups import WireWatch
 from ddpwatch.observe.sampler import Sampler
-from test_tcp_discovery_unit import NS, est, listen, pair_job, server_and_client
+from socket_tables import NS, est, listen, pair_job, server_and_client
 
 PY = ("/usr/bin/python3", "train.py")
 STATE = {name: code for code, name in TCP_STATES.items()}

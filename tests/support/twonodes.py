@@ -6,7 +6,10 @@ bridge, as a watcher outside the nodes would.
 
 Node 0 (the master) gets the higher address: Gloo connects each pair from the
 higher address to the lower, so node 0 dials node 1 as the master dialled its
-worker in docs/design.md "A firewall that drops Gloo's data connections"."""
+worker in docs/design.md "A firewall that drops Gloo's data connections".
+
+The tests in tests/nodes share the rest: the jobs started on the nodes (Starter,
+TRAINER) and what each node says of them (seen, job_on, until_diagnosed)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +24,8 @@ import uuid
 
 import psutil
 
-from conftest import free_port, is_torchrun_agent, need, runs_module
+from conftest import REPO, TESTS, Job, free_port, is_torchrun_agent, need, runs_module, wait_until
+from diag import diagnose, verdicts
 
 TOKEN = "two-nodes-token"
 
@@ -253,3 +257,63 @@ def _cgroup_dir() -> tuple[str, str]:
             "/sys/fs/cgroup/cpu", os.W_OK):
         return "v1", "/sys/fs/cgroup/cpu"
     return "", ""
+
+
+SNAPSHOTS = os.path.join(TESTS, "fixtures", "snapshots")
+TRAINER = [sys.executable, "-m", "trainer", "--device-type=cpu", "--steps=0"]
+HEALTHY = {0: ("healthy", "none"), 1: ("healthy", "none")}
+
+
+class Starter:
+    """start_job for a module: Jobs killed when the module's scenario ends."""
+
+    def __init__(self, tmp):
+        self.tmp, self.jobs = tmp, []
+
+    def __call__(self, argv, env=None, name="job"):
+        full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                    PYTHONPATH=REPO)
+        full.update(env or {})
+        self.jobs.append(Job(argv, full, str(self.tmp / f"{name}-{len(self.jobs)}.log")))
+        return self.jobs[-1]
+
+    def kill(self):
+        for job in self.jobs:
+            job.kill()
+
+
+def seen(node: Node, key: str | None) -> dict:
+    """{rank: (verdict, role)} of job `key` on the node's /status (None: the job
+    holding rank 1, whatever its key: torchrun's depends on its rendezvous)."""
+    job = job_on(node, key)
+    return {r["rank"]: (r["verdict"], r["role"]) for r in job["ranks"]} if job else {}
+
+
+def job_on(node: Node, key: str | None):
+    return next((j for j in (node.status() or {}).get("jobs", []) if j["key"] == key or (
+        key is None and 1 in {r["rank"] for r in j["ranks"]})), None)
+
+
+def diagnose_in(node: Node, pid: int, *extra: str, save: str = "") -> dict:
+    """`ddpwatch diagnose` run inside the node's namespaces, on its rank `pid` (host pid)."""
+    path = os.path.join(node.root, f"{save or 'diag'}.json")
+    _, report = diagnose(node.ns_pid(pid), "--save-snapshot", path, *extra,
+                         hb_dir=str(node.root / "hb"), prefix=node.enter(pid))
+    if save and os.environ.get("DDPWATCH_SAVE_FIXTURES") == "1":
+        shutil.copy(path, os.path.join(SNAPSHOTS, f"{save}.json"))
+    return report
+
+
+def until_diagnosed(node: Node, pid: int, expected: dict, *extra: str, save: str = "",
+                    timeout: float = 60) -> dict:
+    last = {}
+
+    def check():
+        nonlocal last
+        last = diagnose_in(node, pid, *extra, save=save)
+        return last if all(verdicts(last).get(r) == v for r, v in expected.items()) else None
+    try:
+        return wait_until(check, timeout, interval=0.5, what=f"diagnose on {node.name}: {expected}")
+    except BaseException:
+        print({r["rank"]: (r["verdict"], r["rule"], r["evidence"]) for r in last.get("ranks", [])})
+        raise
