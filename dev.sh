@@ -6,12 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# chromium: the incident page is opened headless (tests/test_incident_page.py);
+# chromium: the incident page is opened headless (tests/alerts/test_incident_page.py);
 # systemd: systemd-analyze checks the unit; strace: the unit's syscall filter is
-# checked against what the probes really call (tests/test_hostile_surface.py);
-# openmpi-bin: a real mpirun job (tests/test_thirdparty_jobs.py); mmdebstrap, podman,
+# checked against what the probes really call (tests/hostile/test_hostile_surface.py);
+# openmpi-bin: a real mpirun job (tests/thirdparty/test_thirdparty_jobs.py); mmdebstrap, podman,
 # runc: the container image is built and run beside a real job (deploy/image,
-# tests/test_deploy.py; runc where crun refuses the host's cgroups). kubectl,
+# tests/deploy/test_deploy.py; runc where crun refuses the host's cgroups). kubectl,
 # which renders deploy/kubernetes, is no Debian package: these machines come with it
 DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace openmpi-bin slurm-wlm
                  util-linux mmdebstrap podman runc)

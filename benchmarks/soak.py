@@ -14,7 +14,7 @@ recompiles mid-run) and a Lightning job (validation, ModelCheckpoint).
 The daemon runs with its defaults but for a generic webhook and resolve_after_s
 10 s; what is measured is what a user gets. Before the faults its pause_floor_s
 is lowered by a reload (--fault-floor, 20 s), so that the busy-loop fault pages
-within the run. tests/test_soak.py runs a short
+within the run. tests/daemon/test_soak.py runs a short
 version of the same in the suite (soak tests belong here).
 """
 from __future__ import annotations

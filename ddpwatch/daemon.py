@@ -177,7 +177,7 @@ class Daemon:
         requested, self.stacks_requested = self.stacks_requested, frozenset()
         self._requested = requested
         # Jobs are who owns them (uid, launcher); a run id is only their label
-        # (two users' jobs may claim one: tests/test_hostile_unit.py)
+        # (two users' jobs may claim one: tests/unit/publish/test_hostile_unit.py)
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
@@ -250,7 +250,7 @@ class Daemon:
     def _per_user(self, jobs: list) -> list:
         """At most MAX_JOBS_PER_UID jobs of each user but root are watched, their
         oldest first: every job costs the tick its reads, and any user can start
-        hundreds (observe/budget.py; tests/test_hostile_second.py). What is left out
+        hundreds (observe/budget.py; tests/hostile/test_hostile_second.py). What is left out
         is counted in ddpwatch_left_out_total{what="jobs"}."""
         table = self._survey.table
         keyed = [(discovery.owner_key(job, table), job) for job in jobs]

@@ -6,7 +6,7 @@ WATCHDOG_USEC (and WATCHDOG_PID, the process meant) and expects "WATCHDOG=1"
 more often than that; a service silent for longer is killed (SIGABRT) and, with
 Restart=on-failure, started again. `Watchdog.ping` is called from the tick loop
 only (commands/run.py), never from a thread of its own: a tick that hangs stops
-the pings, which is the point (tests/test_watchdog.py)."""
+the pings, which is the point (tests/deploy/test_watchdog.py)."""
 from __future__ import annotations
 
 import os
@@ -78,7 +78,7 @@ def listen_socket(environ=None, pid: int | None = None) -> socket.socket | None:
     LISTEN_FDS=1 and LISTEN_PID this process), or None. systemd/ddpwatch.socket
     holds the daemon's port from boot on, across every restart, so no local user
     can bind it while the daemon is down and play daemon to its clients
-    (tests/test_port_squat.py). The variables are removed so that no child
+    (tests/hostile/test_port_squat.py). The variables are removed so that no child
     (py-spy, nsenter) takes them for its own."""
     env = os.environ if environ is None else environ
     count, meant = env.get("LISTEN_FDS", ""), env.get("LISTEN_PID", "")

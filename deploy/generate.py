@@ -6,9 +6,9 @@
   kubernetes/grafana-dashboard.yaml  a ConfigMap holding grafana/ddpwatch.json, labelled
                                      grafana_dashboard: "1" for the Grafana sidecar
 
-The sources stay the one place to edit (promtool and tests/test_prometheus.py test
+The sources stay the one place to edit (promtool and tests/alerts/test_prometheus.py test
 them); run this after changing one. `--check` writes nothing and exits 1 naming
-the files that differ from what it would write (tests/test_deploy.py runs it).
+the files that differ from what it would write (tests/deploy/test_deploy.py runs it).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`ddpwatch rules doc [--fixtures DIR]`: print docs/rules.md, the reference of
 every rule and signal (judge/reference.py), with the replay fixtures each
 shipped rule decides or finds in: each fixture judged with the shipped rules,
-as tests/test_replay.py judges it."""
+as tests/unit/judge/test_replay.py judges it."""
 from __future__ import annotations
 
 import glob

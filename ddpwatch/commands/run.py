@@ -20,7 +20,7 @@ log = logging.getLogger("ddpwatch")
 
 # A test hook, not a setting: while the file this names exists, the tick loop
 # waits where a tick would run, as a tick stuck in a hung read would; the
-# watchdog pings stop with it (tests/test_watchdog.py). Unset, it costs nothing.
+# watchdog pings stop with it (tests/deploy/test_watchdog.py). Unset, it costs nothing.
 HOLD_TICK_ENV = "DDPWATCH_HOLD_TICK_FILE"
 
 

@@ -2,7 +2,7 @@
 ties in file order) instead of by stage. They keep working: a rule that says
 `priority: P` and no stage is tried where the old order tried it, among the
 shipped rules as they stood then (PRIORITY: their priorities when stages
-replaced them, frozen; tests/test_rules_order_unit.py proves that the stages
+replaced them, frozen; tests/unit/judge/test_rules_order_unit.py proves that the stages
 order the shipped rules as these priorities did). A verdict rule with neither
 stage nor priority had priority 0: tried after every shipped rule.
 

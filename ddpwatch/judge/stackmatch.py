@@ -65,7 +65,7 @@ def training_thread(dump):
     worker pools do the same: a main thread wholly in library code (no frame of
     torch's, none of the user's) is no evidence of anything while another thread
     is in torch or the user's code; that thread is taken (the first in a
-    collective, else the first). tests/test_stackmatch_unit.py"""
+    collective, else the first). tests/unit/judge/test_stackmatch_unit.py"""
     main = main_thread(dump)
     if main is None or _trains(main):
         return main

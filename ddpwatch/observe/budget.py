@@ -1,7 +1,7 @@
 """What one pass over the node may spend on one user's processes.
 
 The daemon reads every user's ranks as root, so what a rank costs it is up to
-whoever started the rank. Measured before these bounds (tests/test_hostile_second.py):
+whoever started the rank. Measured before these bounds (tests/hostile/test_hostile_second.py):
 12 fake ranks of one unprivileged user, each in a user and network namespace
 of its own, took the tick from about 10 ms to 550 ms: each namespace's
 /proc/PID/net/tcp read walks the kernel's whole connection hash (about 5 ms),

@@ -157,13 +157,13 @@ class Departures:
         """A job found under a new key whose ranks were all ranks of one job of the
         last tick, gone under its key, is that job: a job without a launcher is keyed
         by its lowest pid (discovery.owner_key), and when that rank dies its
-        survivors are found under another (tests/test_ray_jobs.py: Ray Train's rank 1
+        survivors are found under another (tests/thirdparty/test_ray_jobs.py: Ray Train's rank 1
         had the lower pid). It keeps its key and label, so its dead rank stays in
         it as departed, and one incident tells the story."""
         keys = {key for key, _, _ in live}
         # launcherless jobs only: a launcher's job is keyed by its launcher, and ranks
         # outliving it are a job being killed whole, not the same job going on
-        # (tests/test_hostile_users.py: torchrun's agent killed before its workers)
+        # (tests/hostile/test_hostile_users.py: torchrun's agent killed before its workers)
         owner = {pid: key for key, (job, _) in self._last.items() if job.launcher_pid <= 0
                  for pid in job.rank_pids + job.departed_pids}
         out, taken = [], set()

@@ -158,7 +158,7 @@ def heartbeat_dirs(table: dict[int, ProcInfo], procfs: str = "/proc") -> tuple[s
     may write to: a reader running as root must not take another user's word for
     where a rank's records are. At most MAX_DIRS_PER_UID per user: 64 processes
     of one user, each naming a directory of its own, once filled a global cap
-    and left another user's directory unread (tests/test_hostile_second.py)."""
+    and left another user's directory unread (tests/hostile/test_hostile_second.py)."""
     named: dict[str, list[int]] = {}
     per_uid: dict[int, int] = {}
     for info in table.values():
@@ -201,7 +201,7 @@ def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> 
     children of another user than a non-root parent's: a user's fake launcher
     with a set-uid child would otherwise make a process of root's a rank of
     the user's job, read and dumped with the daemon's privileges and shown to
-    that user (tests/test_hostile_second.py). Root may start other users'
+    that user (tests/hostile/test_hostile_second.py). Root may start other users'
     ranks (slurmstepd does)."""
     parent = table.get(pid)
     return sorted((p for p in table.values() if p.ppid == pid and not (
@@ -224,8 +224,8 @@ def is_worker_of(child: ProcInfo, parent: ProcInfo, record_pids=frozenset()) -> 
     * any child that claims the rank its parent claims (a "spawn" context copies
       the rank's RANK, MASTER_* into the child).
     A child that writes a heartbeat record is a rank, whatever its shape.
-    (tests/test_discovery_unit.py; a real job: tests/test_soak.py's DataLoader job,
-    whose workers were taken for ranks of a second, dead job)"""
+    (tests/unit/observe/test_discovery_unit.py; a real job: tests/daemon/test_soak.py's
+    DataLoader job, whose workers were taken for ranks of a second, dead job)"""
     if child.pid in record_pids or not parent.python or is_launcher(parent.cmdline):
         return False
     if child.cmdline == parent.cmdline and child.env == parent.env:
@@ -450,8 +450,9 @@ def job_key(job: Job) -> str:
 def owner_key(job: Job, table: dict[int, ProcInfo]) -> str:
     """Who a job is, for the daemon's own books: the uid, pid and start time of
     its launcher (else its first rank). Two users' jobs with one run id never
-    share it (tests/test_hostile_unit.py: a second user's process with a stopped job's run id
-    hid that job's incident), and it stays the same across a daemon restart."""
+    share it (tests/unit/publish/test_hostile_unit.py: a second user's process with a
+    stopped job's run id hid that job's incident), and it stays the same across a
+    daemon restart."""
     anchor = job.launcher_pid if job.launcher_pid > 0 else min(job.rank_pids,
                                                                default=job.target_pid)
     info = table.get(anchor)

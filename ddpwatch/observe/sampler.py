@@ -33,7 +33,7 @@ MAX_DUMPS_PER_PASS = 8
 # A person's request (/status?stacks=1) is not held to that, but to this: the
 # request comes at most every stacks_min_interval_s from anyone, and each forced
 # job costs a py-spy run per rank: a user's hundred fake jobs must not turn one
-# request into hundreds of runs (tests/test_hostile_surface.py).
+# request into hundreds of runs (tests/hostile/test_hostile_surface.py).
 MAX_FORCED_DUMPS_PER_PASS = 32
 
 
@@ -181,7 +181,7 @@ class Sampler:
             # A rank alone in its job (no launcher, nothing of its peers in its
             # environment) may be one of a group only the wire shows: Ray Train's
             # workers under DDPWATCH_AUTO=1 write records, so discovery finds each,
-            # alone (tests/test_ray_jobs.py). Left unclaimed, the wire groups them.
+            # alone (tests/thirdparty/test_ray_jobs.py). Left unclaimed, the wire groups them.
             alone = {job.rank_pids[0] for job in jobs if len(job.rank_pids) == 1
                      and job.launcher_pid <= 0 and job.launcher_kind == "none"}
             claimed = {pid for job in jobs for pid in job.rank_pids + (job.launcher_pid,

@@ -108,7 +108,7 @@ def store_complete(host: int, members: set[int], sockets) -> bool:
     """Every connection to the store's port comes from a member. Every rank dials
     the store in init_process_group and keeps that connection, so then the world
     is the group, whatever else the members are connected to (a Ray Train
-    worker talks to Ray's controller and raylet too: tests/test_ray_jobs.py)."""
+    worker talks to Ray's controller and raylet too: tests/thirdparty/test_ray_jobs.py)."""
     if host not in members:
         return False
     owner = _owners(sockets)

@@ -18,7 +18,7 @@ with the secret over who sends it, its number in that direction, both sides'
 nonces and the JSON (`Channel`). Whoever lacks the secret (a program that took
 the store port first, a stranger's hello) can neither play master to a worker
 nor take a worker's slot, and a message of one connection is worth nothing in
-another (tests/test_preflight.py).
+another (tests/nodes/test_preflight.py).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ sends; what each path answers is endpoints.py's.
   kept for the light one): light are /metrics, /healthz and /readyz (what
   Prometheus and probes ask), heavy everything else (/status, /peer,
   /incidents). Heavy requests may keep every heavy worker busy, or fill the
-  heavy writers: /metrics is still answered (tests/test_http_slow_readers.py).
+  heavy writers: /metrics is still answered (tests/hostile/test_http_slow_readers.py).
   With every worker of its class busy a connection is answered 503 at once.
 * Client errors (resets, timeouts, garbage) are quiet: one debug line, never a
   traceback on stderr that would bypass `--log-format json`.

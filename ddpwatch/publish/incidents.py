@@ -94,7 +94,7 @@ class IncidentBook:
                 # a straggler in wait (watch/slow.py) opens nothing and resolves like
                 # calm, but is no healthy tick: the death or hang that follows it is
                 # confirmed on its next tick, as it was when this was a straggler
-                # (tests/test_thirdparty_killed.py: the job is gone a tick later)
+                # (tests/thirdparty/test_thirdparty_killed.py: the job is gone a tick later)
                 ticks, since = self._troubled.get(key, (0, now))
                 self._troubled[key] = (min(ticks + 1, OPEN_AFTER_TICKS - 1), since)
                 self._held.pop(key, None)

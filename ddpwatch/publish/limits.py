@@ -3,14 +3,14 @@
 Any local user can start a process that looks like a rank (argv0 `python3`,
 `RANK` in its environment) and end it a second later: judged `dead`, it opened
 an incident, wrote a bundle and sent a webhook at once, over and over
-(tests/test_floods.py). Three bounds, all pure here, applied by daemon.py:
+(tests/hostile/test_floods.py). Three bounds, all pure here, applied by daemon.py:
 
 * A death pages only for a job that lived `min_life_s` (10 s), from the start of
   its oldest process (the owner key's start time, discovery.owner_key, so a
   daemon restarted beside an old job still pages it) to the last tick it was
   seen alive, or that was judged `healthy` on some tick before (it trained: a
   small job is killed seconds after its first steps in
-  tests/test_thirdparty_killed.py, and must page). A job that dies sooner
+  tests/thirdparty/test_thirdparty_killed.py, and must page). A job that dies sooner
   without ever working failed at start in front of whoever started it (its
   launcher says why), and a fake rank that sleeps a second never pages. A fake
   that passes for healthy is bounded by the uid's bucket below. Other verdicts

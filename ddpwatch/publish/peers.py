@@ -17,7 +17,7 @@ users' jobs under one label are two entries of the answer's `owned` list, and a
 node joins (and hears claims of) only the entry of its own job's uid. The older
 maps (`jobs`, `owners`, `alerting`: keyed by label alone) still go out for
 older peers, without any label two owners share there (an older peer then sees
-neither, rather than the wrong one: tests/test_peers_unit.py).
+neither, rather than the wrong one: tests/unit/publish/test_peers_unit.py).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ as root beside them, so it answers each user for their own jobs only:
 * anyone else sees the jobs and incidents whose owner uid
   (discovery.owner_key) is theirs; a uid that cannot be told sees none.
 
-README, "Trust model"; tests/test_port_squat.py (a real daemon and uid 65534).
+README, "Trust model"; tests/hostile/test_port_squat.py (a real daemon and uid 65534).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A leaf of the automatic-heartbeat modules, imported by each of them and
 importing none: autoboot.py (start-up) imports auto.py (what is done to torch)
 and autohook.py (the post-import hook), and all three report here, so imports
-among them go one way (tests/test_import_graph_unit.py).
+among them go one way (tests/unit/project/test_import_graph_unit.py).
 
 A broken ddpwatch never stops the training: a failure is one line on stderr,
 once per process tree (DDPWATCH_AUTO_WARNED, inherited by children, keeps the

@@ -278,7 +278,7 @@ def _patch_ddp_setup_collectives(DDP):
     and the buffers' broadcast before each forward of a model with buffers. A
     rank whose peer stopped right after step 0's all-reduce waits in the first
     for ever; unrecorded, its record said "outside, step 1" and it read as
-    warming up, not the stopped peer's victim (tests/test_autoinstrument.py
+    warming up, not the stopped peer's victim (tests/instrumented/test_autoinstrument.py
     test_under_exec_records_and_a_stopped_rank). Each is recorded as one
     collective of the record while it runs."""
     original_pre, original_sync = DDP._pre_forward, getattr(DDP, "_sync_buffers", None)

@@ -64,7 +64,7 @@ class WatchedJob:
         """The label the job is known by, kept once it came from its run id: a job
         whose ranks are ending (torchrun's agent alone a tick before it exits) has
         no run id left to read, and its page must carry the name its status had
-        (tests/test_thirdparty_killed.py). A job's first ticks, before its ranks
+        (tests/thirdparty/test_thirdparty_killed.py). A job's first ticks, before its ranks
         are read, have only its pid ("pid123"): the run id replaces that. `run_id`
         (the label before this node told its jobs sharing one apart) is kept alike."""
         self.label = _kept(self.label, label)

@@ -63,7 +63,7 @@ class PauseTracker:
                 cur = self._current = _Current(r.rank, r.pid, now, wall, waited)
             cur.last_seen = now
             # the pause is what it does now: rank 0 of a nanoGPT loop evaluates, then
-            # saves, in one pause (tests/test_soak.py's checkpoint job); its length
+            # saves, in one pause (tests/daemon/test_soak.py's checkpoint job); its length
             # is learned at the place it ended
             kind, site = r.signals.get("pause_kind"), r.signals.get("pause_site") or ""
             if kind and kind != "unknown":

@@ -25,9 +25,10 @@ from conftest import REPO, is_torchrun_agent, need, python_module, runs_module
 
 # one real job of each kind: the bundled trainer on two namespace nodes (its ranks
 # found by Node.rank_pids), and a fake rank of uid 65534's beside a daemon
-INNER = ("tests/test_two_nodes.py::"
+INNER = ("tests/nodes/test_two_nodes.py::"
          "test_lone_views_of_node0_blame_a_rank_on_node1",
-         "tests/test_hostile_surface.py::test_nan_in_a_users_record_never_reaches_status_json")
+         "tests/hostile/test_hostile_surface.py::"
+         "test_nan_in_a_users_record_never_reaches_status_json")
 INNER_TIMEOUT_S = 170
 
 

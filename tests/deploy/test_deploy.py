@@ -51,7 +51,7 @@ def unit_setting(name: str) -> list[str]:
     return values
 
 
-# What tests/test_deploy.py holds the Prometheus Operator's two kinds to: the
+# What tests/deploy/test_deploy.py holds the Prometheus Operator's two kinds to: the
 # fields these manifests use, as the operator's API reference documents them
 # (monitoring.coreos.com/v1), and nothing else. Its CRDs are not vendored here;
 # a typo in a field name fails (additionalProperties: false).
@@ -298,7 +298,7 @@ def test_slurm_taskprolog_turns_heartbeats_on_per_user():
 
 def test_slurm_job_under_the_taskprolog_writes_heartbeats_the_daemon_reads(
         start_job, tmp_path, hb_dir, tmp_path_factory):
-    """The recipe on the one-node SLURM cluster (tests/slurm.py): slurm.conf's
+    """The recipe on the one-node SLURM cluster (tests/support/slurm.py): slurm.conf's
     TaskProlog is deploy/slurm/taskprolog.sh, the job script has no ddpwatch in it
     (tests/jobs/thirdparty/srun_ddp.py), and the node's daemon reads its ranks'
     heartbeats: DDPWATCH_AUTO=1 came from the prolog alone."""

@@ -1,6 +1,6 @@
 """The bundled trainer under torchrun: heartbeats advance, rings agree, and
 `ddpwatch ranks` shows them. What each fault does to the records is asserted by
-the test that diagnoses it (tests/test_diagnose_trainer.py), on the same job."""
+the test that diagnoses it (tests/diagnose/test_diagnose_trainer.py), on the same job."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """A 2-rank job exercising every kind of collective ddpwatch.instrument() wraps.
 
-Run by tests/test_instrumentation.py under torchrun. Prints one JSON line of
+Run by tests/instrumented/test_instrumentation.py under torchrun. Prints one JSON line of
 what it did so the test can compare with the heartbeat records.
 """
 import json

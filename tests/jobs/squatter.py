@@ -1,4 +1,4 @@
-"""A local user's program on the daemon's port (tests/test_port_squat.py): run as
+"""A local user's program on the daemon's port (tests/hostile/test_port_squat.py): run as
 uid 65534 with only the standard library. It logs the head of every request
 it gets (to learn what clients hand it, a token above all) and answers as a
 daemon would, forged: `/status` says all is well, `/peer` claims the alerts

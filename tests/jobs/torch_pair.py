@@ -1,6 +1,6 @@
 """Two torch processes of one user that talk over one plain TCP connection and
 are no DDP job: an inference server and its client, say. The daemon must not
-group them (tests/test_daemon_byhand.py).
+group them (tests/daemon/test_daemon_byhand.py).
 
     python torch_pair.py server PORT    # listens, accepts one client, holds it
     python torch_pair.py client PORT    # connects, holds the connection

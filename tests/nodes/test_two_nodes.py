@@ -1,5 +1,5 @@
 """Two nodes, one judgement: two namespace nodes on this host
-(tests/twonodes.py: each its own network, PID, mount and UTS namespace; one
+(tests/support/twonodes.py: each its own network, PID, mount and UTS namespace; one
 daemon per node with the other as its peer), one rank of a 2-rank Gloo job on
 each, node 0 the master.
 

@@ -1,5 +1,5 @@
 """A rank judged with its own namespace's view: node 1 of two
-namespace nodes (tests/twonodes.py: its own network, PID, mount and UTS
+namespace nodes (tests/support/twonodes.py: its own network, PID, mount and UTS
 namespaces) resolves its hostname to 127.0.1.1, as Debian's /etc/hosts does
 (/etc/netns/<ns>/hosts, which `ip netns exec` mounts as its /etc/hosts). Its
 rank, without GLOO_SOCKET_IFNAME, has Gloo listen there, and node 0's rank is

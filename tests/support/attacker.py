@@ -27,7 +27,7 @@ def as_nobody(*argv: str, nofile: int | None = None) -> list[str]:
 
 def python_as_nobody(*args: str, nofile: int | None = None) -> list[str]:
     """`python *args` as uid 65534, from a copy that user can read: the checkout and
-    its interpreter may sit where only root can enter (tests/otheruser.py)."""
+    its interpreter may sit where only root can enter (tests/support/otheruser.py)."""
     return as_nobody(*otheruser.runtime().argv(*args), nofile=nofile)
 
 

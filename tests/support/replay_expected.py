@@ -36,7 +36,7 @@ EXPECTED = {
                       1: ("straggler", "culprit", "straggler")}, [1], {}),
     # busy outside the collectives while the peer waits: at first sight a pause
     # (of no known kind); the daemon pages it once it outlasts the pause floor
-    # (judge/overtime.py, tests/test_overtime_unit.py)
+    # (judge/overtime.py, tests/unit/watch/test_overtime_unit.py)
     # both ranks wait for their DataLoader's new workers at an epoch's start
     "thirdparty_loader_epoch_start": ({0: ("paused", N, "paused-for-data"),
                                        1: ("paused", N, "paused-for-data")}, [], {}),
@@ -103,7 +103,7 @@ EXPECTED = {
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
     # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
-    # (tests/test_two_nodes.py): judged in node 0 with the peer view (rank
+    # (tests/nodes/test_two_nodes.py): judged in node 0 with the peer view (rank
     # 1's signals saved beside the history), in node 1 with it, and in node 0 alone
     "two_nodes_throttled_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                                    1: ("straggler", "culprit", "straggler-across-nodes")},
@@ -114,7 +114,7 @@ EXPECTED = {
     "two_nodes_thirdparty_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                                     1: ("straggler", "culprit",
                                         "straggler-starved-across-nodes")}, [1], {}),
-    # both directions of node 1's link shaped to 8 Mbit/s (tests/test_two_nodes_link.py)
+    # both directions of node 1's link shaped to 8 Mbit/s (tests/nodes/test_two_nodes_link.py)
     "two_nodes_slow_link_node0": ({0: ("slow_collective", "none", "slow-link"),
                                    1: ("slow_collective", "none", "slow-link")}, [], {}),
     "two_nodes_lone_node0": ({0: ("waiting_on_peer", "victim", "waiting-on-unseen-node")}, [], {}),
@@ -124,7 +124,7 @@ EXPECTED = {
     "two_nodes_thirdparty_lone_node0": ({0: ("waiting_on_peer", "victim",
                                              "waiting-on-unseen-node-window")}, [], {}),
     # node 1 resolves its hostname to 127.0.1.1 (its /etc/hosts); diagnosed from the
-    # host namespace: node 1's own view (probes/nshost.py, tests/test_two_nodes_nsview.py)
+    # host namespace: node 1's own view (probes/nshost.py, tests/nodes/test_two_nodes_nsview.py)
     "two_nodes_nsview_outside": ({1: ("unreachable_peer", "culprit",
                                       "unreachable-loopback-address")}, [1],
                                  {1: ("wrong_interface",)}),
@@ -132,7 +132,7 @@ EXPECTED = {
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
                                            "unreachable-peer-data")}, [], {}),
 }
-# Third-party trainers without heartbeats (tests/test_thirdparty_jobs.py)
+# Third-party trainers without heartbeats (tests/thirdparty/test_thirdparty_jobs.py)
 THIRDPARTY = {
     "healthy": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),
     "stopped": ({0: BLOCKED, 1: ("stopped", "culprit", "stopped")}, [1], {}),
@@ -142,7 +142,7 @@ THIRDPARTY = {
                    1: ("straggler", "culprit", "straggler-throttled")}, [1], {}),
     "hung": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
              [1], {}),
-    # rank 1 beside busy processes on its CPU (tests/test_thirdparty_contention.py)
+    # rank 1 beside busy processes on its CPU (tests/thirdparty/test_thirdparty_contention.py)
     "contended": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler"),
                    1: ("straggler", "culprit", "straggler-starved")}, [1], {}),
     # both ranks beside as many busy processes: slowed alike, no alarm
@@ -169,7 +169,7 @@ EXPECTED.update({
                                              1: ("warming_up", "none", "starting-ddp-setup")},
                                             [], {}),
 })
-# A rank killed under the daemon (tests/test_thirdparty_killed.py): the job was gone
+# A rank killed under the daemon (tests/thirdparty/test_thirdparty_killed.py): the job was gone
 # within a second; held, it is judged from how each process ended (probes/exits.py)
 KILLED = ("dead", "culprit", "died-first")
 AFTER = ("dead", "victim", "ended-after-peer")
@@ -178,7 +178,7 @@ EXPECTED.update({"thirdparty_spawn_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_torchrun_killed": ({0: AFTER, 1: KILLED}, [1], {}),
                  "thirdparty_spawn_oom_killed": (
                      {0: AFTER, 1: ("dead", "culprit", "oom-killed-first")}, [1], {})})
-# Desync and bf16 from stacks, no heartbeats (tests/test_thirdparty_stacks.py): rank 1
+# Desync and bf16 from stacks, no heartbeats (tests/thirdparty/test_thirdparty_stacks.py): rank 1
 # waits in a broadcast its peer never calls, rank 0 in DDP's gradient all-reduce
 DESYNC_STACK = {0: ("desync", "victim", "desync-stack"),
                 1: ("desync", "culprit", "desync-stack-deviant")}

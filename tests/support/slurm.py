@@ -23,7 +23,8 @@ NODE = "dwnode"
 
 class Slurm:
     def __init__(self, root, extra_config: tuple[str, ...] = ()):
-        """`extra_config`: more slurm.conf lines, e.g. a TaskProlog (tests/test_deploy.py)."""
+        """`extra_config`: more slurm.conf lines, e.g. a TaskProlog
+        (tests/deploy/test_deploy.py)."""
         need(os.geteuid() == 0 and all(shutil.which(t) for t in TOOLS),
              "needs root and SLURM's slurmctld, slurmd and srun (Debian package slurm-wlm)")
         self.root = str(root)

@@ -1,7 +1,7 @@
 """Real third-party trainers, no heartbeats, no ddpwatch inside:
 Lightning's subprocess launcher, torch.multiprocessing.spawn and `accelerate
 launch` on 2 CPU ranks (tests/jobs/thirdparty); torchrun, mpirun and srun (a
-one-node SLURM cluster, tests/slurm.py) in the launcher test. One job per
+one-node SLURM cluster, tests/support/slurm.py) in the launcher test. One job per
 launcher is shared by the states asserted on it (a job per fault is expensive
 on 2 cores); each state is undone before the next. `DDPWATCH_SAVE_FIXTURES=1`
 copies the snapshots the assertions were made on into tests/fixtures/snapshots
@@ -65,7 +65,7 @@ def test_rank_hung_outside_collectives(launcher, tmp_path, need_py_spy):
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
-    """One SLURM cluster for the module's srun jobs (tests/slurm.py)."""
+    """One SLURM cluster for the module's srun jobs (tests/support/slurm.py)."""
     from slurm import Slurm
     cluster = Slurm(tmp_path_factory.mktemp("slurm"))
     yield cluster

@@ -6,7 +6,7 @@ DDPWATCH_TEST_AUTOCAST), no
 ddpwatch inside them; then the pure parts on made-up stacks. bf16 expectations
 follow this machine's CPU flags, and the same real snapshot is replayed with the
 flags swapped. `DDPWATCH_SAVE_FIXTURES=1` keeps the snapshots as replay fixtures
-(tests/fixtures/snapshots/thirdparty_*; tests/test_replay.py).
+(tests/fixtures/snapshots/thirdparty_*; tests/unit/judge/test_replay.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 busy node sees it from the first steps): nanoGPT under torchrun, no
 heartbeats, rank 1 beside two busy loops on its CPU from the moment it announced
 itself. Its own module: no other job may share the 2 cores while it runs (the
-contention of tests/test_thirdparty_contention.py is measured against an idle
+contention of tests/thirdparty/test_thirdparty_contention.py is measured against an idle
 peer core)."""
 from __future__ import annotations
 

@@ -236,7 +236,7 @@ def link_pauses(ranks: list[dict]) -> None:
         busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"
         named = s.get("pause_kind") not in (None, "unknown")
         # its workers work for it: ranks whose loaders refork at each epoch's start
-        # all wait for them at once, nobody in a collective (tests/test_soak.py)
+        # all wait for them at once, nobody in a collective (tests/daemon/test_soak.py)
         data = s.get("pause_kind") == "data"
         s["pausing"] = bool(
             s.get("alive") and not _is_stopped(s) and not s.get("in_collective")

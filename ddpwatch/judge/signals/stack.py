@@ -138,7 +138,7 @@ def link(ranks: list[dict]) -> None:
     those that left it are the culprits (`left_loop`): they ran out of batches
     first (uneven data; Lightning's rank at ModelCheckpoint's epoch-end collective
     while its peer waits in the next step's broadcast, both outside DDP's
-    all-reduce: tests/test_thirdparty_stacks.py).
+    all-reduce: tests/thirdparty/test_thirdparty_stacks.py).
     Stopped ranks wait in nothing (their stack is not read) and do not count."""
     stuck = [s for s in ranks if s.get("blocked") and s.get("waiting_in")
              and s.get("stack_site") and s.get("state") not in ("T", "t")]

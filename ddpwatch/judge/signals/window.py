@@ -1,4 +1,4 @@
-"""Signals over a sampled window (tests/test_daemon_healthy_watch.py): the
+"""Signals over a sampled window (tests/daemon/test_daemon_healthy_watch.py): the
 shares of readings a rank was stopped, running or asleep (observe/duty.py), and
 its cgroup's CPU throttling. A rank stopped 70% of the time, or held back by a
 CPU quota, still advances: it is a straggler and its peers wait on it, not
@@ -57,7 +57,7 @@ STARVED = 0.25  # cores waited for a CPU over the window
 # A rank that waits this many times as long as its peers is held back by its own
 # core, even where its peers wait too: nanoGPT's rank 1 beside two busy loops
 # waited 1.2-1.4 cores, rank 0 0.25-0.45 beside the daemon and the launcher, 3-9x
-# (tests/test_thirdparty_young.py); the crowded node of
+# (tests/thirdparty/test_thirdparty_young.py); the crowded node of
 # test_between_unit's 4 jobs on 2 cores was 3.8x in one window, and a window
 # alone is never a straggler (watch/slow.py holds it straggler_after_s).
 FAR_ABOVE = 4.0
@@ -126,7 +126,7 @@ def link(ranks: list[dict]) -> None:
     stepped = any((s.get("hb_step") or 0) >= 2 for s in ranks)
     # without heartbeats, a rank's stack in backward with every rank connected:
     # a step ran forward, so every rank got through DDP's constructor
-    # (tests/test_window_stacks_unit.py)
+    # (tests/unit/observe/test_window_stacks_unit.py)
     trained = any((s.get("stack_backward") or 0) >= 1 for s in ranks) and all(
         (s.get("gloo_unconnected") or 0) == 0 for s in ranks)
     # a rank on another node (the peer view) has its own start, seen by its daemon
@@ -143,7 +143,7 @@ def link(ranks: list[dict]) -> None:
                        if o is not s and o.get("runqueue_wait_ratio") is not None
                        and not o.get("remote") and not s.get("remote"))
         # 4 jobs x 2 ranks on 2 cores: every rank waits for a CPU, one more than its
-        # peer for a window now and then; no straggler (tests/test_between_unit.py)
+        # peer for a window now and then; no straggler (tests/unit/observe/test_between_unit.py)
         median = waits[len(waits) // 2] if waits else 0.0
         s["peers_starved"] = bool(waits) and median >= STARVED and (
             s.get("runqueue_wait_ratio") or 0) < FAR_ABOVE * median
@@ -160,7 +160,8 @@ def link(ranks: list[dict]) -> None:
                    and (s.get("gloo_unconnected") or 0) == 0)
         s["slow_while_starting"] = bool(starved and s["job_starting"] and s.get("alive"))
         slow_pace = not s.get("warming_up") and bool(
-            # across nodes, by each rank's own durations (peers.py, tests/test_two_nodes_unit.py)
+            # across nodes, by each rank's own durations (peers.py,
+            # tests/unit/judge/test_two_nodes_unit.py)
             (s.get("outworks_peers") and (s.get("peers_remote") or 0) >= 1)
             or (starved and not s["job_starting"]))
         s["straggles"] = bool(s.get("alive") and (

@@ -147,7 +147,7 @@ def read_view(procfs: str, pid: int, differs: dict[str, bool], addresses) -> tup
     the parts of namespaces that are ours are not read here (the host probe has them).
     `addresses()` gives its interfaces' addresses (SocketsProbe.namespace_addresses:
     `ip -o addr`, at most MAX_ADDRESSES lines): psutil would build all of them,
-    and any user may give a namespace of theirs 20 000 (tests/test_hostile_second.py)."""
+    and any user may give a namespace of theirs 20 000 (tests/hostile/test_hostile_second.py)."""
     unseen = []
     hostname = ""  # "": the watcher's hostname and resolution stand (the host probe's)
     if differs["uts"]:

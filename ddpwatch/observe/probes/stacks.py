@@ -168,7 +168,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
             results[pid] = PidStacks(pid, _SKIP[state], state)
         elif threads > MAX_DUMP_THREADS:
             # py-spy reads every thread: 4 000 of them take it seconds, and any
-            # user can start that many (tests/test_hostile_second.py)
+            # user can start that many (tests/hostile/test_hostile_second.py)
             if budget is not None:
                 budget.count("threads", threads - MAX_DUMP_THREADS)
             results[pid] = PidStacks(pid, "error", state, error=(

@@ -6,7 +6,7 @@ lane sends in order. When a lane is full the pending alert of the LEAST SEVERE
 verdict goes (judge/vocabulary.py SEVERITY), the oldest of those (the newest
 says the most about now: a resolved beats the firing it follows); the new alert
 itself when nothing pending is less severe. A flood of alerts of lesser
-verdicts never pushes out a graver one (tests/test_floods.py).
+verdicts never pushes out a graver one (tests/hostile/test_floods.py).
 
 A failed attempt is retried with exponential backoff and full jitter (AWS
 Architecture Blog, "Exponential Backoff And Jitter": uniform(0, min(cap, base*2^n))),

@@ -100,7 +100,7 @@ def test_the_incident_page_names_a_culprit_elsewhere():
 
 
 def test_a_straggler_on_a_slower_cpu_names_both_cpu_models():
-    """Node 1's rank (a remote straggler in node 0's view, tests/test_two_nodes.py)
+    """Node 1's rank (a remote straggler in node 0's view, tests/nodes/test_two_nodes.py)
     on another CPU model than its peer: the page states both models beside the
     measured ratio. One host has one CPU, so node 1's model is set in its saved
     signals; with the same model (as measured) nothing is said."""

@@ -177,7 +177,8 @@ def test_a_crowded_node_slows_every_rank_alike_no_straggler():
     straggle_signals(alone)
     assert [s["straggles"] for s in alone] == [False, True]
     # its peer waits too (beside the daemon), but it waits 5x as long: its own core
-    # holds it back (nanoGPT's rank 1 beside two busy loops, tests/test_thirdparty_contention.py)
+    # holds it back (nanoGPT's rank 1 beside two busy loops,
+    # tests/thirdparty/test_thirdparty_contention.py)
     pinned = [{"alive": True, "runqueue_wait_ratio": 0.27, "runqueue_wait_vs_peers": 0.2},
               {"alive": True, "runqueue_wait_ratio": 1.35, "runqueue_wait_vs_peers": 5.0}]
     straggle_signals(pinned)

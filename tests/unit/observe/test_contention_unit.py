@@ -53,7 +53,7 @@ def test_competing_names_the_busy_ones_of_the_window():
 
 
 def test_replayed_contention_names_the_rank_its_cpu_and_competitors():
-    """Saved from tests/test_thirdparty_contention.py: rank 1 pinned to CPU 1 beside
+    """Saved from tests/thirdparty/test_thirdparty_contention.py: rank 1 pinned to CPU 1 beside
     8 busy processes, each in a session of its own."""
     import os
 

@@ -158,7 +158,7 @@ def test_a_ranks_dataloader_workers_are_no_ranks_however_they_were_started():
     """A DataLoader's workers inherit their rank's environment: forked (Linux's
     default: the rank's command line and environment) or spawned (a copy of its
     RANK and MASTER_*). They are the rank's, not ranks of a second job (the soak's
-    DataLoader job was judged two dead jobs of workers: tests/test_soak.py)."""
+    DataLoader job was judged two dead jobs of workers: tests/daemon/test_soak.py)."""
     agent = P(400, 100, (PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "t.py"), {}, 20)
     envs = [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"} for r in (0, 1)]

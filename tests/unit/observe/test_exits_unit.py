@@ -146,7 +146,7 @@ def test_a_job_gone_with_a_killed_rank_is_held_then_let_go():
 
 def test_survivors_found_under_a_new_key_are_the_same_job_with_its_dead_rank():
     """A job without a launcher is keyed by its lowest pid: when that rank dies
-    (Ray Train's rank 1 had the lower pid: tests/test_ray_jobs.py) its survivor is
+    (Ray Train's rank 1 had the lower pid: tests/thirdparty/test_ray_jobs.py) its survivor is
     found under another key. It is the same job: key, label and the dead rank kept."""
     wire = Job(target_pid=11, launcher_pid=-1, launcher_kind="wire", rank_pids=(11, 12),
                run_id="", ranks=(1, 0), world_size=2)

@@ -1,6 +1,6 @@
 """No import circles: within each package, and across the repository's packages
 (ddpwatch, trainer), imports go one way, lazy ones (inside a function) counted
-too. tests/test_layout.py checks the direction between the stages; this checks
+too. tests/unit/project/test_layout.py checks the direction between the stages; this checks
 every module, so a circle inside one stage (ddpwatch/rank's automatic heartbeats
 once had auto -> autoboot -> auto, hidden in function bodies) fails here.
 

@@ -42,7 +42,7 @@ def test_waiting_at_rendezvous_opens_only_after_the_grace():
 def test_a_slow_collective_opens_once_it_has_lasted():
     """Collectives slowed for seconds (a burst of traffic) page nobody. (A
     straggler waits in the job's watch instead, watch/slow.py, so that /status
-    says `slowing` meanwhile: tests/test_overtime_unit.py.)"""
+    says `slowing` meanwhile: tests/unit/watch/test_overtime_unit.py.)"""
     book = IncidentBook(resolve_after_s=10.0)
     slow = ("slow_collective", (), "collectives dominate")
     for t in range(5):
@@ -97,7 +97,7 @@ def test_a_changed_culprit_is_an_event_and_a_vanished_job_resolves():
 def test_a_slowing_tick_opens_nothing_but_confirms_the_death_after_it():
     """`slowing` (a straggler in wait, watch/slow.py) pages nobody, however long;
     a rank killed while its job was slowing is paged on the death's first tick
-    (the job may be gone the tick after: tests/test_thirdparty_killed.py)."""
+    (the job may be gone the tick after: tests/thirdparty/test_thirdparty_killed.py)."""
     book = IncidentBook(resolve_after_s=10.0)
     slowing = ("slowing", (), "rank 1 falls behind")
     for t in range(100):
@@ -113,7 +113,7 @@ def test_a_slowing_tick_opens_nothing_but_confirms_the_death_after_it():
 def test_a_job_keeps_the_label_its_run_id_gave_it_to_its_end(tmp_path):
     """torchrun's agent alone, the tick before it exits, has no rank whose run id
     can be read: its job must not page as "pid123" after /status showed it as its
-    run id (tests/test_thirdparty_killed.py). A pid label gives way to the run id."""
+    run id (tests/thirdparty/test_thirdparty_killed.py). A pid label gives way to the run id."""
     from ddpwatch.config import Config
     from ddpwatch.daemon import Daemon
     from ddpwatch.judge import rules as rules_mod

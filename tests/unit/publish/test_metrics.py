@@ -3,7 +3,7 @@
 Golden file: tests/fixtures/metrics/golden.prom is what operators see for
 `golden_view()`. After an intended change, regenerate it and review the diff:
 
-    DDPWATCH_UPDATE_GOLDEN=1 python -m pytest tests/test_metrics.py -k golden
+    DDPWATCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/publish/test_metrics.py -k golden
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Who asks and what they see, pure parts (ddpwatch/publish/viewer.py): the uid
 of a loopback connection's client end from /proc/net/tcp's format, and the
 view cut to one uid's jobs and incidents. The real daemon and uid 65534:
-tests/test_port_squat.py."""
+tests/hostile/test_port_squat.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
