@@ -1,6 +1,6 @@
 """Which thread's stack is a rank's evidence (judge/stackmatch.training_thread).
 Pure: dumps built in the shape py-spy gives them (innermost frame first). A real
-job that trains off its main thread: tests/test_offthread_jobs.py."""
+job that trains off its main thread: tests/thirdparty/test_ray_jobs.py (Ray Train)."""
 from __future__ import annotations
 
 from ddpwatch.judge.stackmatch import classify_stack, training_thread

@@ -3,7 +3,9 @@ documents in it (docs/design.md "Section"), never a document or a path outside
 it, nor a tracker's issue numbers it does not hold. Each citation of a section
 of docs/*.md names a heading there (or the heading's words before its
 parenthesis: "Which processes are ranks" for "Which processes are ranks
-(observe/discovery.py, ...)")."""
+(observe/discovery.py, ...)"), and each test file cited by its path
+(tests/unit/judge/test_replay.py) is there: tests move between the folders of
+tests/ (tests/README.md), and what cites them follows."""
 from __future__ import annotations
 
 import os
@@ -23,6 +25,8 @@ CITATION = re.compile(r'docs/([\w.-]+\.md) ("[^"]{1,100}"(?:,? "[^"]{1,100}")*)'
 # assembled, so that this file does not match itself
 OUTSIDE = re.compile("|".join((r"\bDESIGN" + r"\.md", r"FIELD-" + "NOTES", r"\bSTYLE" + r"\.md",
                                "/work" + "/", r"\b[Ii]ssue #?\d+")))
+# a file of the test tree cited by its path (tests/support/diag.py), a test id's included
+TEST_FILE = re.compile(r"\btests/[\w./-]*?\.py\b")
 
 
 def sources(root: str = REPO):
@@ -38,6 +42,16 @@ def sources(root: str = REPO):
                 if name.endswith(TEXT):
                     paths.append(path)
     return [p for p in paths if os.path.isfile(p)]
+
+
+def data_docs(root: str = REPO) -> list[str]:
+    """What the saved data's own documents say (tests/fixtures/**/*.md), which
+    sources() leaves out with the data."""
+    out = []
+    for dirpath, dirs, files in os.walk(os.path.join(root, DATA)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        out.extend(os.path.join(dirpath, name) for name in files if name.endswith(".md"))
+    return out
 
 
 def joined(text: str) -> str:
@@ -81,6 +95,8 @@ def test_every_cited_section_is_a_heading_of_its_document():
 
 
 def test_nothing_cites_what_the_repository_does_not_hold():
+    """Nothing outside it, and no file of tests/ that is not where it is cited:
+    tests move between the folders of tests/ (tests/README.md)."""
     here = os.path.abspath(__file__)
     wrong = []
     for path in sources():
@@ -90,6 +106,15 @@ def test_nothing_cites_what_the_repository_does_not_hold():
             for number, line in enumerate(f, 1):
                 if OUTSIDE.search(line):
                     wrong.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    test_files = 0
+    for path in sources() + data_docs():
+        with open(path, errors="replace") as f:
+            text = f.read()
+        for cited in sorted(set(TEST_FILE.findall(text))):
+            test_files += 1
+            if not os.path.isfile(os.path.join(REPO, cited)):
+                wrong.append(f"{os.path.relpath(path, REPO)}: {cited} does not exist")
+    assert test_files >= 100, f"only {test_files} test files cited: the pattern broke"
     assert not wrong, "\n".join(wrong)
 
 
@@ -105,3 +130,8 @@ def test_the_checks_themselves():
     assert names_a_heading("Verdicts", titles) and not names_a_heading("Verdict", titles)
     assert OUTSIDE.search("(see " + "DESIGN" + ".md)") and OUTSIDE.search("Issue" + " 14:")
     assert not OUTSIDE.search("an issue with the design")
+    text = ("(" + "tests" + "/unit/judge/test_replay.py, " + "tests" + "/support/diag.py); "
+            + "tests" + "/nodes/test_two_nodes.py::test_x; unittests/a.py; " + "tests" + "/jobs")
+    assert TEST_FILE.findall(text) == ["tests" + "/unit/judge/test_replay.py",
+                                       "tests" + "/support/diag.py",
+                                       "tests" + "/nodes/test_two_nodes.py"]
