@@ -19,8 +19,8 @@ import time
 import psutil
 
 from conftest import REPO, need, wait_until
-from thirdparty_jobs import HEALTHY, start
 from diag import by_rank, until_verdict
+from thirdparty_jobs import HEALTHY, start
 
 ATTEMPTS = 3
 

@@ -9,10 +9,10 @@ import re
 import signal
 import time
 
+from attacker import need_root, no_traceback, keeps_ticking, python_as_nobody
 from conftest import JOB_TAG, wait_until
 from crafted import alert
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
-from attacker import need_root, no_traceback, keeps_ticking, python_as_nobody
 
 from ddpwatch.observe.discovery import CLK_TCK
 from ddpwatch.publish import bundle, limits

@@ -17,10 +17,10 @@ import time
 
 import psutil
 
+from attacker import NOBODY, as_nobody, job_with, need_root, no_traceback, keeps_ticking
 from conftest import JOB_TAG, REPO, need, wait_until
 from conftest import trainer as trainer_argv
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job, with_heartbeats
-from attacker import NOBODY, as_nobody, job_with, need_root, no_traceback, keeps_ticking
 
 PYTHON = "/usr/bin/python3"  # the venv's interpreter is out of uid 65534's reach
 

@@ -14,10 +14,10 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler
 
-from conftest import wait_until
-from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 from attacker import (need_root, no_traceback, keeps_ticking, python_as_nobody,
                       refused_counts)
+from conftest import wait_until
+from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 
 from ddpwatch.publish import bounded_server
 from ddpwatch.publish.bounded_server import BoundedServer, request_class, too_slow

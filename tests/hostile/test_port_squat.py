@@ -29,9 +29,9 @@ import tempfile
 
 import pytest
 
+from attacker import as_nobody, need_root
 from conftest import REPO, free_port, need, wait_until
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
-from attacker import as_nobody, need_root
 
 PYTHON = "/usr/bin/python3"  # the checkout's venv may be out of nobody's reach
 TOKEN = "cluster-token-0123456789abcdef"

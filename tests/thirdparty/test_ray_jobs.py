@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 from conftest import Receiver, _job_starter, free_port, need, wait_until
-from diag import by_rank, until_verdict
-from daemons import get
 from contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
+from daemons import get
+from diag import by_rank, until_verdict
 from thirdparty_jobs import ANNOUNCE, SNAPSHOTS, THIRDPARTY
 
 # healthy training watched for pages: a minute once (the records change what is

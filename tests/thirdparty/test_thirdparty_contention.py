@@ -22,8 +22,8 @@ import os
 import shutil
 
 import pytest
-from contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
 from conftest import need, wait_until
+from contention import BUSY, MINE, _busy, _pin, _stop, _wait_share
 from diag import by_rank, diagnose
 from thirdparty_jobs import HEALTHY, SCRIPTS, SNAPSHOTS, start
 

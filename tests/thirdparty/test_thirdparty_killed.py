@@ -23,8 +23,8 @@ import uuid
 import pytest
 
 from conftest import JOB_TAG, REPO, Job, free_port, need, wait_until
-from diag import removed_dir
 from daemons import DaemonRun
+from diag import removed_dir
 from thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY, ThirdParty, need_package, start
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")

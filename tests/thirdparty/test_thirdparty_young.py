@@ -12,9 +12,9 @@ import shutil
 import sys
 
 from conftest import free_port, need, wait_until
-from diag import by_rank, diagnose
-from daemons import DaemonRun
 from contention import MINE, _busy, _pin, _stop
+from daemons import DaemonRun
+from diag import by_rank, diagnose
 from thirdparty_jobs import ANNOUNCE, THIRDPARTY
 
 
