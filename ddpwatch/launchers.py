@@ -1,7 +1,7 @@
 """The launchers ddpwatch knows, as one table: how each one's own process reads in
 argv, how its ranks stand to it and are recognised, and the variables it gives them.
 
-Discovery reads it (observe/launchers.py, observe/discovery.py), so does the
+Discovery reads it (observe/jobs/launchers.py, observe/jobs/discovery.py), so does the
 allow-list of what is read from other users' environments (observe/probes/process.py
 `ENV_ALLOW`) and a rank's own guess at who it is (rank/identity.py). A launcher of a
 common shape (ranks with their number in the environment, under a launcher process
@@ -65,7 +65,7 @@ LIGHTNING = Env("", "LOCAL_RANK", "WORLD_SIZE", node_rank="NODE_RANK")
 
 @dataclass(frozen=True)
 class Argv:
-    """How a launcher's own process reads in its argv (observe/launchers.py
+    """How a launcher's own process reads in its argv (observe/jobs/launchers.py
     `launcher_kind` asks, most specific first: `test`, then `programs` alone,
     then the leftmost `words`).
 
@@ -82,7 +82,7 @@ class Argv:
 @dataclass(frozen=True)
 class Launcher:
     """One launcher's conventions. `shape`: how its ranks stand to its process,
-    one of observe/discovery.py `SHAPES`:
+    one of observe/jobs/discovery.py `SHAPES`:
 
     * "workers": every child of its process is a rank (an agent that starts only
       workers; multiprocessing's helpers aside);

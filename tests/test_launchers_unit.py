@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from ddpwatch import launchers as T
-from ddpwatch.observe import discovery as D
-from ddpwatch.observe import launchers as L
-from ddpwatch.observe.discovery import ProcInfo as P
+from ddpwatch.observe.jobs import discovery as D
+from ddpwatch.observe.jobs import launchers as L
+from ddpwatch.observe.jobs.discovery import ProcInfo as P
 from ddpwatch.observe.probes import process as PR
 from ddpwatch.rank.identity import launcher_identity
 

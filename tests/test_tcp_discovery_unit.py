@@ -1,7 +1,7 @@
-"""Grouping ranks by their connections (observe/tcp_discovery.py), on built socket tables."""
+"""Grouping ranks by their connections (observe/jobs/tcp_discovery.py), on built socket tables."""
 from __future__ import annotations
 
-from ddpwatch.observe import tcp_discovery
+from ddpwatch.observe.jobs import tcp_discovery
 from ddpwatch.observe.probes.sockets import TableEntry
 
 NS = "net:[4026531840]"

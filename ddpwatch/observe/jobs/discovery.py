@@ -11,11 +11,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .. import launchers as T
+from ... import launchers as T
 from . import launchers as L
-from .probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
-                             parse_environ, parse_stat, read_head)
-from .snapshot import Job
+from ..probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
+                              parse_environ, parse_stat, read_head)
+from .job import Job
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from .. import launchers as T
-from ..launchers import (MAX_RANK, SPAWN_MAIN, is_lightning_child, is_python, is_spawn_child,
-                         number)
+from ... import launchers as T
+from ...launchers import (MAX_RANK, SPAWN_MAIN, is_lightning_child, is_python,
+                          is_spawn_child, number)
 
 __all__ = ["MAX_RANK", "SPAWN_MAIN", "is_lightning_child", "is_python", "is_spawn_child",
            "number", "is_python_exe", "MP_HELPERS", "is_mp_helper", "launcher_of",
