@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from ddpwatch.heartbeat import layout  # noqa: E402
-from ddpwatch.observe.discovery import ProcInfo  # noqa: E402
+from ddpwatch.observe.jobs.discovery import ProcInfo  # noqa: E402
 from ddpwatch.observe.probes import Pass, ProbeContext  # noqa: E402
 from ddpwatch.observe.probes.heartbeats import HeartbeatsProbe  # noqa: E402
 

@@ -22,7 +22,7 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from ddpwatch.observe import tcp_discovery  # noqa: E402
+from ddpwatch.observe.jobs import tcp_discovery  # noqa: E402
 from ddpwatch.observe.probes import ProbeContext  # noqa: E402
 from ddpwatch.observe.sampler import Sampler  # noqa: E402
 

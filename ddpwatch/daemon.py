@@ -18,8 +18,9 @@ import socket
 import time
 
 from .judge import classify, rules as rules_mod, stages, vocabulary
-from .observe import discovery, programs
-from .observe.between import BetweenTicks
+from .observe.jobs import discovery
+from .observe.system import programs
+from .observe.window.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
 from .publish.bundle import prune as prune_bundles, rewrite_page, write_bundle
@@ -27,7 +28,7 @@ from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
 from .publish.incidents import IncidentBook
-from .observe.departures import Departures
+from .observe.jobs.departures import Departures
 from .observe.probes import ProbeContext
 from .observe.sampler import Sampler
 from .publish.page_list import incident_path
@@ -80,7 +81,7 @@ class Daemon:
         self.alert_route = AlertRoute(config.peer_max_age_s)
         # owner key -> all the daemon knows of that job (watch/job.py)
         self.watched: dict[str, WatchedJob] = {}
-        # the ranks' states read between ticks (observe/between.py)
+        # the ranks' states read between ticks (observe/window/between.py)
         self.between = BetweenTicks(clock, glance_s=config.reading_s)
         self._requested: object = frozenset()  # this tick's stacks_requested
         self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
@@ -267,7 +268,7 @@ class Daemon:
 
     def between_ticks(self, deadline: float, stop) -> None:
         """Until the next tick; the ranks' states are read meanwhile (the window's
-        evidence) by a thread started on the first call (observe/between.py)."""
+        evidence) by a thread started on the first call (observe/window/between.py)."""
         self.between.start(stop, self._between_failed)
         stop.wait(max(0.0, deadline - self.clock()))
 

@@ -10,18 +10,19 @@ import sys
 import time
 
 from ..judge import classify, rules as rules_mod, stages
-from ..observe import discovery
+from ..observe.jobs import discovery
 from .. import errors
 from ..publish import report
 from ..publish.terminal import printable_lines
 from ..judge import signals
 from ..judge.vocabulary import FINE
-from ..observe.duty import DutyWatch
-from ..observe.netns import net_ns
+from ..observe.window.duty import DutyWatch
+from ..observe.system.netns import net_ns
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.sampler import Sampler, Survey
-from ..observe.snapshot import Job, Snapshot, load, load_remote, save
-from ..observe.window_stacks import WindowStacks, dump_times
+from ..observe.jobs.job import Job
+from ..observe.snapshot import Snapshot, load, load_remote, save
+from ..observe.window.window_stacks import WindowStacks, dump_times
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -118,7 +119,7 @@ def _all_elsewhere(procfs: str, job: Job) -> bool:
 
 def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:
     """The second sample, the ranks' states read every DUTY_INTERVAL_S until then
-    (observe/duty.py) and their stacks dumped in between (observe/window_stacks.py):
+    (observe/window/duty.py) and their stacks dumped in between (observe/window/window_stacks.py):
     the window's evidence, not two points."""
     watch = DutyWatch(job.rank_pids, ctx.clock, ctx.procfs)
     dumps = WindowStacks(ctx, job.rank_pids, dump_times(ctx.clock(), deadline)

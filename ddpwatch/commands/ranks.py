@@ -5,7 +5,7 @@ import json
 import sys
 import time
 
-from ..observe import discovery
+from ..observe.jobs import discovery
 from .. import errors
 from ..publish import ranks
 from ..publish.terminal import printable, printable_lines

@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import discovery, tcp_discovery
+from .jobs import discovery, tcp_discovery
 from .probes import (REGISTRY, Look, Pass, Probe, ProbeContext, ProbeSpec, job_probes,
                      load_all, make_all, node_probes, run_probe)
 from .budget import PassBudget
-from .snapshot import SNAPSHOT_VERSION, Job, ProbeStatus, Snapshot, status_of
+from .snapshot import SNAPSHOT_VERSION, ProbeStatus, Snapshot, status_of
+from .jobs.job import Job
 
 # py-spy runs one pass may start, over all jobs (a person's request excepted):
 # every local user can start processes that look like suspicious ranks, and
@@ -75,7 +76,7 @@ class Survey:
 
     def job_of(self, pid: int) -> Job | None:
         """The job of `pid`; a lone rank started by hand with its peers found on
-        the wire (observe/tcp_discovery.py): only for a person's request, it reads
+        the wire (observe/jobs/tcp_discovery.py): only for a person's request, it reads
         the sockets of every Python process of the rank's user."""
         job = discovery.find_job(pid, self.table, self.live_record_pids)
         return tcp_discovery.extend(job, self.table, self.procfs) if job is not None else None

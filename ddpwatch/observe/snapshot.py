@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from .. import codec
 from ..errors import DdpwatchError
-from .duty import Duty
+from .jobs.job import Job
+from .window.duty import Duty
 from .probes import ProbeResult
 from .probes.competitors import Competitors
 from .probes.exits import Exits
@@ -34,24 +35,6 @@ class ProbeStatus:
 
 
 @dataclass(frozen=True)
-class Job:
-    """Which local processes make up the job under watch (see discovery.py)."""
-    target_pid: int
-    launcher_pid: int              # torchrun agent or spawn parent; -1 if none
-    launcher_kind: str             # see discovery.KINDS
-    rank_pids: tuple[int, ...]     # live processes judged as ranks
-    run_id: str
-    # the rank of each of rank_pids (same order) by the launcher's convention
-    # (environment, spawn index, NODE_RANK x local world + LOCAL_RANK); -1: unknown
-    ranks: tuple[int, ...] = ()
-    world_size: int = -1           # as the launch says it; -1: unknown
-    # ranks of this job whose processes ended while it was watched (the exits
-    # probe saw them go), with their ranks (same order): judged as dead ranks
-    departed_pids: tuple[int, ...] = ()
-    departed_ranks: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class Snapshot:
     version: int
     taken_at: float                # monotonic seconds
@@ -68,7 +51,7 @@ class Snapshot:
     exits: Exits | None = None  # how the job's ranks and launcher ended (probes/exits.py)
     competitors: Competitors | None = None  # others running on the ranks' CPUs (DETAIL)
     # stack dumps taken inside the window this snapshot ends, before its own
-    # `stacks` (diagnose: observe/window_stacks.py); () in older snapshots
+    # `stacks` (diagnose: observe/window/window_stacks.py); () in older snapshots
     window_stacks: tuple[Stacks, ...] = ()
     # the ranks' own hostname, hosts file and interfaces where their namespaces are
     # not the watcher's (probes/nshost.py); None: not looked (older snapshots)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from ..observe.discovery import CLK_TCK
+from ..observe.jobs.discovery import CLK_TCK
 
 DEATHS = frozenset({"dead"})  # verdicts held to min_life_s
 _KEY = re.compile(r"u(-?\d+)\.p-?\d+\.s(-?\d+)\Z")  # discovery.owner_key

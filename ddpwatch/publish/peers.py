@@ -141,7 +141,7 @@ def document(view) -> dict:
             # whose each job is: a peer joins only a job of the same uid (a label is
             # any user's to pick; README, "Trust model")
             # by the run id the job's other nodes know it by, not the label this
-            # node gave it to tell its jobs sharing one apart (observe/discovery.py
+            # node gave it to tell its jobs sharing one apart (observe/jobs/discovery.py
             # labels): a look-alike that started first takes the bare label here
             "owned": [{"key": run_id(j), "uid": uid(j), "ranks": list(j.judgement.local),
                        "alerting": (run_id(j), uid(j)) in alerting} for j in view.jobs],

@@ -52,7 +52,7 @@ class JobView:
     # who the job is (discovery.owner_key): whose it is to see (publish/viewer.py)
     owner: str = ""
     # the run id its other nodes know it by: `key` without the "@<owner>" that
-    # tells this node's jobs sharing a run id apart (observe/discovery.py labels);
+    # tells this node's jobs sharing a run id apart (observe/jobs/discovery.py labels);
     # with the owner's uid it is the job to its peers (publish/peers.py)
     run_id: str = ""
 

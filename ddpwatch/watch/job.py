@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..judge.classify import JobVerdict
 from ..judge.overtime import Pause, Slow, compile_as_pause, escalate, hold_slow
 from ..judge.pausekind import describe
-from ..observe.duty import merge as merge_duties
+from ..observe.window.duty import merge as merge_duties
 from .pauses import PauseTracker
 from .slow import SlowTracker
 from .timebook import TimeBook
@@ -74,7 +74,7 @@ class WatchedJob:
     def window(self, snap, duty, window_s: float):
         """(first, last) snapshots of the judging window, `snap` added; the last
         carries the readings taken between the window's first snapshot and now
-        (observe/between.py), so what is kept (bundles) replays as judged."""
+        (observe/window/between.py), so what is kept (bundles) replays as judged."""
         history = self.history
         ranks = set(snap.job.rank_pids)
         if ranks and ranks <= self._started:

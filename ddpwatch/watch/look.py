@@ -37,7 +37,7 @@ class Eyes:
 def look(watched, snap_duty, eyes: Eyes, *, requested: bool, gone: bool, now: float,
          window_s: float):
     """(judgement, the window's last snapshot as judged). `snap_duty`: the ranks'
-    states read since the last tick (observe/between.py); `requested`: a person
+    states read since the last tick (observe/window/between.py); `requested`: a person
     asked for stacks (GET /status?stacks=1); `gone`: a job held after its ranks
     ended, with no process left to look closer at."""
     detailed = watched.verdict != "healthy" or requested

@@ -2,7 +2,7 @@
 typed in two terminals (tests/jobs/thirdparty/byhand_ddp.py with
 init_method="tcp://..." from its argv), no launcher, nothing of the job in their
 environment, no heartbeats. `ddpwatch run` groups them by their connections
-(the wire_groups probe: the store's host and its client; observe/tcp_discovery.py),
+(the wire_groups probe: the store's host and its client; observe/jobs/tcp_discovery.py),
 numbers them from that evidence, judges them healthy once they train, and names
 a stopped rank; two torch processes merely talking over TCP (a server and its
 client, tests/jobs/torch_pair.py) are no job.

@@ -7,7 +7,7 @@ The four launchers' jobs (Lightning, torch.multiprocessing.spawn, accelerate,
 torchrun; 2 CPU ranks each) run at once on purpose: 8 ranks sharing 2 cores are
 slowed alike, and a user sharing a machine expects that to be no straggler. The
 daemon's /status is read every second and every reading is kept; the daemon
-reads its window evidence between ticks (observe/between.py) as it does in
+reads its window evidence between ticks (observe/window/between.py) as it does in
 production. Then, beside the same jobs, one rank stopped 70% of the time is
 named the straggler by the same daemon: the window evidence at work.
 """

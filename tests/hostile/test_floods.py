@@ -14,7 +14,7 @@ from conftest import JOB_TAG, wait_until
 from crafted import alert
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 
-from ddpwatch.observe.discovery import CLK_TCK
+from ddpwatch.observe.jobs.discovery import CLK_TCK
 from ddpwatch.publish import bundle, limits
 from ddpwatch.publish.alerts.dispatch import drop_index
 from ddpwatch.publish.incidents import IncidentBook
@@ -106,7 +106,7 @@ def test_a_full_queue_drops_the_least_severe_then_the_oldest():
 
 # Fake ranks, each its own job: argv0 `python3` and RANK in the environment,
 # a shell that sleeps `life` seconds and exits 3 (an abnormal end: held and
-# judged dead, observe/departures.py). Double-forked, so no parent of theirs
+# judged dead, observe/jobs/departures.py). Double-forked, so no parent of theirs
 # looks like a launcher that would make them one job.
 FLOOD = r"""
 import os, sys, time

@@ -160,7 +160,7 @@ def test_a_look_alike_started_first_neither_hides_nor_silences_the_real_job(
     """Another user (uid 65534) starts a look-alike "rank 1" on node B under the
     run id the real job will have (its master's address and port), a second
     before the real rank 1 starts there. Node B labels the look-alike with the
-    bare run id and the real job with its owner added (observe/discovery.py
+    bare run id and the real job with its owner added (observe/jobs/discovery.py
     labels). Node A must still join node B's real rank, not the look-alike, and
     name it when it hangs; node B must leave the real job's webhooks to node A,
     whose claim names the real job's owner (publish/peers.py `owned`)."""

@@ -225,7 +225,7 @@ def test_a_firewall_on_node1_makes_node1_the_culprit_on_both_pages(firewalled):
         assert ranks[1]["signals"]["syn_in_from"] == net.addr[0]
         assert ranks[0]["rule"] == "unreachable-peer-dropped-there"
     # a watcher in the host namespace judging node 1's rank captures node 1's wire
-    # (observe/netns.py), not the host's, and says what node 1's daemon says
+    # (observe/system/netns.py), not the host's, and says what node 1's daemon says
     pid1 = nodes[1].rank_pids()[0]
     report = until_verdict(pid1, {1: ("unreachable_peer", "culprit")}, timeout=60,
                            hb_dir=str(nodes[1].root / "hb"), extra=("--syn-wait", "10"))

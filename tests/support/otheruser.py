@@ -131,7 +131,7 @@ def runtime(copy_interpreter: bool = False) -> Runtime:
     for name in DISTRIBUTIONS:
         _copy_distribution(name, place)
     env = {"PYTHONPATH": place,
-           # py-spy: ddpwatch.observe.programs looks beside the interpreter, in the
+           # py-spy: ddpwatch.observe.system.programs looks beside the interpreter, in the
            # system's directories, then on PATH
            "PATH": os.pathsep.join([os.path.join(place, "bin"), os.environ.get("PATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1"}

@@ -1,5 +1,5 @@
 """Socket tables built in code for grouping ranks by their connections
-(observe/tcp_discovery.py): {pid: (network namespace, TableEntry...)} as the
+(observe/jobs/tcp_discovery.py): {pid: (network namespace, TableEntry...)} as the
 sockets probe reads them. Used by tests/unit/observe (test_tcp_discovery_unit,
 test_wire_groups_unit)."""
 from __future__ import annotations

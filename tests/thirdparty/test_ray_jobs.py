@@ -8,7 +8,7 @@ both torch processes connected to the ranks) stand beside them.
 
 What finds them: their executable is Python (discovery.ProcInfo.python), and on
 the wire they have the shape of one DDP job, a TCPStore rank 0 hosts and every
-rank dialled (observe/tcp_discovery.py ddp_groups, store_complete: the world is the two);
+rank dialled (observe/jobs/tcp_discovery.py ddp_groups, store_complete: the world is the two);
 with DDPWATCH_AUTO=1 their heartbeat records too. Their stacks are read from the
 thread that trains (judge/stackmatch.training_thread).
 

@@ -1,7 +1,7 @@
 """Ranks started by hand, one command each, no launcher and nothing of the job
 in their exec-time environment (tests/jobs/thirdparty/byhand_ddp.py with
 init_method="tcp://..." from its argv): `diagnose` on either pid groups them into
-one job by their TCP connections to each other (observe/tcp_discovery.py), numbers them
+one job by their TCP connections to each other (observe/jobs/tcp_discovery.py), numbers them
 from the evidence (the store's host is rank 0; the other of a closed pair is 1),
 judges the job healthy, and names a stopped rank.
 

@@ -1,5 +1,5 @@
 """Signals over a sampled window (tests/daemon/test_daemon_healthy_watch.py): the
-shares of readings a rank was stopped, running or asleep (observe/duty.py), and
+shares of readings a rank was stopped, running or asleep (observe/window/duty.py), and
 its cgroup's CPU throttling. A rank stopped 70% of the time, or held back by a
 CPU quota, still advances: it is a straggler and its peers wait on it, not
 `stopped`. Pure.

@@ -26,7 +26,7 @@ socket. The node's OOM-kill count (/proc/vmstat oom_kill) is read at each
 drain, so a SIGKILL can be told apart as the OOM killer's when the count rose
 in the same interval.
 
-READ: `ExitWatch`, `open_watch`, `ExitsProbe` (the socket: observe/proc_events.py).
+READ: `ExitWatch`, `open_watch`, `ExitsProbe` (the socket: observe/system/proc_events.py).
 PARSE (pure): `decode_status`, `oom_kill_count`.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from ... import codec
-from ..proc_events import close_socket, open_socket, parse_datagram
+from ..system.proc_events import close_socket, open_socket, parse_datagram
 from . import Pass, Probe, ProbeContext, register
 
 KEEP_S = 300.0     # an exit is kept this long (a held job is judged meanwhile)

@@ -10,7 +10,7 @@ For each rank whose UTS, network or mount namespace is not the watcher's:
 its hostname (uname in a thread that entered its UTS namespace), its
 interfaces (psutil in a thread in its network namespace), and its hostname
 resolved the part we can do safely: its /etc/hosts and /etc/nsswitch.conf read
-through /proc/PID/root (observe/rootfile.py), never a binary run there. What
+through /proc/PID/root (observe/system/rootfile.py), never a binary run there. What
 resolution would do beyond its hosts file (DNS, nss-myhostname in its
 namespace) is not done: `unseen` says so, and the addresses are only those of
 its hosts file, never the watcher's answer.
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import psutil
 
 from ... import codec
-from ..netns import run_in_ns
-from ..rootfile import read_in_root, reader_of
+from ..system.netns import run_in_ns
+from ..system.rootfile import read_in_root, reader_of
 from . import Look, Pass, Probe, ProbeContext, register
 from .host import Interface, build_interfaces
 from .sockets import LeftOut, SocketsProbe

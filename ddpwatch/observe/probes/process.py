@@ -1,9 +1,11 @@
 """Process probe: what /proc says about each rank, its threads and its launch.
 
 READ is `read_process` / `_read_thread` / `run` (tiny, impure: files under
-`ctx.procfs`); PARSE is `parse_*`, `torchrun_args` and `env_from_cmdline` (pure,
-tested on saved fixtures). Counters are cumulative (cpu seconds, schedstat): the
-classifier takes deltas between two snapshots, so CPU% is never computed here.
+`ctx.procfs`); PARSE is `parse_*` and `env_from_cmdline` (pure, tested on saved
+fixtures; torchrun's flags are read by ddpwatch/launchers.py `torchrun_args`, with
+the other launchers' conventions). Counters are cumulative (cpu seconds,
+schedstat): the classifier takes deltas between two snapshots, so CPU% is never
+computed here.
 
 Unknown numbers are -1 (never 0: a blind watcher must not look idle or healthy).
 """
@@ -13,22 +15,19 @@ import os
 from dataclasses import dataclass, field
 
 from ... import codec
+from ...launchers import ENV_VARS as LAUNCHER_ENV, torchrun_args
 from ..budget import MAX_THREADS
 from . import Look, Pass, ProbeContext, failure, register
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# Only these variables leave the host: an environment can hold secrets.
+# Only these variables leave the host: an environment can hold secrets. Torch's,
+# NCCL's and ddpwatch's own, and every variable the table of launchers reads (ranks,
+# worlds, what groups a job: ddpwatch/launchers.py ENV_VARS).
 ENV_ALLOW = frozenset((
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-    "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-    "DDPWATCH_DIR", "TORCH_DISTRIBUTED_DEBUG",
-    # other launchers' rank conventions (observe/launchers.py): Lightning, SLURM, MPI
-    "NODE_RANK", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID",
-    "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
-))
+    "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DDPWATCH_DIR", "TORCH_DISTRIBUTED_DEBUG",
+)) | LAUNCHER_ENV
 
 
 @dataclass(frozen=True)
@@ -198,65 +197,6 @@ def parse_environ(data: bytes, allow: frozenset[str] = ENV_ALLOW) -> dict[str, s
         if sep and k in allow:
             env[k] = value[:MAX_VALUE].decode("utf-8", "replace")
     return env
-
-
-# torchrun's own flags (torch.distributed.run.get_args_parser, torch 2.13; use_env from
-# the older torch.distributed.launch). All take a value except _TORCHRUN_BOOL; knowing
-# which lets us stop at the training script.
-_TORCHRUN_BOOL = ("standalone", "module", "no_python", "run_path", "virtual_local_rank",
-                  "use_env")
-_TORCHRUN_FLAGS = _TORCHRUN_BOOL + tuple("""nnodes nproc_per_node rdzv_backend rdzv_endpoint
-    rdzv_id rdzv_conf max_restarts monitor_interval start_method event_log_handler role
-    log_dir redirects tee local_ranks_filter duplicate_stdout_filters
-    duplicate_stderr_filters node_rank master_addr master_port local_addr logs_specs
-    numa_binding signals_to_handle shutdown_timeout""".split())
-_SHORT = {"-m": "module", "-r": "redirects", "-t": "tee"}
-
-
-def _launcher_start(argv: tuple[str, ...]) -> int:
-    """Index of the first launcher flag, or -1 if argv is not torchrun/launch."""
-    for i, arg in enumerate(argv[:3]):
-        if os.path.basename(arg) == "torchrun":
-            return i + 1
-        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in (
-                "torch.distributed.run", "torch.distributed.launch"):
-            return i + 2
-    return -1
-
-
-def torchrun_args(cmdline: tuple[str, ...]) -> dict[str, str]:
-    """Launcher flags of a torchrun / `python -m torch.distributed.run` cmdline,
-    normalised to argparse dests (`--nproc-per-node 2` -> nproc_per_node='2'), plus
-    'script'. Argparse accepts unique prefixes (`--nproc 2`), so do we. {} if not
-    a launcher."""
-    argv = cmdline
-    if len(argv) == 1 and " " in argv[0]:  # setproctitle-style rewritten cmdline
-        argv = tuple(argv[0].split())
-    i = _launcher_start(argv)
-    if i < 0:
-        return {}
-    out: dict[str, str] = {}
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-"):
-            out["script"] = arg
-            break
-        name, eq, value = arg.partition("=")
-        if name in _SHORT:
-            dest = _SHORT[name]
-        else:
-            dest = name.lstrip("-").replace("-", "_")
-            matches = [f for f in _TORCHRUN_FLAGS if f.startswith(dest)]
-            dest = dest if dest in _TORCHRUN_FLAGS or len(matches) != 1 else matches[0]
-        if dest in _TORCHRUN_BOOL:
-            out[dest] = "1"
-        elif eq:
-            out[dest] = value
-        elif i + 1 < len(argv):
-            out[dest] = argv[i + 1]
-            i += 1
-        i += 1
-    return out
 
 
 def env_from_cmdline(cmdline: tuple[str, ...]) -> dict[str, str]:

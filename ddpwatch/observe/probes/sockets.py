@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from ... import codec
-from .. import programs
+from ..system import programs
 from ..budget import MAX_ADDRESSES, MAX_FDS, MAX_OUTPUT, TABLE_MAX_AGE_S, owner
 from . import Look, Pass, Probe, ProbeContext, failure, register
 from .host import SUSPECT_KINDS, Interface, interface_kind
@@ -304,7 +304,7 @@ def read_ss(ns_path: str | None, timeout_s: float) -> str:
 
 
 def _tool(name: str) -> str:
-    """A helper's absolute path, resolved once (observe/programs.py)."""
+    """A helper's absolute path, resolved once (observe/system/programs.py)."""
     found = programs.path(name)
     if found is None:
         raise FileNotFoundError(f"{name} ({'util-linux' if name == 'nsenter' else 'iproute2'})"

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from ... import codec
-from .. import programs
+from ..system import programs
 from . import Look, Pass, ProbeContext, register
 from ..budget import MAX_DUMP_THREADS
 from .process import parse_stat, read_state
@@ -109,7 +109,7 @@ _NATIVE_OK = {"R", "S"}
 def find_py_spy() -> str | None:
     """The py-spy installed next to our interpreter first (a pyenv shim on PATH
     costs a bash + pyenv exec per dump), else the system's, else PATH; found once."""
-    return programs.path("py-spy")  # resolved once (observe/programs.py)
+    return programs.path("py-spy")  # resolved once (observe/system/programs.py)
 
 
 def _state_and_threads(procfs: str, pid: int) -> tuple[str, int]:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 
 from ... import codec
-from ..netns import net_ns, run_in_net_ns
+from ..system.netns import net_ns, run_in_net_ns
 from . import Pass, Probe, ProbeContext, register
 
 ETH_P_ALL = 0x0003
@@ -184,7 +184,7 @@ class SynCapture:
 
     @classmethod
     def open(cls, clock, procfs: str = "/proc", pid: int | None = None) -> "SynCapture":
-        """`pid`: capture in that process's network namespace (observe/netns.py)
+        """`pid`: capture in that process's network namespace (observe/system/netns.py)
         instead of ours."""
         if pid is None:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))

@@ -1,7 +1,7 @@
 """Wire-groups probe: ranks started by hand, for the daemon. A lone
 Python process that no launcher, environment or record claims is no rank to
 discovery; those that imported torch and have the shape of one DDP job on the
-wire (observe/tcp_discovery.py `ddp_groups`: a TCPStore host every member is
+wire (observe/jobs/tcp_discovery.py `ddp_groups`: a TCPStore host every member is
 connected to, or a full mesh) become one job, launcher kind "wire", numbered
 from the evidence only (tcp_discovery.number). `diagnose` does the same for the
 one pid a person names (tcp_discovery.extend).
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import tcp_discovery
-from ..launchers import env_rank, launcher_kind
-from ..snapshot import Job
+from ..jobs import tcp_discovery
+from ..jobs.launchers import env_rank, launcher_kind
+from ..jobs.job import Job
 from . import Pass, Probe, ProbeContext, register
 
 TORCH_RECHECK_S = 10.0

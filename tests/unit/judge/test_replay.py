@@ -321,7 +321,7 @@ def test_diagnose_of_another_users_rank_exits_77():
 def test_process_table_cache_sees_an_exec(tmp_path):
     """A launch script that execs another program keeps its pid and start time: the
     cached command line must not outlive the exec (real processes, real /proc)."""
-    from ddpwatch.observe.discovery import CACHE_AFTER_S, read_table
+    from ddpwatch.observe.jobs.discovery import CACHE_AFTER_S, read_table
     marker = tmp_path / "go"
     proc = subprocess.Popen(["sh", "-c", f'while [ ! -e "{marker}" ]; do sleep 0.1; done; '
                                          f'exec "{sys.executable}" -c "import time; time.sleep(30)"'])

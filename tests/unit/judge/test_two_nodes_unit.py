@@ -9,7 +9,7 @@ from conftest import REPO, TESTS
 
 from ddpwatch.judge.signals import peers, window
 from ddpwatch.judge.signals.sockets import remote_addrs
-from ddpwatch.observe.netns import net_ns
+from ddpwatch.observe.system.netns import net_ns
 from ddpwatch.observe.probes.sockets import TcpSocket
 
 

@@ -1,11 +1,11 @@
-"""The daemon's window evidence (observe/between.py, observe/duty.py merge and
+"""The daemon's window evidence (observe/window/between.py, observe/window/duty.py merge and
 switches, judge/signals/window.py duty_cycled), on a fixture procfs and a fake
 clock."""
 import threading
 
 from ddpwatch.judge.signals.window import link as straggle_signals, measure as window_signals
-from ddpwatch.observe import duty as D
-from ddpwatch.observe.between import CLOSE_INTERVAL_S, GLANCE_INTERVAL_S, BetweenTicks
+from ddpwatch.observe.window import duty as D
+from ddpwatch.observe.window.between import CLOSE_INTERVAL_S, GLANCE_INTERVAL_S, BetweenTicks
 from ddpwatch.observe.snapshot import Job, Snapshot
 
 

@@ -1,9 +1,9 @@
 """Discovery of every launch topology without heartbeats, on
 synthetic process tables shaped like the real ones (command lines and
 environments as read from /proc for each launcher; see tests/jobs/thirdparty)."""
-from ddpwatch.observe import discovery as D
-from ddpwatch.observe import launchers as L
-from ddpwatch.observe.discovery import ProcInfo as P
+from ddpwatch.observe.jobs import discovery as D
+from ddpwatch.observe.jobs import launchers as L
+from ddpwatch.observe.jobs.discovery import ProcInfo as P
 
 PY = "/venv/bin/python"
 SPAWN = ("-B", "-c", "from multiprocessing.spawn import spawn_main; "

@@ -13,8 +13,8 @@ import time
 from conftest import REPO, need, wait_until
 
 from ddpwatch.judge import signals
-from ddpwatch.observe import proc_events
-from ddpwatch.observe.departures import Departures
+from ddpwatch.observe.system import proc_events
+from ddpwatch.observe.jobs.departures import Departures
 from ddpwatch.observe.probes import exits
 from ddpwatch.observe.probes.exits import Exits, ProcessExit
 from ddpwatch.observe.snapshot import Job
@@ -277,7 +277,7 @@ def test_the_connector_reports_a_killed_child_here():
 
 
 def test_a_held_jobs_rank_that_ends_later_is_seen_ending():
-    """A held job's ranks are departed, not live (observe/departures.py), yet one
+    """A held job's ranks are departed, not live (observe/jobs/departures.py), yet one
     may still be ending: Lightning's rank 0 alone is no job to discovery and may end
     seconds after its peer's death. The sampler keeps watching a departed rank's
     pid, tick after tick, so its end is seen and the job's first death known."""

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import need
 from ddpwatch.heartbeat import paths
-from ddpwatch.observe import discovery, rootfile
+from ddpwatch.observe.jobs import discovery
+from ddpwatch.observe.system import rootfile
 from ddpwatch.observe.probes import process as P
 
 
@@ -77,7 +78,7 @@ def test_the_exec_cache_stops_growing_at_its_budget(tmp_path, monkeypatch):
     assert set(discovery.read_table(procfs, cache)) == set(table)
 
 
-# --- files seen through another process's root (observe/rootfile.py) -----------------
+# --- files seen through another process's root (observe/system/rootfile.py) -----------------
 
 NOBODY = (65534, frozenset({65534}))
 

@@ -1,5 +1,5 @@
 """A rank's own node as its namespaces show it: the pure parts of
-probes/nshost.py, the safe reader of a rank's files (observe/rootfile.py) on a
+probes/nshost.py, the safe reader of a rank's files (observe/system/rootfile.py) on a
 tree made here, and the host signals judging with the rank's view."""
 import dataclasses
 import os
@@ -12,8 +12,8 @@ from ddpwatch.judge.signals import interfaces as iface_signals
 from ddpwatch.observe.probes.host import Host, Interface
 from ddpwatch.observe.probes.nshost import (NsView, NsViews, hosts_addrs, hosts_sources,
                                             resolution)
-from ddpwatch.observe import rootfile
-from ddpwatch.observe.rootfile import FileRefused, read_in_root
+from ddpwatch.observe.system import rootfile
+from ddpwatch.observe.system.rootfile import FileRefused, read_in_root
 from ddpwatch.observe.snapshot import load, save
 from ddpwatch.publish import page
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import TESTS, need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.discovery import ProcInfo
+from ddpwatch.observe.jobs.discovery import ProcInfo
 from ddpwatch.observe.probes import (Look, Outcome, Pass, ProbeContext, failure, load_all, make,
                                      outcome, run_probe)
 from ddpwatch.observe.probes import process as P
@@ -284,7 +284,7 @@ def test_live_self_and_children(start_job):
 def test_record_directories_named_by_processes_are_trusted_only_when_theirs(tmp_path):
     """The daemon runs as root and reads the directories ranks name in DDPWATCH_DIR:
     only a directory of the naming process's user, writable by no one else."""
-    from ddpwatch.observe.discovery import ProcInfo, heartbeat_dirs
+    from ddpwatch.observe.jobs.discovery import ProcInfo, heartbeat_dirs
     need(os.geteuid() == 0, "needs root to give a directory to another user")
     own, shared, foreign = tmp_path / "own", tmp_path / "shared", tmp_path / "foreign"
     for d in (own, shared, foreign):

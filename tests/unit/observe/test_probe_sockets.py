@@ -155,7 +155,7 @@ def test_ss_failure_keeps_proc_fields(fake_ss, monkeypatch):
 
 
 def test_no_ss_fails_the_probe(monkeypatch):
-    from ddpwatch.observe import programs
+    from ddpwatch.observe.system import programs
     real_path = programs.path
     monkeypatch.setattr(programs, "path", lambda n: None if n == "ss" else real_path(n))
     result = run_probe(make("sockets"), ProbeContext(procfs=PROC), Pass(), (5072,))

@@ -1,9 +1,9 @@
-"""Grouping ranks by their connections (observe/tcp_discovery.py), on built socket tables."""
+"""Grouping ranks by their connections (observe/jobs/tcp_discovery.py), on built socket tables."""
 from __future__ import annotations
 
 from socket_tables import NS, est, listen, pair_job, server_and_client
 
-from ddpwatch.observe import tcp_discovery
+from ddpwatch.observe.jobs import tcp_discovery
 from ddpwatch.observe.probes.sockets import TableEntry
 
 

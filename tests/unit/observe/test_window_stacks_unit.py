@@ -1,4 +1,4 @@
-"""Stack dumps inside diagnose's window (observe/window_stacks.py) and what the
+"""Stack dumps inside diagnose's window (observe/window/window_stacks.py) and what the
 stack signals make of 4 samples where there were 2: a rank seen
 waiting in some samples is training; in all of them, stuck."""
 import os
@@ -11,7 +11,7 @@ from ddpwatch.judge.signals.stack import measure as stack_signals
 from ddpwatch.observe.probes import ProbeContext, ProbeResult
 from ddpwatch.observe.probes.stacks import PidStacks, Stacks, parse_dump
 from ddpwatch.observe.snapshot import Job, Snapshot, load, save
-from ddpwatch.observe.window_stacks import WindowStacks, dump_times
+from ddpwatch.observe.window.window_stacks import WindowStacks, dump_times
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""The sampled window (observe/duty.py, judge/signals/window.py) and a rank's place
+"""The sampled window (observe/window/duty.py, judge/signals/window.py) and a rank's place
 in its job (judge/signals/launch.py), on fixture text and hand-built snapshots."""
 import dataclasses
 import os
@@ -6,7 +6,7 @@ import os
 from ddpwatch.judge.signals.launch import measure as launch_signals, orphan as orphan_signals
 from ddpwatch.judge.signals.launch import store_port
 from ddpwatch.judge.signals.window import link as straggle_signals, measure as window_signals
-from ddpwatch.observe import duty as D
+from ddpwatch.observe.window import duty as D
 from ddpwatch.observe.probes.process import ProcessObs, Processes
 from ddpwatch.observe.probes.sockets import PidSockets, Sockets, TcpSocket
 from ddpwatch.observe.snapshot import Job, Snapshot

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from ddpwatch.observe import discovery, tcp_discovery
-from ddpwatch.observe.discovery import ProcInfo
+from ddpwatch.observe.jobs import discovery, tcp_discovery
+from ddpwatch.observe.jobs.discovery import ProcInfo
 from ddpwatch.observe.probes import ProbeContext, wire_groups
 from ddpwatch.observe.probes.sockets import TCP_STATES, TableEntry
 from ddpwatch.observe.probes.wire_groups import WireWatch

@@ -3,7 +3,7 @@ documents in it (docs/design.md "Section"), never a document or a path outside
 it, nor a tracker's issue numbers it does not hold. Each citation of a section
 of docs/*.md names a heading there (or the heading's words before its
 parenthesis: "Which processes are ranks" for "Which processes are ranks
-(observe/discovery.py, ...)"), and each test file cited by its path
+(observe/jobs/discovery.py, ...)"), and each test file cited by its path
 (tests/unit/judge/test_replay.py) is there: tests move between the folders of
 tests/ (tests/README.md), and what cites them follows."""
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_the_checks_themselves():
     assert list(cited(text)) == [("design.md", "Per-job state in one place"),
                                  ("architecture.md", "What a local user may cost it"),
                                  ("architecture.md", "Who may speak for the daemon")]
-    titles = {"Which processes are ranks (observe/discovery.py)", "Verdicts"}
+    titles = {"Which processes are ranks (observe/jobs/discovery.py)", "Verdicts"}
     assert names_a_heading("Which processes are ranks", titles)
     assert names_a_heading("Verdicts", titles) and not names_a_heading("Verdict", titles)
     assert OUTSIDE.search("(see " + "DESIGN" + ".md)") and OUTSIDE.search("Issue" + " 14:")

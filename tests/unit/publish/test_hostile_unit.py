@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from ddpwatch.observe import discovery
-from ddpwatch.observe.discovery import ProcInfo
+from ddpwatch.observe.jobs import discovery
+from ddpwatch.observe.jobs.discovery import ProcInfo
 from ddpwatch.observe.snapshot import Job
 from ddpwatch.publish import incident_store
 from ddpwatch.publish.bundle import SAFE_NAME, write_bundle

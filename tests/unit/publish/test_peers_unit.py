@@ -18,7 +18,7 @@ from peer_views import node_view, over_the_wire
 
 from ddpwatch.judge import classify, rules as rules_mod
 from ddpwatch.publish.peers import PeerPoller
-from ddpwatch.observe.discovery import job_key
+from ddpwatch.observe.jobs.discovery import job_key
 from ddpwatch.observe.snapshot import load, save
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")
@@ -151,7 +151,7 @@ def test_two_owners_of_one_label_on_a_peer_stay_two_jobs():
             self.judgement = type("J", (), {"local": ({"pid": pid, "rank": 1, "alive": True},)})
 
     # the look-alike started first: it holds the bare label on this node, the real
-    # job's label has its owner added (observe/discovery.py labels)
+    # job's label has its owner added (observe/jobs/discovery.py labels)
     for order in ((0, 1), (1, 0)):
         jobs = [View("10.0.0.1:29500@u0.p7.s3", "u0.p7.s3", 7, "10.0.0.1:29500"),
                 View("10.0.0.1:29500", "u65534.p9.s2", 9, "10.0.0.1:29500")]

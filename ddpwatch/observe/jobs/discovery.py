@@ -11,10 +11,11 @@ import os
 import stat
 from dataclasses import dataclass
 
+from ... import launchers as T
 from . import launchers as L
-from .probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
-                             parse_environ, parse_stat, read_head)
-from .snapshot import Job
+from ..probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
+                              parse_environ, parse_stat, read_head)
+from .job import Job
 
 
 @dataclass(frozen=True)
@@ -242,14 +243,17 @@ def _a_worker(info: ProcInfo, table: dict[int, ProcInfo], record_pids=frozenset(
     return parent is not None and is_worker_of(info, parent, record_pids)
 
 
-def _spawned(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
-    """`pid`'s children started by multiprocessing's spawn (its helpers left out)."""
-    return [c for c in _children(table, pid) if L.is_spawn_child(c.cmdline)]
+def _is_rank_of(entry: T.Launcher, info: ProcInfo) -> bool:
+    """`entry`'s own test (ddpwatch/launchers.py) makes `info` one of its ranks:
+    mp.spawn's spawn_main argv, Lightning's re-executed environment."""
+    return bool(entry.rank_argv and entry.rank_argv(info.cmdline)
+                or entry.rank_env and entry.rank_env(info.env))
 
 
-def _lightning_children(table: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
-    return [c for c in _children(table, pid) if c.python
-            and L.is_lightning_child(c.env)]
+def _recognised(table: dict[int, ProcInfo], pid: int, entry: T.Launcher) -> list[ProcInfo]:
+    """`pid`'s Python children that `entry`'s test makes its ranks (multiprocessing's
+    helpers are not spawn_main children)."""
+    return [c for c in _children(table, pid) if c.python and _is_rank_of(entry, c)]
 
 
 def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None:
@@ -257,9 +261,37 @@ def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None
     return parent if parent is not None and parent.pid != 1 else None
 
 
-# launcher_kind values: how the ranks were started
-KINDS = ("torchrun", "accelerate", "deepspeed", "mpirun", "spawn", "lightning", "slurm",
-         "env", "wire", "none")  # wire: grouped by their connections (tcp_discovery.py)
+# launcher_kind values: how the ranks were started (wire: grouped by their connections,
+# tcp_discovery.py)
+KINDS = tuple(e.kind for e in T.TABLE) + ("wire", "none")
+# Launchers known by their ranks (mp.spawn's, Lightning's), in the table's order,
+# and the one a Python parent of ranks that no entry recognises is taken for
+_BY_RANK = tuple(e for e in T.TABLE if e.rank_argv or e.rank_env)
+_ADOPTER = next(e for e in T.TABLE if e.adopts)
+
+
+def _launcher(me: ProcInfo, parent: ProcInfo | None, table: dict[int, ProcInfo],
+              record_pids: frozenset[int]) -> tuple[ProcInfo | None, T.Launcher | None]:
+    """The process that launched `me`'s job (`me` itself, perhaps) and its entry
+    in the table; (None, None) for ranks without one (by hand, srun's tasks)."""
+    for who in (me, parent):
+        entry = L.launcher_of(who.cmdline) if who is not None else None
+        if entry is not None:
+            return who, entry
+    for entry in _BY_RANK:
+        if parent is not None and _is_rank_of(entry, me):
+            return parent, entry  # Lightning's rank 0, mp.spawn's parent
+        if me.pid != 1 and _recognised(table, me.pid, entry):
+            return me, entry  # the parent of such ranks itself
+    # a spawner of its own (Python: not a shell, slurmstepd or a container init)
+    if me.python and any(looks_like_rank(c, record_pids)
+                         for c in _children(table, me.pid, record_pids)):
+        return me, _ADOPTER  # itself often rank 0
+    if (parent is not None and parent.python and looks_like_rank(me, record_pids)
+            and sum(looks_like_rank(c, record_pids)
+                    for c in _children(table, parent.pid, record_pids)) > 1):
+        return parent, _ADOPTER
+    return None, None
 
 
 def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:
@@ -270,55 +302,25 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
         return None
     while _a_worker(me, table, record_pids):  # a person typed a DataLoader worker's pid
         me = table[me.ppid]
-    parent = _alive_parent(table, me)
-    launcher, kind = None, "none"
-    if is_launcher(me.cmdline):
-        launcher, kind = me, L.launcher_kind(me.cmdline)
-    elif parent is not None and is_launcher(parent.cmdline):
-        launcher, kind = parent, L.launcher_kind(parent.cmdline)
-    elif L.is_spawn_child(me.cmdline) and parent is not None:
-        launcher, kind = parent, "spawn"
-    elif me.pid != 1 and _spawned(table, me.pid):
-        launcher, kind = me, "spawn"  # mp.spawn's parent: no rank itself
-    elif L.is_lightning_child(me.env) and parent is not None:
-        launcher, kind = parent, "lightning"  # Lightning's rank 0 is the parent
-    elif me.pid != 1 and _lightning_children(table, me.pid):
-        launcher, kind = me, "lightning"
-    # a spawner of its own (Python: not a shell, slurmstepd or a container init)
-    elif me.python and any(looks_like_rank(c, record_pids)
-                                       for c in _children(table, me.pid, record_pids)):
-        launcher, kind = me, "spawn"  # itself often rank 0
-    elif (parent is not None and parent.python and looks_like_rank(me, record_pids)
-          and sum(looks_like_rank(c, record_pids)
-                  for c in _children(table, parent.pid, record_pids)) > 1):
-        launcher, kind = parent, "spawn"
+    launcher, entry = _launcher(me, _alive_parent(table, me), table, record_pids)
 
     numbered: dict[int, tuple[int, int]] = {}  # pid -> (rank, world size)
-    if launcher is None:
+    if entry is None:
         ranks = [me] + _peers_by_env(me, table, record_pids)
-        key = L.group_key(me.env)
-        kind = key[0] if key else "none"
-    elif kind == "lightning":
-        ranks = [launcher] + _lightning_children(table, launcher.pid)
-        numbered = _lightning_ranks(launcher, ranks[1:])
-    elif kind == "spawn":
-        spawned = _spawned(table, launcher.pid)
-        ranks = spawned or [c for c in _children(table, launcher.pid, record_pids)
-                            if looks_like_rank(c, record_pids)]
-        if spawned:
-            numbered = _spawn_ranks(spawned)
-        if looks_like_rank(launcher, record_pids):
+        peers = L.peers_of(me.env)
+        kind = peers.kind if peers else "none"
+    else:
+        kind = entry.kind
+        ranks, numbered = SHAPES[entry.shape](entry, launcher, table, record_pids)
+        if entry.launcher_rank == "always":
+            ranks = [launcher] + ranks
+        elif entry.launcher_rank == "claimed" and looks_like_rank(launcher, record_pids):
             ranks.append(launcher)
-    elif kind == "mpirun":
-        ranks = [c for c in _children(table, launcher.pid, record_pids)
-                 if looks_like_rank(c, record_pids)]
-    else:  # torchrun-like agents: every child is a worker
-        ranks = [c for c in _children(table, launcher.pid) if not L.is_mp_helper(c.cmdline)]
     rank_pids = tuple(sorted({p.pid for p in ranks}))
     for p in ranks:
         rank, world, _ = L.env_rank(p.env)
-        if rank < 0 and kind == "deepspeed" and launcher is not None:
-            rank = _deepspeed_rank(launcher, p)
+        if rank < 0 and entry is not None and entry.rank_flags:
+            rank = _flag_rank(entry, launcher, p)
         if rank >= 0:  # a launcher's variable outranks a convention
             numbered[p.pid] = (rank, world if world >= 0 else numbered.get(p.pid, (0, -1))[1])
     worlds = {w for _, w in numbered.values() if w > 0}
@@ -331,11 +333,46 @@ def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -
                        if p.env.get("MASTER_ADDR") and p.env.get("MASTER_PORT")), "")
     # Lightning's rank 0 is the launcher: it is counted among the ranks, not again
     # as a launcher process
-    launcher_pid = launcher.pid if launcher is not None and kind != "lightning" else -1
+    launcher_pid = (launcher.pid if launcher is not None and entry.launcher_rank != "always"
+                    else -1)
     return Job(target_pid=target, launcher_pid=launcher_pid, launcher_kind=kind,
                rank_pids=rank_pids, run_id=run_id,
                ranks=tuple(numbered.get(pid, (-1, -1))[0] for pid in rank_pids),
                world_size=worlds.pop() if len(worlds) == 1 else -1)
+
+
+# How a launcher's ranks stand to its process (ddpwatch/launchers.py `Launcher.shape`;
+# "peers", ranks without a launcher process, are `_peers_by_env`'s): each gives the
+# ranks under `launcher` and the numbers its convention gives them.
+
+def _workers(entry, launcher, table, record_pids):
+    """torchrun-like agents: every child is a worker (multiprocessing's helpers aside)."""
+    return [c for c in _children(table, launcher.pid) if not L.is_mp_helper(c.cmdline)], {}
+
+
+def _claimants(entry, launcher, table, record_pids):
+    """The children that say they are ranks (mpirun's daemons start other things too)."""
+    return [c for c in _children(table, launcher.pid, record_pids)
+            if looks_like_rank(c, record_pids)], {}
+
+
+def _spawned(entry, launcher, table, record_pids):
+    """mp.spawn's children, numbered by `_spawn_ranks`; else the children that say
+    they are ranks (a script of the user's own that starts them)."""
+    spawned = _recognised(table, launcher.pid, entry)
+    if not spawned:
+        return _claimants(entry, launcher, table, record_pids)
+    return spawned, _spawn_ranks(spawned)
+
+
+def _reexecuted(entry, launcher, table, record_pids):
+    """Lightning's re-executions of the user's process (rank 0, added by the caller)."""
+    children = _recognised(table, launcher.pid, entry)
+    return children, _node_ranks(entry.env[0], launcher, children)
+
+
+SHAPES = {"workers": _workers, "claimants": _claimants, "spawned": _spawned,
+          "reexecuted": _reexecuted}
 
 
 def _spawn_ranks(spawned: list[ProcInfo]) -> dict[int, tuple[int, int]]:
@@ -359,17 +396,19 @@ def _spawn_ranks(spawned: list[ProcInfo]) -> dict[int, tuple[int, int]]:
 SPAWN_PID_SPREAD = 4096  # children forked in one tick get nearby pids, barring a wrap
 
 
-def _lightning_ranks(rank0: ProcInfo, children: list[ProcInfo]) -> dict[int, tuple[int, int]]:
-    """Lightning's global rank: NODE_RANK x local world + LOCAL_RANK. On node 0 the
-    local world does not matter; elsewhere it is this node's ranks (rank 0 and its
-    re-executions), if none is missing (a local rank above the count says one is)."""
-    node = {L.number(c.env.get("NODE_RANK")) for c in children}
-    worlds = {L.number(c.env.get("WORLD_SIZE")) for c in children}
+def _node_ranks(names: T.Env, rank0: ProcInfo, children: list[ProcInfo]
+                ) -> dict[int, tuple[int, int]]:
+    """Lightning's global rank: NODE_RANK x local world + LOCAL_RANK (`names` says
+    which variables). On node 0 the local world does not matter; elsewhere it is
+    this node's ranks (rank 0 and its re-executions), if none is missing (a local
+    rank above the count says one is)."""
+    node = {L.number(c.env.get(names.node_rank)) for c in children}
+    worlds = {L.number(c.env.get(names.world_size)) for c in children}
     world = worlds.pop() if len(worlds) == 1 else -1
     if len(node) != 1:
         return {}
     (node_rank,) = node
-    local = {c.pid: L.number(c.env.get("LOCAL_RANK")) for c in children}
+    local = {c.pid: L.number(c.env.get(names.local_rank)) for c in children}
     local[rank0.pid] = 0
     local_world = len(local)
     if node_rank > 0 and max(local.values()) >= local_world:
@@ -377,14 +416,15 @@ def _lightning_ranks(rank0: ProcInfo, children: list[ProcInfo]) -> dict[int, tup
     return {pid: (node_rank * local_world + lr, world) for pid, lr in local.items() if lr >= 0}
 
 
-def _deepspeed_rank(launcher: ProcInfo, worker: ProcInfo) -> int:
-    """`--local_rank=i` of a worker of DeepSpeed's launcher on node `--node_rank`
-    0 (elsewhere the ranks per node are in its base64 --world_info: unknown)."""
-    local = L.local_rank_arg(worker.cmdline)
+def _flag_rank(entry: T.Launcher, launcher: ProcInfo, worker: ProcInfo) -> int:
+    """A worker's `--local_rank=i` (`entry.rank_flags`) under a launcher on node 0
+    by its `entry.node_flag` (DeepSpeed's `--node_rank`; elsewhere the ranks per
+    node are in its base64 --world_info: unknown)."""
+    local = L.local_rank_arg(worker.cmdline, entry.rank_flags)
     node = 0
     for i, arg in enumerate(launcher.cmdline):
         name, eq, value = arg.partition("=")
-        if name == "--node_rank":
+        if name == entry.node_flag:
             node = L.number(value if eq else (launcher.cmdline[i + 1]
                                               if i + 1 < len(launcher.cmdline) else None))
     return local if node == 0 else -1
@@ -431,10 +471,16 @@ TORCH_ENV = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE")
 
 
 def _spawned_rank(info: ProcInfo, table: dict[int, ProcInfo], record_pids) -> bool:
-    if not L.is_spawn_child(info.cmdline) or _alive_parent(table, info) is None:
+    """A rank by its argv alone (mp.spawn's spawn_main child), if its family (its
+    parent and the parent's children of its kind) shows torch.distributed."""
+    if _alive_parent(table, info) is None:
         return False
-    family = [table[info.ppid]] + _spawned(table, info.ppid)
-    return any(p.pid in record_pids or any(k in p.env for k in TORCH_ENV) for p in family)
+    for entry in _BY_RANK:
+        if entry.rank_argv and entry.rank_argv(info.cmdline):
+            family = [table[info.ppid]] + _recognised(table, info.ppid, entry)
+            return any(p.pid in record_pids or any(k in p.env for k in TORCH_ENV)
+                       for p in family)
+    return False
 
 
 def job_key(job: Job) -> str:

@@ -1,7 +1,7 @@
 """The daemon's window evidence: its jobs' ranks read between ticks.
 
 `diagnose` reads every thread of every rank each 50 ms over its window
-(observe/duty.py); the daemon watches for days within 1% of a core, so it reads
+(observe/window/duty.py); the daemon watches for days within 1% of a core, so it reads
 as closely as a job deserves: the ranks' main threads a few times a second while
 the job is healthy (enough to see a rank stopped most of the time, or a cgroup
 throttling it), every thread ten times a second while it is under suspicion.

@@ -34,8 +34,8 @@ from collections import deque
 from dataclasses import replace
 
 from .launchers import env_rank, launcher_kind
-from .probes.sockets import TableEntry, read_table, socket_inodes
-from .snapshot import Job
+from ..probes.sockets import TableEntry, read_table, socket_inodes
+from .job import Job
 
 MAX_CANDIDATES = 256   # Python processes of the target's user whose sockets are read
 MAPS_LIMIT = 2 << 20   # bytes of /proc/PID/maps read looking for libtorch (a torch

@@ -9,7 +9,7 @@ waiting in some is waiting now and then, as every rank of a training job does.
 The dumps are py-spy --nonblocking whatever the window's own snapshots ask
 (--native pauses a rank for up to a second per dump: a window of them would
 pause it most of the time). They run on a thread of their own, so the duty
-readings of the window (observe/duty.py) go on meanwhile; py-spy runs over the
+readings of the window (observe/window/duty.py) go on meanwhile; py-spy runs over the
 ranks in parallel (probes/stacks.py run_dumps).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from .probes import Pass, ProbeContext, make, run_probe
+from ..probes import Pass, ProbeContext, make, run_probe
 
 MIDDLE_DUMPS = 2  # besides the window's two ends: 4 stack samples per window
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .snapshot import Job
+from .job import Job
 
 log = logging.getLogger("ddpwatch.departures")
 
