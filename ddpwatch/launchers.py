@@ -6,7 +6,7 @@ allow-list of what is read from other users' environments (observe/probes/proces
 `ENV_ALLOW`) and a rank's own guess at who it is (rank/identity.py). A launcher of a
 common shape (ranks with their number in the environment, under a launcher process
 recognised by argv, like torchrun's, srun's or mpirun's) is one entry here and its
-case in tests/test_launchers_unit.py (docs/architecture.md, "Adding things").
+case in tests/unit/observe/test_launchers_unit.py (docs/architecture.md, "Adding things").
 
 `/proc/<pid>/environ` is the environment at exec only, so each launcher leaves
 different traces:
