@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,7 +54,10 @@ def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url:
     trainer = ["env", *(f"{k}={v}" for k, v in rank_env.items()), sys.executable, "-m",
                "trainer", "--steps=0", *(f"--fault={f}" for f in faults)]
     daemon = [sys.executable, "-m", "ddpwatch", "run", "--config", str(config)]
-    before = f"{' '.join(first)} > {root / 'first.log'} 2>&1 & sleep 1; " if first else ""
+    before = ""
+    if first:  # a script of its own: its argv needs no quoting inside the node's `sh -c`
+        (root / "first.sh").write_text(f"exec {shlex.join(first)}\n")
+        before = f"sh {root / 'first.sh'} > {root / 'first.log'} 2>&1 & sleep 1; "
     script = (f"hostname {name}; sh -c '{before}{' '.join(trainer)} > {root / 'rank.log'} 2>&1 & "
               f"{' '.join(daemon)} > {root / 'daemon.log'} 2>&1 & wait'; true")
     env = {"DDPWATCH_DIR": str(root / "hb")}
