@@ -67,7 +67,9 @@ class IncidentBook:
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
         # job key -> (problem ticks in a row, when the first of them was)
-        self._troubled: dict[str, tuple[int, float]] = {}
+        # job key -> (troubled ticks in a row, since when, whether those ticks were
+        # only `slowing`: see update)
+        self._troubled: dict[str, tuple[int, float, bool]] = {}
         self._resolved: list[Incident] = []
         self._counter = 0
         self.opened_total: dict[str, int] = {}
@@ -95,8 +97,8 @@ class IncidentBook:
                 # calm, but is no healthy tick: the death or hang that follows it is
                 # confirmed on its next tick, as it was when this was a straggler
                 # (tests/thirdparty/test_thirdparty_killed.py: the job is gone a tick later)
-                ticks, since = self._troubled.get(key, (0, now))
-                self._troubled[key] = (min(ticks + 1, OPEN_AFTER_TICKS - 1), since)
+                ticks, since, held = self._troubled.get(key, (0, now, True))
+                self._troubled[key] = (min(ticks + 1, OPEN_AFTER_TICKS - 1), since, held)
                 self._held.pop(key, None)
                 continue
             if verdict in CALM:
@@ -104,8 +106,15 @@ class IncidentBook:
                 self._held.pop(key, None)
                 continue
             self._calm_since.pop(key, None)
-            ticks, since = self._troubled.get(key, (0, now))
-            self._troubled[key] = (ticks + 1, since)
+            ticks, since, held = self._troubled.get(key, (0, now, False))
+            if held and not culprits:
+                # What `slowing` confirms is a death or hang of a rank it names. A
+                # verdict without a culprit after it (every rank waiting in a
+                # collective for a tick, while a node's CPUs are taken: the
+                # DataLoader job of tests/daemon/test_soak.py) waits for its own
+                # second tick, as after a healthy one.
+                ticks = 0
+            self._troubled[key] = (ticks + 1, since, False)
             if current is None and (ticks + 1 < OPEN_AFTER_TICKS
                                     or now - since < self._open_after_s.get(verdict, 0.0)):
                 continue

@@ -108,6 +108,18 @@ def test_a_slowing_tick_opens_nothing_but_confirms_the_death_after_it():
     book = IncidentBook(resolve_after_s=10.0)
     book.update({"job": HEALTHY}, now=0.0)
     assert book.update({"job": ("dead", (1,), "rank 1 died")}, now=1.0) == []
+    # a verdict naming no culprit is not confirmed by slowing: every rank waiting
+    # in a collective for one tick on a busy node pages nobody (it did, in
+    # tests/daemon/test_soak.py's DataLoader job); on its second tick it pages
+    book = IncidentBook(resolve_after_s=10.0)
+    book.update({"job": slowing}, now=0.0)
+    blocked = ("blocked_in_collective", (), "ranks 0, 1 wait in a collective")
+    assert book.update({"job": blocked}, now=1.0) == []
+    assert book.update({"job": HEALTHY}, now=2.0) == []
+    book.update({"job": slowing}, now=3.0)
+    assert book.update({"job": blocked}, now=4.0) == []
+    assert kinds(book.update({"job": blocked}, now=5.0)) == [
+        ("opened", "blocked_in_collective", ())]
 
 
 def test_a_job_keeps_the_label_its_run_id_gave_it_to_its_end(tmp_path):
