@@ -182,9 +182,11 @@ class Daemon:
         table = self._survey.table if self._survey is not None else {}
         views, owners = [], {}
         labels = self._guard("discovery", lambda: discovery.labels(jobs, table), {})
-        live = [(owner, self._watched(owner).name(labels.get(owner) or discovery.job_key(job),
-                                                  discovery.job_key(job)), job)
-                for owner, job in ((discovery.owner_key(job, table), job) for job in jobs)]
+        live = []
+        for job in jobs:
+            owner, run_id = discovery.owner_key(job, table), discovery.job_key(job)
+            live.append((owner, self._watched(owner).name(labels.get(owner) or run_id, run_id),
+                         job))
         exits = self._survey.exits if self._survey is not None else None
         foreground = frozenset(pid for pid, info in table.items() if info.foreground)
         judged = self._guard("departures", lambda: self.departures.update(
@@ -225,15 +227,15 @@ class Daemon:
         return self.view
 
     def _alerting(self) -> tuple:
-        """(label, owner uid) of the jobs this node sends webhooks for, told to its
-        peers (publish/peers.py): a claim names whose job it is, not only its label."""
+        """(run id, owner uid) of the jobs this node sends webhooks for, told to its
+        peers (publish/peers.py): a claim names whose job it is, not only its name."""
         return tuple(sorted({(self._run_id(i), limits.owner_uid(i.owner))
                              for i in self.incidents.open() if self.alert_route.sending(i.id)}))
 
     def _run_id(self, incident) -> str:
         """The run id its other nodes know the incident's job by (JobView.run_id)."""
         watched = self.watched.get(incident.owner)
-        return watched.run_id if watched is not None and watched.run_id else incident.job
+        return (watched.run_id if watched is not None else "") or incident.job
 
     def _guard(self, stage: str, fn, default):
         try:

@@ -66,7 +66,6 @@ class IncidentBook:
         self._worst: dict[str, str] = {}  # job key -> the incident's most severe verdict
         self._open: dict[str, Incident] = {}       # job key -> open/ongoing incident
         self._calm_since: dict[str, float] = {}
-        # job key -> (problem ticks in a row, when the first of them was)
         # job key -> (troubled ticks in a row, since when, whether those ticks were
         # only `slowing`: see update)
         self._troubled: dict[str, tuple[int, float, bool]] = {}

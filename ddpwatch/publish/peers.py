@@ -12,12 +12,12 @@ interval, with a timeout, and keeps the last answer. A tick takes only answers y
 `max_age_s`; a peer that stops answering drops out of the judgement (its ranks are
 not judged from stale data) and shows with its error in /status.
 
-A job is its label *and* its owner's uid: a label is any user's to pick, so two
-users' jobs under one label are two entries of the answer's `owned` list, and a
-node joins (and hears claims of) only the entry of its own job's uid. The older
-maps (`jobs`, `owners`, `alerting`: keyed by label alone) still go out for
-older peers, without any label two owners share there (an older peer then sees
-neither, rather than the wrong one: tests/unit/publish/test_peers_unit.py).
+A job is its run id *and* its owner's uid: a run id is any user's to pick, so
+two users' jobs under one run id are two entries of the answer's `owned` list,
+and a node joins (and hears claims of) only the entry of its own job's uid. The
+older maps (`jobs`, `owners`, `alerting`: keyed by run id alone) still go out
+for older peers, without any run id two owners share there (an older peer then
+sees neither, rather than the wrong one: tests/unit/publish/test_peers_unit.py).
 """
 from __future__ import annotations
 
@@ -128,27 +128,23 @@ def _int(value) -> bool:
 
 
 def document(view) -> dict:
-    """What this daemon serves at /peer: its own ranks' signals, per job and owner."""
-    def uid(j) -> int:
-        return owner_uid(j.owner) if j.owner else -1
-    def run_id(j) -> str:
-        return j.run_id or j.key
-    shared = collections.Counter(run_id(j) for j in view.jobs)
-    alone = [j for j in view.jobs if shared[run_id(j)] == 1]
+    """What this daemon serves at /peer: its own ranks' signals, per job and owner.
+    A job goes by the run id its other nodes know it by, not the label this node
+    gave it to tell its jobs sharing one apart (observe/jobs/discovery.py labels:
+    a look-alike that started first takes the bare label here), and by its
+    owner's uid (a run id is any user's to pick; README, "Trust model")."""
+    keyed = [(j.run_id or j.key, owner_uid(j.owner) if j.owner else -1, j) for j in view.jobs]
+    shared = collections.Counter(key for key, _, _ in keyed)
+    alone = [(key, uid, j) for key, uid, j in keyed if shared[key] == 1]
     alerting = set(view.alerting_jobs)  # (run id, owner uid)
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,
             "version": __version__,
-            # whose each job is: a peer joins only a job of the same uid (a label is
-            # any user's to pick; README, "Trust model")
-            # by the run id the job's other nodes know it by, not the label this
-            # node gave it to tell its jobs sharing one apart (observe/jobs/discovery.py
-            # labels): a look-alike that started first takes the bare label here
-            "owned": [{"key": run_id(j), "uid": uid(j), "ranks": list(j.judgement.local),
-                       "alerting": (run_id(j), uid(j)) in alerting} for j in view.jobs],
+            "owned": [{"key": key, "uid": uid, "ranks": list(j.judgement.local),
+                       "alerting": (key, uid) in alerting} for key, uid, j in keyed],
             # for peers older than `owned`: run ids held by one job only
-            "jobs": {run_id(j): list(j.judgement.local) for j in alone},
-            "owners": {run_id(j): uid(j) for j in alone if j.owner},
-            "alerting": sorted({run_id(j) for j in alone if (run_id(j), uid(j)) in alerting}),
+            "jobs": {key: list(j.judgement.local) for key, _, j in alone},
+            "owners": {key: uid for key, uid, j in alone if j.owner},
+            "alerting": sorted(key for key, uid, _ in alone if (key, uid) in alerting),
             "webhooks": view.webhooks}
 
 

@@ -58,7 +58,7 @@ class WatchedJob:
         self.run_id = ""           # what its other nodes call it (see `name`)
         self.alive_at: float | None = None  # boot-time seconds its ranks were last seen
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
-        self.logged = "none"       # the verdict the journal last told (daemon._journal)
+        self.logged = "none"       # the verdict the journal last told (daemon._incidents)
 
     def name(self, label: str, run_id: str = "") -> str:
         """The label the job is known by, kept once it came from its run id: a job
