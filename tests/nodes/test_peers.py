@@ -4,34 +4,23 @@ rank of a 2-rank Gloo job and its own `ddpwatch run`. Neither daemon can see the
 other node's rank; each asks the other's /peer."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 
 from conftest import free_port, need, runs_module, wait_until
+from twonodes import TOKEN, get_json
 
 TIMEOUT = 240
-TOKEN = "peer-test-token"
 
 
 def need_namespaces():
     need(os.geteuid() == 0 and shutil.which("unshare") is not None,
          "needs root and unshare for PID and UTS namespaces")
-
-
-def get_json(url: str):
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
 
 
 def start_node(start_job, tmp_path, name: str, rank: int, listen: str, peer_url: str,
