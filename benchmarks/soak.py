@@ -24,6 +24,7 @@ import collections
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -152,14 +153,16 @@ class Proc:
         self.log.close()
 
 
+# What tests/jobs/thirdparty/faults.py `announce` prints once a rank's group is up.
+# Searched anywhere in the output, not per line: two ranks share one stdout, and
+# one rank's line can land in the middle of the other's (a Lightning job's two
+# announcements once came out as one line, and the second rank was never seen).
+ANNOUNCE = re.compile(r"thirdparty: rank=(\d+) local_rank=\d+ world=\d+ pid=(\d+)")
+
+
 def rank_pids(job: Proc) -> dict[int, int]:
     """rank -> pid, from the lines the job's ranks print once their group is up."""
-    found = {}
-    for line in job.output().splitlines():
-        if line.startswith("thirdparty: rank=") and " pid=" in line:
-            fields = dict(part.split("=", 1) for part in line.split()[1:])
-            found[int(fields["rank"])] = int(fields["pid"])
-    return found
+    return {int(rank): int(pid) for rank, pid in ANNOUNCE.findall(job.output())}
 
 
 class Soak:
