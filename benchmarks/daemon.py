@@ -4,9 +4,11 @@
 2. time from an injected stall (SIGSTOP of rank 1) to the culprit in /status and to
    the webhook at a local receiver - target <= 5 s
 3. the daemon's CPU share and RSS while it watches 8 ranks - target <= 1% of a core, <= 80 MB
-4. tick time with 256 live rank records - target <= 100 ms
+4. tick time with 256 live rank records - target <= 50 ms median
+5. tick time and CPU with 8 ranks beside 100, 1 000 and 5 000 idle processes -
+   target: the last <= 1.2x the first
 
-    python benchmarks/daemon.py [--quick]
+    python benchmarks/daemon.py [--quick] [--only NAME] [--profile]
 """
 from __future__ import annotations
 
@@ -183,40 +185,100 @@ while True:
 """
 
 
-def tick_256(env, hb_dir, ticks) -> str:
+def tick_256(env, hb_dir, ticks, profile=False) -> str:
+    durations, _, where = ticks_of(env, hb_dir, 256, ticks, profile)
+    return (f"tick with 256 live rank records: median "
+            f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
+            f"over {ticks} ticks a second apart (target <= 50 ms)" + (
+                "\n" + where if where else ""))
+
+
+IDLE = "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; wait"
+
+
+def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
+             between_s: float = 1.0) -> tuple[list[float], float, str]:
+    """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
+    run in this process `ticks` times, a second apart: the durations, the CPU
+    seconds the ticks took, and (with `profile`) where they went."""
     port = free_port()
     procs = []
     try:
-        for rank in range(256):
-            e = dict(env, RANK=str(rank), WORLD_SIZE="256", MASTER_ADDR="127.0.0.1",
+        for rank in range(ranks):
+            e = dict(env, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
             procs.append(start([sys.executable, "-c", RECORD_WRITER], e))
         from ddpwatch.heartbeat import read_dir
-        wait(lambda: len(read_dir(hb_dir)[0]) >= 256, 300)
+        wait(lambda: len(read_dir(hb_dir)[0]) >= ranks, 300)
         from ddpwatch.config import load
         from ddpwatch.daemon import Daemon, load_rules
         os.environ["DDPWATCH_DIR"] = hb_dir
         cfg = load(None, {"state_dir": tempfile.mkdtemp()})
         daemon = Daemon(cfg, load_rules(cfg))
-        durations, ranks = [], 0
+        for _ in range(3):  # the first ticks learn the node; measured: the steady state
+            daemon.tick()
+        profiler = None
+        if profile:
+            import cProfile
+            profiler = cProfile.Profile()
+        durations, cpu = [], 0.0
         for _ in range(ticks):
+            time.sleep(between_s)  # a tick a second, as the daemon's loop runs them
+            c0 = time.process_time()
+            if profiler:
+                profiler.enable()
             view = daemon.tick()
+            if profiler:
+                profiler.disable()
+            cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
-            ranks = sum(len(j.judgement.ranks) for j in view.jobs)
+            judged = sum(len(j.judgement.ranks) for j in view.jobs)
+        if judged != ranks:
+            raise RuntimeError(f"{judged} ranks judged of {ranks}")
+        where = ""
+        if profiler:
+            import io
+            import pstats
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+            where = out.getvalue()
+        daemon.close()
     finally:
         for p in procs:
             p.kill()
         for p in procs:
             p.wait()
-    return (f"tick with 256 live rank records ({ranks} ranks judged): median "
-            f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
-            f"over {ticks} ticks (target <= 100 ms)")
+    return durations, cpu, where
+
+
+def flat(env, hb_dir, ticks, counts=(100, 1000, 5000)) -> str:
+    """Tick time and CPU with 8 ranks and `counts` idle processes beside them
+    (`sleep`s of one shell, as a node's agents, exporters and shells are)."""
+    figures, first = [], None
+    for n in counts:
+        idle = start(["sh", "-c", IDLE.format(n=n)], env)
+        try:
+            wait(lambda: len(psutil.Process(idle.pid).children()) >= n, 300,
+                 f"{n} idle processes")
+            durations, cpu, _ = ticks_of(env, hb_dir, 8, ticks)
+        finally:
+            os.killpg(idle.pid, signal.SIGKILL)
+            idle.wait()
+        median = statistics.median(durations)
+        first = first or (median, cpu)
+        figures.append(f"{n} idle: tick median {median * 1e3:.1f} ms "
+                       f"({median / first[0]:.2f}x), CPU {cpu / ticks:.1%} of a core "
+                       f"({cpu / first[1]:.2f}x)")
+    return (f"8 ranks beside idle processes, {ticks} ticks a second apart each "
+            f"(target: the last <= 1.2x the first): " + "; ".join(figures))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick"))
+    parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick", "flat"))
+    parser.add_argument("--profile", action="store_true",
+                        help="with --only tick: where the tick's time goes (cProfile)")
     args = parser.parse_args()
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where records live in production
     with tempfile.TemporaryDirectory(dir=shm) as hb_dir, tempfile.TemporaryDirectory() as state:
@@ -226,7 +288,8 @@ def main() -> None:
                                          20 if args.quick else 100),
             "stall": lambda: time_to_culprit(env, hb_dir, state),
             "cost": lambda: cost_8_ranks(env, hb_dir, state, 10 if args.quick else 30),
-            "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20),
+            "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20, args.profile),
+            "flat": lambda: flat(env, hb_dir, 5 if args.quick else 20),
         }
         for name, run in runs.items():
             if args.only in (None, name):
