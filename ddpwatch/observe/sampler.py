@@ -103,7 +103,10 @@ class Sampler:
         self._left_out: collections.Counter = collections.Counter()  # earlier passes'
         self.enabled = enabled
         self.stacks_min_interval_s = stacks_min_interval_s
-        self._exec_cache: dict | None = {} if keep_caches else None
+        # the process table, learned across passes (jobs/proctable.py); without
+        # caches every pass reads every process
+        self._tables = discovery.TableReader(ctx.procfs, ctx.clock) if keep_caches else None
+        self._writers: frozenset[int] = frozenset()  # the last pass's live record pids
         options = dict(options or {})
         if not keep_caches:
             options["heartbeats"] = {"keep_dead": False, **options.get("heartbeats", {})}
@@ -128,6 +131,8 @@ class Sampler:
             probe.switch(ctx, enabled(name))
         self.ctx, self.enabled = ctx, enabled
         self.stacks_min_interval_s = stacks_min_interval_s
+        if self._tables is not None and self._tables.procfs != ctx.procfs:
+            self._tables = discovery.TableReader(ctx.procfs, ctx.clock)
 
     def close(self) -> None:
         for probe in self._probes.values():
@@ -154,12 +159,14 @@ class Sampler:
             if self._budget is not None:
                 self._left_out.update(self._budget.left_out)
             self._budget = PassBudget()
-        table = discovery.read_table(ctx.procfs, self._exec_cache)
+        table = (self._tables.read(self._writers) if self._tables is not None
+                 else discovery.read_table(ctx.procfs))
         seen = Pass(table, discovery.heartbeat_dirs(table, ctx.procfs), self._budget)
         sampled, self._sampled = tuple(sorted(self._sampled)), set()
         readings = {spec.snapshot_field: self._node(spec, seen, sampled, statuses)
                     for spec in node_probes("records") + node_probes("node")}
         survey = Survey(table, readings, seen.record_dirs, tuple(statuses), ctx.procfs)
+        self._writers = survey.live_record_pids
         return self._with_found_jobs(survey, seen) if wire else survey
 
     def _node(self, spec: ProbeSpec, seen: Pass, sampled: tuple[int, ...], statuses: list):

@@ -9,135 +9,14 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from ... import launchers as T
 from . import launchers as L
-from ..probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
-                              parse_environ, parse_stat, read_head)
+from ..probes.process import CLK_TCK
 from .job import Job
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    ppid: int
-    cmdline: tuple[str, ...]
-    env: dict[str, str]
-    start: int = -1   # clock ticks after boot (/proc/PID/stat field 22): spawn order,
-                      # and with the pid who it is
-    uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
-    foreground: bool = False  # in its terminal's foreground group: Ctrl-C reaches it
-    # its executable (/proc/PID/exe) is a Python interpreter: a process that set its
-    # title (Ray's "ray::RayTrainWorker", setproctitle, `exec -a`) is still Python
-    exe_python: bool = False
-
-    @property
-    def python(self) -> bool:
-        """A Python process, by what it runs (its executable) or what it says (argv)."""
-        return self.exe_python or L.is_python(self.cmdline)
-
-
-def read_table(procfs: str = "/proc", cache: dict | None = None) -> dict[int, ProcInfo]:
-    """Every process's parent, command line and allow-listed environment.
-
-    `cache` (kept by a caller that asks every second) maps a process's identity to
-    its (cmdline, env), which change only at exec. The identity is pid, start time
-    and the executable's path: a launch script that `exec`s torchrun changes the
-    executable. A process younger than CACHE_AFTER_S is never cached: a fork not
-    yet exec'd shows its parent's command line for a moment. The cache holds at
-    most CACHE_BYTES (by `_cost`): past that, processes are read anew each time."""
-    table, seen = {}, set()
-    uptime = _uptime(procfs)
-    cached_bytes = sum(_cost(v) for v in cache.values()) if cache is not None else 0
-    for name in os.listdir(procfs):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        try:
-            with open(f"{procfs}/{pid}/stat") as f:
-                stat_fields = parse_stat(f.read())
-                uid = os.fstat(f.fileno()).st_uid
-            ppid = stat_fields.ppid
-            exe = _exe(procfs, pid)
-            exe_python = L.is_python_exe(exe)
-            key = None
-            if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
-                key = (pid, stat_fields.start_time_s, exe)
-            if key is not None and key in cache:
-                cmdline, env = cache[key]
-            else:
-                cmdline, env = _read_exec(procfs, pid, exe_python)
-                if key is not None and cached_bytes + _cost((cmdline, env)) <= CACHE_BYTES:
-                    cache[key] = (cmdline, env)  # empty too: kernel threads, zombies
-                    cached_bytes += _cost((cmdline, env))
-        except (OSError, IndexError, ValueError):
-            continue
-        if key is not None:
-            seen.add(key)
-        table[pid] = ProcInfo(pid, ppid, cmdline, env, start=round(stat_fields.start_time_s
-                                                                    * CLK_TCK), uid=uid,
-                              foreground=stat_fields.tty_nr != 0
-                              and stat_fields.tpgid == stat_fields.pgrp > 0,
-                              exe_python=exe_python)
-    if cache is not None:
-        for key in set(cache) - seen:
-            del cache[key]
-    return table
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return -1
-
-
-CACHE_AFTER_S = 2.0
-
-
-def _uptime(procfs: str) -> float:
-    try:
-        with open(f"{procfs}/uptime") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0  # unknown: then nothing is old enough to cache
-
-
-def _exe(procfs: str, pid: int) -> str:
-    try:
-        return os.readlink(f"{procfs}/{pid}/exe")
-    except OSError:
-        return ""  # kernel threads, or another user's process
-
-
-# What the command lines kept between reads may cost, whatever users run: each
-# entry is bounded (process.CMDLINE_LIMIT, MAX_ARGS, MAX_VALUE; OTHER_ARGS for
-# processes that are neither Python nor a launcher), and the whole by this.
-CACHE_BYTES = 4 * 2**20
-OTHER_ARGS = 4  # launcher_kind looks at argv[:4]; nothing reads further in a non-Python process
-
-
-def _cost(entry: tuple) -> int:
-    """About what one cached (cmdline, env) holds in memory, in bytes: a str is
-    ~50 bytes of header, a tuple or dict slot 8 to ~100."""
-    cmdline, env = entry
-    return (120 + sum(57 + len(a) for a in cmdline)
-            + sum(200 + len(k) + len(v) for k, v in env.items()))
-
-
-def _read_exec(procfs: str, pid: int, exe_python: bool = False
-               ) -> tuple[tuple[str, ...], dict[str, str]]:
-    cmdline = parse_cmdline(read_head(f"{procfs}/{pid}/cmdline", CMDLINE_LIMIT))
-    env = {}
-    if exe_python or is_python(cmdline) or is_launcher(cmdline):
-        try:
-            env = parse_environ(read_head(f"{procfs}/{pid}/environ", ENVIRON_LIMIT))
-        except OSError:
-            pass
-    else:  # `sleep`, shells, editors: only whether it launches anything is asked of them
-        cmdline = cmdline[:OTHER_ARGS]
-    return cmdline, env
+# the process table discovery reads (kept here too: callers know it as discovery's)
+from .proctable import (CACHE_AFTER_S, CACHE_BYTES, OTHER_ARGS, ProcInfo,  # noqa: F401
+                        ProcTable, TableReader, _cost, indexed, read_table)
 
 
 def is_launcher(cmdline: tuple[str, ...]) -> bool:
@@ -194,7 +73,7 @@ def looks_like_rank(info: ProcInfo, record_pids: frozenset[int]) -> bool:
     OMPI_COMM_WORLD_RANK, PMI_RANK, Lightning's LOCAL_RANK), or a heartbeat record."""
     if info.pid in record_pids:
         return True
-    return info.python and not is_launcher(info.cmdline) and L.says_rank(info.env)
+    return info.python and info.launcher is None and L.says_rank(info.env)
 
 
 def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> list[ProcInfo]:
@@ -204,8 +83,9 @@ def _children(table: dict[int, ProcInfo], pid: int, record_pids=frozenset()) -> 
     the user's job, read and dumped with the daemon's privileges and shown to
     that user (tests/hostile/test_hostile_second.py). Root may start other users'
     ranks (slurmstepd does)."""
+    table = indexed(table)
     parent = table.get(pid)
-    return sorted((p for p in table.values() if p.ppid == pid and not (
+    return sorted((p for p in table.children_of(pid) if not (
         parent is not None and (is_worker_of(p, parent, record_pids) or
                                 _foreign(p, parent)))), key=lambda p: p.pid)
 
@@ -227,7 +107,7 @@ def is_worker_of(child: ProcInfo, parent: ProcInfo, record_pids=frozenset()) -> 
     A child that writes a heartbeat record is a rank, whatever its shape.
     (tests/unit/observe/test_discovery_unit.py; a real job: tests/daemon/test_soak.py's
     DataLoader job, whose workers were taken for ranks of a second, dead job)"""
-    if child.pid in record_pids or not parent.python or is_launcher(parent.cmdline):
+    if child.pid in record_pids or not parent.python or parent.launcher is not None:
         return False
     if child.cmdline == parent.cmdline and child.env == parent.env:
         return True
@@ -275,7 +155,7 @@ def _launcher(me: ProcInfo, parent: ProcInfo | None, table: dict[int, ProcInfo],
     """The process that launched `me`'s job (`me` itself, perhaps) and its entry
     in the table; (None, None) for ranks without one (by hand, srun's tasks)."""
     for who in (me, parent):
-        entry = L.launcher_of(who.cmdline) if who is not None else None
+        entry = who.launcher if who is not None else None
         if entry is not None:
             return who, entry
     for entry in _BY_RANK:
@@ -297,6 +177,7 @@ def _launcher(me: ProcInfo, parent: ProcInfo | None, table: dict[int, ProcInfo],
 def find_job(target: int, table: dict[int, ProcInfo], record_pids=frozenset()) -> Job | None:
     """The job `target` belongs to, or None if `target` is not in the table."""
     record_pids = frozenset(record_pids)
+    table = indexed(table)
     me = table.get(target)
     if me is None:
         return None
@@ -447,8 +328,9 @@ def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
     family of spawned children counts only with a sign of torch.distributed in its
     environment or a record: any Python program may use multiprocessing."""
     record_pids = frozenset(record_pids)
+    table = indexed(table)
     jobs, seen = [], set()
-    launchers = [p for p in sorted(table) if is_launcher(table[p].cmdline)]
+    launchers = [p for p in sorted(table) if table[p].launcher is not None]
     ranks = [p for p in sorted(table) if (looks_like_rank(table[p], record_pids)
                                           or _spawned_rank(table[p], table, record_pids))
              and not _a_worker(table[p], table, record_pids)]
@@ -473,7 +355,7 @@ TORCH_ENV = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE")
 def _spawned_rank(info: ProcInfo, table: dict[int, ProcInfo], record_pids) -> bool:
     """A rank by its argv alone (mp.spawn's spawn_main child), if its family (its
     parent and the parent's children of its kind) shows torch.distributed."""
-    if _alive_parent(table, info) is None:
+    if not info.python or _alive_parent(table, info) is None:  # rank_argv: Python's
         return False
     for entry in _BY_RANK:
         if entry.rank_argv and entry.rank_argv(info.cmdline):
@@ -518,6 +400,13 @@ def labels(jobs: list[Job], table: dict[int, ProcInfo]) -> dict[str, str]:
         out[owner] = label if label not in taken else f"{label}@{owner}"
         taken.add(out[owner])
     return out
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return -1
 
 
 def _start_of(owner: str) -> int:

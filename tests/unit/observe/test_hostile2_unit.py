@@ -13,6 +13,7 @@ import pytest
 from conftest import need
 from ddpwatch.heartbeat import paths
 from ddpwatch.observe.jobs import discovery
+from ddpwatch.observe.jobs import proctable
 from ddpwatch.observe.system import rootfile
 from ddpwatch.observe.probes import process as P
 
@@ -67,7 +68,7 @@ def test_a_megabyte_argv_costs_the_table_and_cache_only_its_head(tmp_path):
 
 
 def test_the_exec_cache_stops_growing_at_its_budget(tmp_path, monkeypatch):
-    monkeypatch.setattr(discovery, "CACHE_BYTES", 3000)
+    monkeypatch.setattr(proctable, "CACHE_BYTES", 3000)  # where read_table reads it
     for pid in range(100, 140):
         procfs = fake_proc(tmp_path, pid, b"/usr/bin/python3\0" + b"y" * 1000 + b"\0")
     cache = {}

@@ -204,7 +204,7 @@ def test_the_bound_is_said_in_the_status_and_the_known_ranks_stay_in(tmp_path, m
     for pid in (40, 41, 42):  # older than the ranks, no torch
         node.add(pid, (), torch=False, start=1)
     monkeypatch.setattr(tcp_discovery, "MAX_CANDIDATES", 3)
-    monkeypatch.setattr(discovery, "read_table", lambda procfs, cache=None: node.table)
+    monkeypatch.setattr(discovery.TableReader, "read", lambda self, hot=(): node.table)
     enabled = lambda name: name not in ("traffic", "exits", "host")  # noqa: E731
     with Sampler(ProbeContext(procfs=node.root), enabled) as sampler:
         first = sampler.survey(wire=True)
@@ -228,7 +228,7 @@ def test_the_bound_is_said_in_the_status_and_the_known_ranks_stay_in(tmp_path, m
 
 def test_the_probe_can_be_switched_off(tmp_path, monkeypatch):
     node = node_with(tmp_path, pair_job())
-    monkeypatch.setattr(discovery, "read_table", lambda procfs, cache=None: node.table)
+    monkeypatch.setattr(discovery.TableReader, "read", lambda self, hot=(): node.table)
     with Sampler(ProbeContext(procfs=node.root),
                  lambda name: name not in ("traffic", "exits", "host", "wire_groups")) as s:
         survey = s.survey(wire=True)
@@ -237,7 +237,7 @@ def test_the_probe_can_be_switched_off(tmp_path, monkeypatch):
 
 def test_without_wire_the_survey_is_discovery_alone(tmp_path, monkeypatch, counted):
     node = node_with(tmp_path, pair_job())
-    monkeypatch.setattr(discovery, "read_table", lambda procfs, cache=None: node.table)
+    monkeypatch.setattr(discovery.TableReader, "read", lambda self, hot=(): node.table)
     with Sampler(ProbeContext(procfs=node.root),
                  lambda name: name not in ("traffic", "exits", "host")) as s:
         assert s.survey().jobs() == [] and counted == []

@@ -1,0 +1,278 @@
+"""The node's processes as discovery reads them: each one's parent, command line,
+allow-listed environment, owner and start.
+
+`read_table` reads every process once (`diagnose`, `ranks`). The daemon asks
+every second, and most of a node's processes (agents, exporters, editors, a
+shell's `sleep`) never change in a way discovery cares about; `TableReader`
+learns each one once and reads again only what can become part of a job, so a
+tick costs what the node's ranks cost, not what its other processes do
+(docs/architecture.md "What a tick reads"; benchmarks/daemon.py --only flat).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass
+from functools import cached_property
+
+from ... import launchers as T
+from . import launchers as L
+from ..probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
+                              parse_environ, parse_stat, read_head)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    cmdline: tuple[str, ...]
+    env: dict[str, str]
+    start: int = -1   # clock ticks after boot (/proc/PID/stat field 22): spawn order,
+                      # and with the pid who it is
+    uid: int = -1     # the process's owner (of its /proc entries), -1 unknown
+    foreground: bool = False  # in its terminal's foreground group: Ctrl-C reaches it
+    # its executable (/proc/PID/exe) is a Python interpreter: a process that set its
+    # title (Ray's "ray::RayTrainWorker", setproctitle, `exec -a`) is still Python
+    exe_python: bool = False
+    exe: str = ""     # /proc/PID/exe's target, "" when unreadable (kernel threads)
+
+    # Asked of every process many times a tick (discovery's every test starts
+    # with them): worked out once per ProcInfo, which TableReader keeps while
+    # the process stays as it was.
+    @cached_property
+    def python(self) -> bool:
+        """A Python process, by what it runs (its executable) or what it says (argv)."""
+        return self.exe_python or L.is_python(self.cmdline)
+
+    @cached_property
+    def launcher(self) -> T.Launcher | None:
+        """Its entry in the table of launchers if it is a launcher process
+        (launchers.launcher_of), else None."""
+        return L.launcher_of(self.cmdline)
+
+
+class ProcTable(dict):
+    """pid -> ProcInfo, with each process's children found once per table, not
+    by a walk over every process each time a parent is asked about."""
+
+    def children_of(self, pid: int) -> list[ProcInfo]:
+        index = self.__dict__.get("_by_parent")
+        if index is None:
+            index = {}
+            for info in self.values():
+                index.setdefault(info.ppid, []).append(info)
+            self.__dict__["_by_parent"] = index
+        return index.get(pid, [])
+
+    def __setitem__(self, pid, info):
+        self.__dict__.pop("_by_parent", None)
+        super().__setitem__(pid, info)
+
+    def __delitem__(self, pid):
+        self.__dict__.pop("_by_parent", None)
+        super().__delitem__(pid)
+
+
+def indexed(table: dict) -> ProcTable:
+    """`table` as a ProcTable (unit tests build plain dicts)."""
+    return table if isinstance(table, ProcTable) else ProcTable(table)
+
+
+CACHE_AFTER_S = 2.0
+# What the command lines kept between reads may cost, whatever users run: each
+# entry is bounded (process.CMDLINE_LIMIT, MAX_ARGS, MAX_VALUE; OTHER_ARGS for
+# processes that are neither Python nor a launcher), and the whole by this.
+CACHE_BYTES = 4 * 2**20
+OTHER_ARGS = 4  # launcher_kind looks at argv[:4]; nothing reads further in a non-Python process
+
+
+def read_table(procfs: str = "/proc", cache: dict | None = None) -> ProcTable:
+    """Every process's parent, command line and allow-listed environment.
+
+    `cache` (kept by a caller that asks every second) maps a process's identity to
+    its (cmdline, env), which change only at exec. The identity is pid, start time
+    and the executable's path: a launch script that `exec`s torchrun changes the
+    executable. A process younger than CACHE_AFTER_S is never cached: a fork not
+    yet exec'd shows its parent's command line for a moment. The cache holds at
+    most CACHE_BYTES (by `_cost`): past that, processes are read anew each time."""
+    table, seen = ProcTable(), set()
+    uptime = _uptime(procfs)
+    budget = [sum(_cost(v) for v in cache.values()) if cache is not None else 0]
+    for name in os.listdir(procfs):
+        if not name.isdigit():
+            continue
+        read = _read_one(procfs, int(name), uptime, cache, budget)
+        if read is None:
+            continue
+        info, key = read
+        if key is not None:
+            seen.add(key)
+        table[info.pid] = info
+    if cache is not None:
+        for key in set(cache) - seen:
+            del cache[key]
+    return table
+
+
+def _read_one(procfs: str, pid: int, uptime: float, cache: dict | None,
+              budget: list[int]) -> tuple[ProcInfo, tuple | None] | None:
+    """One process, its (cmdline, env) from `cache` when it is old enough to
+    have exec'd for good; `budget` ([bytes cached]) is updated. None: gone."""
+    try:
+        with open(f"{procfs}/{pid}/stat") as f:
+            stat_fields = parse_stat(f.read())
+            uid = os.fstat(f.fileno()).st_uid
+        exe = _exe(procfs, pid)
+        exe_python = L.is_python_exe(exe)
+        key = None
+        if cache is not None and uptime - stat_fields.start_time_s > CACHE_AFTER_S:
+            key = (pid, stat_fields.start_time_s, exe)
+        if key is not None and key in cache:
+            cmdline, env = cache[key]
+        else:
+            cmdline, env = _read_exec(procfs, pid, exe_python)
+            if key is not None and budget[0] + _cost((cmdline, env)) <= CACHE_BYTES:
+                cache[key] = (cmdline, env)  # empty too: kernel threads, zombies
+                budget[0] += _cost((cmdline, env))
+    except (OSError, IndexError, ValueError):
+        return None
+    return ProcInfo(pid, stat_fields.ppid, cmdline, env,
+                    start=round(stat_fields.start_time_s * CLK_TCK), uid=uid,
+                    foreground=stat_fields.tty_nr != 0
+                    and stat_fields.tpgid == stat_fields.pgrp > 0,
+                    exe_python=exe_python, exe=exe), key
+
+
+# A process becomes something else only by exec. Those that exec into a job
+# long after they started are shells running a script: a batch script's
+# closing `exec torchrun ...`, srun's `bash -c 'setup; exec python train.py'`.
+SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish"))
+# Every other process that is no part of a job is read again this often, at
+# most MAX_REVISITS of them a read: what the other rules miss (a pid reused
+# between two reads, a process that changed its owner) is seen this late.
+REVISIT_S = 30.0
+MAX_REVISITS = 64
+
+
+class TableReader:
+    """The process table, read every second by the daemon, learning each process
+    once. Read again at each `read`: processes that are or may become part of a
+    job (Python, launchers, shells, writers of records, any process younger
+    than CACHE_AFTER_S when last read), the parent of every new process (a
+    shell that exec'd a launcher shows it by the ranks it starts), and new pids.
+    Every other process keeps what was read of it, for REVISIT_S at most.
+    A pid gone from /proc is forgotten at once."""
+
+    def __init__(self, procfs: str = "/proc", clock=time.monotonic):
+        self.procfs, self.clock = procfs, clock
+        self._infos: dict[int, ProcInfo] = {}
+        self._hot: set[int] = set()
+        self._cold: collections.deque = collections.deque()  # (read at, pid), oldest first
+        self._read_at: dict[int, float] = {}
+        self._cache: dict = {}   # read_table's exec cache, for the hot processes
+        self._keys: dict[int, tuple] = {}  # pid -> its key in the cache
+        self._budget = [0]
+        self.reads = 0           # processes read by the last `read` (benchmarks)
+
+    def read(self, hot: frozenset[int] = frozenset()) -> ProcTable:
+        """The table now; `hot`: pids to read again whatever they look like (the
+        writers of records the last pass saw)."""
+        procfs, now = self.procfs, self.clock()
+        try:
+            pids = {int(n) for n in os.listdir(procfs) if n.isdigit()}
+        except OSError:
+            return ProcTable()
+        uptime = _uptime(procfs)
+        for pid in self._infos.keys() - pids:
+            self._forget(pid)
+        new = pids - self._infos.keys()
+        self.reads = 0
+        parents = set()
+        for pid in new:
+            info = self._read(pid, uptime, now)
+            if info is not None:
+                parents.add(info.ppid)
+        again = (self._hot | (parents - new) | (hot & self._infos.keys())) - new
+        for pid in again:
+            self._read(pid, uptime, now)
+        revisits = 0
+        while self._cold and revisits < MAX_REVISITS and now - self._cold[0][0] >= REVISIT_S:
+            read_at, pid = self._cold.popleft()
+            if self._read_at.get(pid) == read_at and pid not in again:
+                self._read(pid, uptime, now)
+                revisits += 1
+        return ProcTable(self._infos)
+
+    def _read(self, pid: int, uptime: float, now: float) -> ProcInfo | None:
+        self.reads += 1
+        read = _read_one(self.procfs, pid, uptime, self._cache, self._budget)
+        if read is None:
+            self._forget(pid)
+            return None
+        info, key = read
+        self._infos[pid] = info
+        self._read_at[pid] = now
+        if self._keys.get(pid) != key:
+            self._uncache(pid)
+        if (info.python or info.launcher is not None
+                or os.path.basename(info.exe) in SHELLS
+                or uptime - info.start / CLK_TCK < CACHE_AFTER_S):
+            self._hot.add(pid)
+            if key is not None and key in self._cache:
+                self._keys[pid] = key
+        else:  # what was read of it is kept as it is: its command line needs no cache
+            self._uncache(pid)
+            if key is not None and key in self._cache:
+                self._budget[0] -= _cost(self._cache.pop(key))
+            self._hot.discard(pid)
+            self._cold.append((now, pid))
+        return info
+
+    def _uncache(self, pid: int) -> None:
+        key = self._keys.pop(pid, None)
+        if key is not None and key in self._cache:
+            self._budget[0] -= _cost(self._cache.pop(key))
+
+    def _forget(self, pid: int) -> None:
+        self._infos.pop(pid, None)
+        self._read_at.pop(pid, None)
+        self._hot.discard(pid)
+        self._uncache(pid)
+
+
+def _uptime(procfs: str) -> float:
+    try:
+        with open(f"{procfs}/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0  # unknown: then nothing is old enough to cache
+
+
+def _exe(procfs: str, pid: int) -> str:
+    try:
+        return os.readlink(f"{procfs}/{pid}/exe")
+    except OSError:
+        return ""  # kernel threads, or another user's process
+
+
+def _cost(entry: tuple) -> int:
+    """About what one cached (cmdline, env) holds in memory, in bytes: a str is
+    ~50 bytes of header, a tuple or dict slot 8 to ~100."""
+    cmdline, env = entry
+    return (120 + sum(57 + len(a) for a in cmdline)
+            + sum(200 + len(k) + len(v) for k, v in env.items()))
+
+
+def _read_exec(procfs: str, pid: int, exe_python: bool = False
+               ) -> tuple[tuple[str, ...], dict[str, str]]:
+    cmdline = parse_cmdline(read_head(f"{procfs}/{pid}/cmdline", CMDLINE_LIMIT))
+    env = {}
+    if exe_python or L.is_python(cmdline) or L.launcher_of(cmdline) is not None:
+        try:
+            env = parse_environ(read_head(f"{procfs}/{pid}/environ", ENVIRON_LIMIT))
+        except OSError:
+            pass
+    else:  # `sleep`, shells, editors: only whether it launches anything is asked of them
+        cmdline = cmdline[:OTHER_ARGS]
+    return cmdline, env
