@@ -188,7 +188,10 @@ class Daemon:
             live.append((owner, self._watched(owner).name(labels.get(owner) or run_id, run_id),
                          job))
         exits = self._survey.exits if self._survey is not None else None
-        foreground = frozenset(pid for pid, info in table.items() if info.foreground)
+        # only the jobs' ranks and launchers are asked about (departures.py)
+        foreground = frozenset(pid for _, _, job in live
+                               for pid in job.rank_pids + (job.launcher_pid,)
+                               if pid in table and table[pid].foreground)
         judged = self._guard("departures", lambda: self.departures.update(
             live, exits, self.clock(), self._rank_numbers(), foreground), live)
         alive_at = self.boottime()

@@ -41,7 +41,8 @@ def heartbeat_dirs(table: dict[int, ProcInfo], procfs: str = "/proc") -> tuple[s
     and left another user's directory unread (tests/hostile/test_hostile_second.py)."""
     named: dict[str, list[int]] = {}
     per_uid: dict[int, int] = {}
-    for info in table.values():
+    table = indexed(table)
+    for info in (table[pid] for pid in sorted(table.candidates())):  # Python ones only
         directory = info.env.get("DDPWATCH_DIR")
         if directory and info.python:
             if directory not in named:
@@ -330,8 +331,11 @@ def all_jobs(table: dict[int, ProcInfo], record_pids=frozenset()) -> list[Job]:
     record_pids = frozenset(record_pids)
     table = indexed(table)
     jobs, seen = [], set()
-    launchers = [p for p in sorted(table) if table[p].launcher is not None]
-    ranks = [p for p in sorted(table) if (looks_like_rank(table[p], record_pids)
+    # only a Python process or a launcher can be either (`candidates`), and the
+    # writers of records
+    candidates = sorted(table.candidates() | (record_pids & table.keys()))
+    launchers = [p for p in candidates if table[p].launcher is not None]
+    ranks = [p for p in candidates if (looks_like_rank(table[p], record_pids)
                                           or _spawned_rank(table[p], table, record_pids))
              and not _a_worker(table[p], table, record_pids)]
     for pid in launchers + ranks:

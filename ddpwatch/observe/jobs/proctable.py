@@ -54,23 +54,38 @@ class ProcInfo:
 
 class ProcTable(dict):
     """pid -> ProcInfo, with each process's children found once per table, not
-    by a walk over every process each time a parent is asked about."""
+    by a walk over every process each time a parent is asked about, and the
+    processes that may be a job's (`candidates`). TableReader hands both over
+    as it keeps them; a table built otherwise works them out when first asked."""
+
+    def __init__(self, *args, children: dict | None = None,
+                 candidates: frozenset[int] | None = None):
+        super().__init__(*args)
+        self._children = children      # ppid -> frozenset of pids
+        self._candidates = candidates
 
     def children_of(self, pid: int) -> list[ProcInfo]:
-        index = self.__dict__.get("_by_parent")
-        if index is None:
-            index = {}
+        if self._children is None:
+            index: dict[int, set] = {}
             for info in self.values():
-                index.setdefault(info.ppid, []).append(info)
-            self.__dict__["_by_parent"] = index
-        return index.get(pid, [])
+                index.setdefault(info.ppid, set()).add(info.pid)
+            self._children = index
+        return [self[c] for c in self._children.get(pid, ()) if c in self]
+
+    def candidates(self) -> frozenset[int]:
+        """The pids of the Python processes and launchers: the only ones that
+        can be a rank or a launcher (discovery.looks_like_rank, all_jobs)."""
+        if self._candidates is None:
+            self._candidates = frozenset(pid for pid, info in self.items()
+                                         if info.python or info.launcher is not None)
+        return self._candidates & self.keys()
 
     def __setitem__(self, pid, info):
-        self.__dict__.pop("_by_parent", None)
+        self._children = self._candidates = None
         super().__setitem__(pid, info)
 
     def __delitem__(self, pid):
-        self.__dict__.pop("_by_parent", None)
+        self._children = self._candidates = None
         super().__delitem__(pid)
 
 
@@ -162,7 +177,12 @@ class TableReader:
     than CACHE_AFTER_S when last read), the parent of every new process (a
     shell that exec'd a launcher shows it by the ranks it starts), and new pids.
     Every other process keeps what was read of it, for REVISIT_S at most.
-    A pid gone from /proc is forgotten at once."""
+
+    New pids are found by listing /proc, which costs ~2 us a process (9 ms with
+    5 000 on the machine of benchmarks/README.md): it is listed only when a
+    process was created since the last listing (/proc/loadavg's last pid
+    moved), else every REVISIT_S. A listing forgets the pids gone; between two,
+    a process read again and gone is forgotten then."""
 
     def __init__(self, procfs: str = "/proc", clock=time.monotonic):
         self.procfs, self.clock = procfs, clock
@@ -173,21 +193,35 @@ class TableReader:
         self._cache: dict = {}   # read_table's exec cache, for the hot processes
         self._keys: dict[int, tuple] = {}  # pid -> its key in the cache
         self._budget = [0]
+        # ppid -> its children's pids; each table gets frozen copies of the sets
+        # changed since the last (`_dirty`), the others shared with earlier tables
+        self._kids: dict[int, set[int]] = {}
+        self._frozen: dict[int, frozenset[int]] = {}
+        self._dirty: set[int] = set()
+        self._candidates: set[int] = set()  # Python processes and launchers
+        self._last_pid: str | None = None   # /proc/loadavg's at the last listing
+        self._listed_at = float("-inf")
         self.reads = 0           # processes read by the last `read` (benchmarks)
+        self.listed = False      # whether the last `read` listed /proc
 
     def read(self, hot: frozenset[int] = frozenset()) -> ProcTable:
         """The table now; `hot`: pids to read again whatever they look like (the
         writers of records the last pass saw)."""
         procfs, now = self.procfs, self.clock()
-        try:
-            pids = {int(n) for n in os.listdir(procfs) if n.isdigit()}
-        except OSError:
-            return ProcTable()
+        self.reads, new = 0, set()
+        last_pid = _last_pid(procfs)
+        self.listed = (last_pid is None or last_pid != self._last_pid
+                       or now - self._listed_at >= REVISIT_S)
+        if self.listed:
+            try:
+                pids = {int(n) for n in os.listdir(procfs) if n.isdigit()}
+            except OSError:
+                return ProcTable()
+            self._last_pid, self._listed_at = last_pid, now
+            for pid in self._infos.keys() - pids:
+                self._forget(pid)
+            new = pids - self._infos.keys()
         uptime = _uptime(procfs)
-        for pid in self._infos.keys() - pids:
-            self._forget(pid)
-        new = pids - self._infos.keys()
-        self.reads = 0
         parents = set()
         for pid in new:
             info = self._read(pid, uptime, now)
@@ -202,7 +236,15 @@ class TableReader:
             if self._read_at.get(pid) == read_at and pid not in again:
                 self._read(pid, uptime, now)
                 revisits += 1
-        return ProcTable(self._infos)
+        for ppid in self._dirty:
+            if self._kids.get(ppid):
+                self._frozen[ppid] = frozenset(self._kids[ppid])
+            else:
+                self._kids.pop(ppid, None)
+                self._frozen.pop(ppid, None)
+        self._dirty.clear()
+        return ProcTable(self._infos, children=dict(self._frozen),
+                         candidates=frozenset(self._candidates))
 
     def _read(self, pid: int, uptime: float, now: float) -> ProcInfo | None:
         self.reads += 1
@@ -211,12 +253,21 @@ class TableReader:
             self._forget(pid)
             return None
         info, key = read
+        before = self._infos.get(pid)
+        if before is None or before.ppid != info.ppid:
+            if before is not None:
+                self._unparent(before)
+            self._kids.setdefault(info.ppid, set()).add(pid)
+            self._dirty.add(info.ppid)
         self._infos[pid] = info
         self._read_at[pid] = now
+        if info.python or info.launcher is not None:
+            self._candidates.add(pid)
+        else:
+            self._candidates.discard(pid)
         if self._keys.get(pid) != key:
             self._uncache(pid)
-        if (info.python or info.launcher is not None
-                or os.path.basename(info.exe) in SHELLS
+        if (pid in self._candidates or os.path.basename(info.exe) in SHELLS
                 or uptime - info.start / CLK_TCK < CACHE_AFTER_S):
             self._hot.add(pid)
             if key is not None and key in self._cache:
@@ -229,16 +280,32 @@ class TableReader:
             self._cold.append((now, pid))
         return info
 
+    def _unparent(self, info: ProcInfo) -> None:
+        self._kids.get(info.ppid, set()).discard(info.pid)
+        self._dirty.add(info.ppid)
+
     def _uncache(self, pid: int) -> None:
         key = self._keys.pop(pid, None)
         if key is not None and key in self._cache:
             self._budget[0] -= _cost(self._cache.pop(key))
 
     def _forget(self, pid: int) -> None:
-        self._infos.pop(pid, None)
+        info = self._infos.pop(pid, None)
+        if info is not None:
+            self._unparent(info)
         self._read_at.pop(pid, None)
         self._hot.discard(pid)
+        self._candidates.discard(pid)
         self._uncache(pid)
+
+
+def _last_pid(procfs: str) -> str | None:
+    """The pid most recently given out (/proc/loadavg's last field); None unknown."""
+    try:
+        with open(f"{procfs}/loadavg") as f:
+            return f.read().rsplit(None, 1)[-1]
+    except (OSError, IndexError):
+        return None
 
 
 def _uptime(procfs: str) -> float:

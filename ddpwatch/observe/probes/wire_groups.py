@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from ..jobs import tcp_discovery
 from ..jobs.launchers import env_rank, launcher_kind
 from ..jobs.job import Job
+from ..jobs.proctable import indexed
 from . import Pass, Probe, ProbeContext, register
 
 TORCH_RECHECK_S = 10.0
@@ -65,11 +66,12 @@ class WireWatch:
 
     def scan(self, procfs: str, table: dict, claimed: frozenset[int], now: float) -> WireGroups:
         by_uid: dict[int, list] = {}
-        for info in table.values():
-            if (info.pid not in claimed and info.pid != 1 and info.uid >= 0
-                    and info.python):
+        table = indexed(table)
+        python = [table[pid] for pid in sorted(table.candidates()) if table[pid].python]
+        for info in python:
+            if info.pid not in claimed and info.pid != 1 and info.uid >= 0:
                 by_uid.setdefault(info.uid, []).append(info)
-        live = {(info.pid, info.start) for info in table.values()}
+        live = {(info.pid, info.start) for info in python}
         self._torch = {m: v for m, v in self._torch.items() if m in live}
         found, left_out, looked, torch = [], [], 0, 0
         for uid, infos in sorted(by_uid.items()):

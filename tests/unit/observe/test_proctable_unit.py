@@ -1,0 +1,181 @@
+"""observe/jobs/proctable.py TableReader: what the daemon reads of the process
+table each tick, over a fake /proc (docs/architecture.md "What a tick reads")."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from ddpwatch.observe.jobs import discovery, proctable
+from ddpwatch.observe.probes.process import CLK_TCK
+
+UPTIME = 100_000.0
+
+
+class FakeProc:
+    def __init__(self, root):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self.last_pid = 0
+        self.set_uptime(UPTIME)
+
+    def set_uptime(self, seconds: float) -> None:
+        self.uptime = seconds
+        with open(os.path.join(self.root, "uptime"), "w") as f:
+            f.write(f"{seconds} 1.0\n")
+
+    def add(self, pid: int, ppid: int, argv: list[str], exe: str, env: dict | None = None,
+            age_s: float = 60.0) -> None:
+        d = os.path.join(self.root, str(pid))
+        os.makedirs(d, exist_ok=True)
+        start = round((self.uptime - age_s) * CLK_TCK)
+        fields = ["S", str(ppid), str(pid), str(pid), "0", "-1", "0"] + ["0"] * 12 + \
+            [str(start)] + ["0"] * 20
+        with open(os.path.join(d, "stat"), "w") as f:
+            f.write(f"{pid} (x) " + " ".join(fields[:-1]) + "\n")
+        self.exec(pid, argv, exe, env)
+        self.last_pid = pid  # the last one given out, as the kernel says
+        self._loadavg()
+
+    def exec(self, pid: int, argv: list[str], exe: str, env: dict | None = None) -> None:
+        d = os.path.join(self.root, str(pid))
+        with open(os.path.join(d, "cmdline"), "wb") as f:
+            f.write(b"\0".join(a.encode() for a in argv) + b"\0")
+        with open(os.path.join(d, "environ"), "wb") as f:
+            f.write(b"".join(f"{k}={v}\0".encode() for k, v in (env or {}).items()))
+        if os.path.lexists(os.path.join(d, "exe")):
+            os.remove(os.path.join(d, "exe"))
+        os.symlink(exe, os.path.join(d, "exe"))
+
+    def remove(self, pid: int) -> None:
+        shutil.rmtree(os.path.join(self.root, str(pid)))
+
+    def _loadavg(self) -> None:
+        with open(os.path.join(self.root, "loadavg"), "w") as f:
+            f.write(f"0.00 0.00 0.00 1/10 {self.last_pid}\n")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+RANK_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def node(tmp_path):
+    proc = FakeProc(str(tmp_path / "proc"))
+    proc.add(1, 0, ["/sbin/init"], "/sbin/init")
+    proc.add(50, 1, ["sh", "-c", "sleeps"], "/usr/bin/dash")
+    for pid in range(100, 110):
+        proc.add(pid, 50, ["sleep", "3600"], "/usr/bin/sleep")
+    proc.add(200, 1, ["/usr/bin/python3", "train.py"], "/usr/bin/python3.11", RANK_ENV)
+    return proc
+
+
+def test_quiet_processes_are_read_once_and_the_table_stays_whole(tmp_path):
+    proc, clock = node(tmp_path), Clock()
+    reader = proctable.TableReader(proc.root, clock)
+    first = reader.read()
+    assert set(first) == {1, 50, 200, *range(100, 110)} and reader.listed
+    clock.now += 1
+    second = reader.read()
+    # nothing was created: no listing; read again: the shell and the Python process
+    assert set(second) == set(first) and not reader.listed and reader.reads == 2
+    assert second[105].cmdline == ("sleep", "3600")
+    assert sorted(p.pid for p in second.children_of(50)) == list(range(100, 110))
+    assert second.candidates() == {200}
+
+
+def test_a_new_process_is_read_and_its_parent_again(tmp_path):
+    """A quiet process that exec'd a launcher shows it by the rank it starts."""
+    proc, clock = node(tmp_path), Clock()
+    proc.add(60, 1, ["/usr/bin/env", "true"], "/usr/bin/env")
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.exec(60, ["/usr/bin/python3", "/usr/bin/torchrun", "--nproc_per_node=2", "t.py"],
+              "/usr/bin/python3.11")
+    clock.now += 1
+    assert reader.read()[60].cmdline[0] == "/usr/bin/env"  # not asked again yet
+    proc.add(61, 60, ["/usr/bin/python3", "t.py"], "/usr/bin/python3.11",
+             dict(RANK_ENV, TORCHELASTIC_RUN_ID="r1"), age_s=0.5)
+    clock.now += 1
+    table = reader.read()
+    assert table[60].launcher is not None and [p.pid for p in table.children_of(60)] == [61]
+    (job,) = [j for j in discovery.all_jobs(table) if j.launcher_pid == 60]
+    assert job.rank_pids == (61,) and job.launcher_kind == "torchrun"
+
+
+def test_a_shell_that_execs_is_seen_at_the_next_read(tmp_path):
+    proc, clock = node(tmp_path), Clock()
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.exec(50, ["/usr/bin/python3", "train.py"], "/usr/bin/python3.11", RANK_ENV)
+    clock.now += 1
+    table = reader.read()
+    assert table[50].python and 50 in table.candidates()
+
+
+def test_gone_processes_leave_the_table(tmp_path):
+    proc, clock = node(tmp_path), Clock()
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.remove(200)  # read every time: gone at once
+    clock.now += 1
+    assert 200 not in reader.read()
+    proc.remove(105)  # a quiet one: gone at the next listing (a new pid makes one)
+    proc.add(300, 1, ["sleep", "1"], "/usr/bin/sleep")
+    clock.now += 1
+    table = reader.read()
+    assert 105 not in table and 300 in table
+    assert 105 not in [p.pid for p in table.children_of(50)]
+
+
+def test_quiet_processes_are_read_again_after_a_while_a_few_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(proctable, "MAX_REVISITS", 4)
+    proc, clock = node(tmp_path), Clock()
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.exec(103, ["/usr/bin/python3", "x.py"], "/usr/bin/python3.11")  # a set-uid's
+    clock.now += proctable.REVISIT_S
+    seen = []
+    for _ in range(4):
+        table = reader.read()
+        seen.append(table[103].python)
+        assert reader.reads <= 2 + 4 + (len(table) if reader.listed else 0)
+        clock.now += 1
+    assert seen[-1], "read again within REVISIT_S and a few reads"
+
+
+def test_young_processes_are_read_until_they_are_old_enough_to_have_exec_d(tmp_path):
+    """A fork not yet exec'd shows its parent's command line for a moment."""
+    proc, clock = node(tmp_path), Clock()
+    proc.add(70, 1, ["sleep", "1"], "/usr/bin/sleep", age_s=0.1)
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.exec(70, ["/usr/bin/python3", "t.py"], "/usr/bin/python3.11", RANK_ENV)
+    clock.now += 1
+    assert reader.read()[70].python
+
+
+def test_without_loadavg_every_read_lists(tmp_path):
+    proc, clock = node(tmp_path), Clock()
+    os.remove(os.path.join(proc.root, "loadavg"))
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.add(300, 1, ["sleep", "1"], "/usr/bin/sleep")
+    os.remove(os.path.join(proc.root, "loadavg"))
+    clock.now += 1
+    assert 300 in reader.read() and reader.listed
+
+
+def test_a_table_built_by_hand_finds_children_and_candidates_itself():
+    P = discovery.ProcInfo
+    table = proctable.ProcTable({1: P(1, 0, ("init",), {}), 2: P(2, 1, ("python3", "x"), {}),
+                                 3: P(3, 1, ("sleep", "9"), {})})
+    assert sorted(p.pid for p in table.children_of(1)) == [2, 3]
+    assert table.candidates() == {2}
+    table[4] = P(4, 2, ("python3", "y"), {})
+    assert [p.pid for p in table.children_of(2)] == [4] and table.candidates() == {2, 4}
