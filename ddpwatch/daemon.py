@@ -23,7 +23,7 @@ from .observe.system import programs
 from .observe.window.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
-from .publish.bundle import prune as prune_bundles, rewrite_page, write_bundle
+from .publish.evidence import Evidence
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
@@ -39,9 +39,6 @@ from .watch.job import WatchedJob
 log = logging.getLogger("ddpwatch")
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
 MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
-PRUNE_EVERY_S = 30.0  # bundles are pruned (age, total size) at most this often
-HELD_BUNDLE = ("held back: the job owner's uid wrote its uid_bundles bundles; written "
-               "when its bucket refills (uid_refill_s), if the job is still here")
 
 
 def boot_time() -> float:
@@ -73,11 +70,10 @@ class Daemon:
         # floods of fake jobs (publish/limits.py): a bucket of incidents and of
         # bundles per uid; boot-time seconds date when a job was last seen alive
         self.boottime = boottime
-        self._limit_buckets(config)
-        self.bundles_limited = 0
-        self._bundles_held: set[str] = set()  # incident ids whose bundle waits a token
-        self.bundles_pruned = {"age": 0, "size": 0}
-        self._pruned_at = -1e18
+        self.incident_buckets = limits.Buckets(config.uid_incidents, config.uid_refill_s)
+        self.stage_failures: dict[str, int] = collections.Counter()
+        # incidents' bundles: written, held back per uid, retried, pruned
+        self.evidence = Evidence(self.incidents, config, clock, self.stage_failures)
         self.alert_route = AlertRoute(config.peer_max_age_s)
         # owner key -> all the daemon knows of that job (watch/job.py)
         self.watched: dict[str, WatchedJob] = {}
@@ -93,7 +89,6 @@ class Daemon:
         # next tick dumps the stacks of the jobs the asker may see, suspicious or
         # not: ALL_JOBS, or a frozenset of owner uids. Replaced whole, never mutated.
         self.stacks_requested: object = frozenset()
-        self.stage_failures: dict[str, int] = collections.Counter()
         self._saved = None  # what incident_store last saved (a mark of it)
         self._persist_error = ""
         # helper programs found once, by absolute path, not through PATH per call
@@ -116,10 +111,6 @@ class Daemon:
             log.warning("resumed %d open incident(s) from %s: %s", len(open_),
                         incident_store.path_in(self.config.effective_state_dir()),
                         ", ".join(sorted(i.id for i in open_.values())))
-
-    def _limit_buckets(self, config: Config) -> None:
-        self.incident_buckets = limits.Buckets(config.uid_incidents, config.uid_refill_s)
-        self.bundle_buckets = limits.Buckets(config.uid_bundles, config.uid_refill_s)
 
     def _may_open(self, key: str, verdict: str) -> str:
         """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
@@ -147,10 +138,10 @@ class Daemon:
         self.incidents.group_interval_s = config.group_interval_s
         self.alert_route.grace_s = config.peer_max_age_s
         self.between.glance_s = config.reading_s
-        if (config.uid_incidents, config.uid_bundles, config.uid_refill_s) != (
-                self.incident_buckets.burst, self.bundle_buckets.burst,
-                self.incident_buckets.refill_s):
-            self._limit_buckets(config)
+        if (config.uid_incidents, config.uid_refill_s) != (self.incident_buckets.burst,
+                                                           self.incident_buckets.refill_s):
+            self.incident_buckets = limits.Buckets(config.uid_incidents, config.uid_refill_s)
+        self.evidence.reconfigure(config)
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
                                  config.stacks_min_interval_s)
 
@@ -206,8 +197,9 @@ class Daemon:
                 owners[owner] = view
         self._forget_vanished(set(owners))
         self._guard("incidents", lambda: self._incidents(owners), None)
-        self._guard("bundle", self._retry_bundles, None)
-        self._guard("bundle", self._prune, None)
+        self._guard("bundle", lambda: self.evidence.retry(self._evidence_of,
+                                                          self._record_dirs()), None)
+        self._guard("bundle", self.evidence.prune, None)
         self._guard("persist", self._persist, None)
         self._tick += 1
         if self.between.failures:  # counted by the reading thread, published here
@@ -219,8 +211,8 @@ class Daemon:
             incidents=self.incidents.all(), probes=tuple(statuses),
             incidents_opened_total=dict(self.incidents.opened_total), ready=True,
             limits={"incidents_limited": dict(self.incidents.limited_total),
-                    "bundles_limited": self.bundles_limited,
-                    "bundles_pruned": dict(self.bundles_pruned)},
+                    "bundles_limited": self.evidence.limited,
+                    "bundles_pruned": dict(self.evidence.pruned)},
             peers=self.peers.views() if self.peers else (),
             alert_stats=self._guard("alerts", self.dispatcher.stats, None)
             if self.dispatcher is not None else None,
@@ -374,9 +366,10 @@ class Daemon:
             log.warning("incident %s %s: %s culprits=%s", incident.id, event.kind,
                         incident.verdict, list(incident.culprits))
             if event.kind in ("opened", "changed") and event.evidence:
-                self._write_bundle(incident, by_key[incident.owner])
+                self.evidence.write(incident, by_key[incident.owner],
+                                    self.watched[incident.owner].history, self._record_dirs())
             elif incident.bundle:  # resolved: the page says when and how
-                self._guard("bundle", lambda: rewrite_page(incident.bundle, incident), "")
+                self._guard("bundle", lambda: self.evidence.resolved(incident), "")
             if event.kind != "resolved":
                 if event.notify:  # people hear of it (publish/incidents.py Event)
                     news.add(incident.id)
@@ -387,61 +380,16 @@ class Daemon:
         route_open(self.alert_route, self.incidents, by_key, self.node, self.peers, news,
                    self.clock(), self._send, log.info, self._run_id)
 
-    def _write_bundle(self, incident, view) -> bool:
-        """Write the incident's evidence; on failure (a full disk) the incident
-        says why in `bundle_error` and _retry_bundles tries again next tick. At
-        most uid_bundles per uid, one more each uid_refill_s (publish/limits.py);
-        one held back is counted once and retried the same way."""
-        if not self.bundle_buckets.take(limits.owner_uid(incident.owner), self.clock()):
-            if incident.id not in self._bundles_held:
-                self._bundles_held.add(incident.id)
-                self.bundles_limited += 1
-            if not incident.bundle:  # a changed incident keeps its earlier evidence
-                self.incidents.attach_bundle(incident.id, "", HELD_BUNDLE)
-            return False
-        self._bundles_held.discard(incident.id)
-        try:
-            path = write_bundle(self.config.effective_state_dir(), incident, view,
-                                self.watched[incident.owner].history,
-                                record_dirs(self.config.heartbeat_dir or None,
-                                            self._survey.record_dirs))
-        except Exception as err:
-            self.stage_failures["bundle"] += 1
-            error = f"{type(err).__name__}: {err}"
-            if error != incident.bundle_error:  # said once, not every tick of a full disk
-                log.warning("incident %s: evidence bundle not written (%s); retried each "
-                            "tick", incident.id, error)
-            self.incidents.attach_bundle(incident.id, "", error)
-            return False
-        if incident.bundle_error:
-            log.info("incident %s: evidence bundle written at last: %s", incident.id, path)
-        self.incidents.attach_bundle(incident.id, path)
-        return True
+    def _evidence_of(self, owner: str):
+        """(JobView, history) of the job `owner` as the last tick judged it, None gone."""
+        watched = self.watched.get(owner)
+        return (watched.view, watched.history) if watched and watched.view else None
 
-    def _retry_bundles(self) -> None:
-        """Open incidents whose bundle could not be written, while their job is
-        still here to be written about (its snapshots are the evidence)."""
-        for incident in self.incidents.open():
-            view = self.view_of(incident.owner)
-            if not incident.bundle and incident.bundle_error and view is not None:
-                self._write_bundle(incident, view)
-        self._bundles_held &= {i.id for i in self.incidents.open()}
-
-    def _prune(self) -> None:
-        """Bundles of incidents no longer open, by age and total size, every
-        PRUNE_EVERY_S (publish/bundle.py prune)."""
-        now = self.clock()
-        if now - self._pruned_at < PRUNE_EVERY_S:
-            return
-        self._pruned_at = now
-        keep = frozenset(i.bundle for i in self.incidents.open() if i.bundle)
-        removed = prune_bundles(self.config.effective_state_dir(), self.config.bundle_max_age_s,
-                                self.config.bundle_max_mb * 2**20, keep, time.time())
-        for reason, n in removed.items():
-            self.bundles_pruned[reason] += n
-        if any(removed.values()):
-            log.info("bundles pruned: %d past bundle_max_age_s, %d past bundle_max_mb",
-                     removed["age"], removed["size"])
+    def _record_dirs(self) -> tuple[str, ...]:
+        """The record directories a bundle copies records from: the config's and
+        those the ranks named this tick."""
+        return record_dirs(self.config.heartbeat_dir or None,
+                           self._survey.record_dirs if self._survey is not None else ())
 
     def view_of(self, owner: str):
         """The JobView of the job `owner` as the last tick published it."""

@@ -19,7 +19,7 @@ an incident, wrote a bundle and sent a webhook at once, over and over
   bucket of `uid_incidents` (and `uid_bundles`) refilled one each
   `uid_refill_s`. A problem held back is not lost: it opens when the uid's bucket
   has a token again, if it still stands; a bundle held back is retried each
-  tick while its job is there (daemon._retry_bundles).
+  tick while its job is there (publish/evidence.py `Evidence.retry`).
 * What was held back is counted (/metrics: ddpwatch_incidents_limited_total,
   ddpwatch_bundles_limited_total); bundles are pruned by age and total size
   (bundle.prune), and the alert queues drop by severity (alerts/dispatch.py).

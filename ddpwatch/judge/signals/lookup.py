@@ -22,7 +22,7 @@ class Window:
 def proc_of(snap: Snapshot, pid: int):
     if snap.processes is None:
         return None
-    return next((p for p in snap.processes.procs if p.pid == pid and not p.error), None)
+    return snap.processes.by_pid.get(pid)
 
 
 def record_of(snap: Snapshot, pid: int) -> Record | None:
@@ -30,7 +30,7 @@ def record_of(snap: Snapshot, pid: int) -> Record | None:
     back as a new process (a rank of a later job) next to its old record."""
     if snap.heartbeats is None:
         return None
-    found = [r for r in snap.heartbeats.records if r.pid == pid and owns(snap, r)]
+    found = [r for r in snap.heartbeats.by_pid.get(pid, ()) if owns(snap, r)]
     return max(found, key=lambda r: r.started_at, default=None)
 
 

@@ -177,6 +177,10 @@ def link(ranks: list[dict]) -> None:
     remote = sum(1 for s in ranks if s.get("remote"))
     worlds = [s["world_size"] for s in ranks if (s.get("world_size") or 0) > 0]
     seen = len({s["rank"] for s in ranks if isinstance(s.get("rank"), int) and s["rank"] >= 0})
+    models_by_node: dict = {}  # node -> the CPU models of its ranks
+    for p in ranks:
+        if p.get("cpu_model"):
+            models_by_node.setdefault(p.get("node"), set()).add(p.get("cpu_model"))
     for s in ranks:
         # the ranks on the other side of the peer view from this one
         s["peers_remote"] = len(ranks) - remote if s.get("remote") else remote
@@ -215,8 +219,8 @@ def link(ranks: list[dict]) -> None:
         s["outworks_peers"] = bool((s.get("compute_ratio") or 0) >= OUTWORKS
                                    and (s.get("peer_comm_share") or 0) >= PEERS_WAIT
                                    and _works_on_a_cpu(s))
-        others = {p.get("cpu_model") for p in ranks if p is not s and p.get("cpu_model")
-                  and p.get("node") != s.get("node")} - {s.get("cpu_model")}
+        others = set().union(*(models for node, models in models_by_node.items()
+                               if node != s.get("node"))) - {s.get("cpu_model")}
         s["peer_cpu_model"] = ", ".join(sorted(others)) if others and s.get("cpu_model") \
             else None
     for s in ranks:

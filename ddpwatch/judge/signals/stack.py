@@ -188,12 +188,15 @@ def link_start(ranks: list[dict]) -> None:
     # A rank busy inside DDP's constructor but outside its collectives imports
     # (torch._dynamo, inductor's config: seconds of CPU on a loaded machine) while
     # a peer that got through them first waits in the constructor's collective.
+    # counted once, each rank's own taken off: its peers' (256 ranks: no pairs)
+    setting_up = sum(1 for o in ranks if o.get("ddp_setup"))
+    busy_ranks = sum(1 for o in ranks if busy(o))
+    meeting = sum(1 for o in ranks if meets(o))
     for s in ranks:
-        peers = [o for o in ranks if o is not s]
-        s["peer_ddp_setup"] = any(o.get("ddp_setup") for o in peers)
+        s["peer_ddp_setup"] = setting_up - bool(s.get("ddp_setup")) > 0
         s["ddp_starting"] = bool(
-            (meets(s) and any(busy(o) for o in peers))
-            or (busy(s) and not s.get("in_collective") and any(meets(o) for o in peers)))
+            (meets(s) and busy_ranks - busy(s) > 0)
+            or (busy(s) and not s.get("in_collective") and meeting - meets(s) > 0))
 
 
 def rank_name(s: dict) -> str:

@@ -6,6 +6,8 @@ CPU quota, still advances: it is a straggler and its peers wait on it, not
 """
 from __future__ import annotations
 
+import bisect
+
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
 
@@ -118,6 +120,14 @@ def _duty(history: tuple[Snapshot, ...], pid: int) -> dict:
     return s
 
 
+def _without(ordered: list, own) -> list:
+    """`ordered` less one copy of `own` (a rank's own value, among its peers')."""
+    if own is None:
+        return ordered
+    i = bisect.bisect_left(ordered, own)
+    return ordered[:i] + ordered[i + 1:] if i < len(ordered) and ordered[i] == own else ordered
+
+
 def link(ranks: list[dict]) -> None:
     """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
     whether a peer does."""
@@ -133,15 +143,15 @@ def link(ranks: list[dict]) -> None:
     remote = any(s.get("remote") for s in ranks)
     # the daemon reads stacks in a few looks only: one that saw training is enough
     trained = trained or any(s.get("seen_training") for s in ranks)
+    # ranks of this node only: another node's run queue is another machine's
+    local_waits = sorted(o["runqueue_wait_ratio"] for o in ranks
+                         if o.get("runqueue_wait_ratio") is not None and not o.get("remote"))
     for s in ranks:
         s["job_starting"] = bool(ages) and min(ages) < STARTING_S and not (
             stepped or trained or remote)
         if s.get("cpu_ratio") is not None:
             s["cpu_wanted"] = cpu_wanted(s)
-        # ranks of this node only: another node's run queue is another machine's
-        waits = sorted(o["runqueue_wait_ratio"] for o in ranks
-                       if o is not s and o.get("runqueue_wait_ratio") is not None
-                       and not o.get("remote") and not s.get("remote"))
+        waits = [] if s.get("remote") else _without(local_waits, s.get("runqueue_wait_ratio"))
         # 4 jobs x 2 ranks on 2 cores: every rank waits for a CPU, one more than its
         # peer for a window now and then; no straggler (tests/unit/observe/test_between_unit.py)
         median = waits[len(waits) // 2] if waits else 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from ...heartbeat import Record, Skipped, read_file
 from ...heartbeat.reader import BUSY_PATIENCE_S
@@ -26,6 +27,14 @@ class HeartbeatObs:
     records: tuple[Record, ...]
     alive: tuple[bool, ...]          # per record, same order
     skipped: tuple[Skipped, ...]
+
+    @cached_property
+    def by_pid(self) -> dict[int, tuple[Record, ...]]:
+        """pid -> the records naming it, in order (judge/signals/lookup.py record_of)."""
+        found: dict[int, list[Record]] = {}
+        for r in self.records:
+            found.setdefault(r.pid, []).append(r)
+        return {pid: tuple(rs) for pid, rs in found.items()}
 
 
 # First in a pass: discovery finds jobs by the live records' pids

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ... import codec
 from ...launchers import ENV_VARS as LAUNCHER_ENV, torchrun_args
@@ -101,6 +102,12 @@ class Processes:
     uptime_s: float
     clk_tck: int
     procs: tuple[ProcessObs, ...]
+
+    @cached_property
+    def by_pid(self) -> dict[int, ProcessObs]:
+        """pid -> the first of its readings without an error: judging 256 ranks
+        looks each up several times (judge/signals/lookup.py proc_of)."""
+        return {p.pid: p for p in reversed(self.procs) if not p.error}
 
 
 # ---------------------------------------------------------------- PARSE (pure)
