@@ -292,12 +292,12 @@ class Daemon:
                   if self.peers else ())
 
         def sample(how):
-            snap = self.sampler.sample(job, self._survey, how, key)
+            snap = self.sampler.sample(job, self._survey, how, watched.stacks)
             statuses.extend(snap.probes)
             return snap
 
         def closer(last, force):
-            snap = self.sampler.look_closer(last, self._survey, key, force_stacks=force)
+            snap = self.sampler.look_closer(last, self._survey, watched.stacks, force_stacks=force)
             statuses.extend(snap.probes[len(last.probes):])
             return snap
 
@@ -339,11 +339,10 @@ class Daemon:
 
     def _forget_vanished(self, keys: set) -> None:
         """Jobs not judged this tick are forgotten: their WatchedJob, and what the
-        sampler and the between-ticks reader kept of them."""
+        between-ticks reader kept of them (its own thread reads them: observe/window/between.py)."""
         gone = set(self.watched) - keys
         for key in gone:
             del self.watched[key]
-        self.sampler.forget(gone)
         self.between.forget(gone)
 
     def _incidents(self, by_key: dict) -> None:

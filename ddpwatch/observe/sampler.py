@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .jobs import discovery, tcp_discovery
@@ -82,11 +82,21 @@ class Survey:
         return tcp_discovery.extend(job, self.table, self.procfs) if job is not None else None
 
 
+@dataclass
+class KeptStacks:
+    """One job's last stack dump, kept between looks by whoever watches the job
+    (watch/job.py WatchedJob.stacks): when it was taken, the dump, and each
+    rank's (seq, step) then (`still_current`)."""
+    taken_at: float = -1e18
+    stacks: object = None
+    progress: dict = field(default_factory=dict)
+
+
 class Sampler:
     """Keeps the probes' objects (each keeps what it learns: the packet capture,
     a peer's connects retry seconds apart; the host facts; the records of gone
-    writers), the command lines of processes seen before, and each job's last
-    stack dump."""
+    writers) and the process table it learns (jobs/proctable.py). A job's last
+    stack dump is its watcher's (`KeptStacks`), handed in with each look."""
 
     def __init__(self, ctx: ProbeContext, enabled: Callable[[str], bool] = lambda name: True,
                  stacks_min_interval_s: float = 0.0, keep_caches: bool = True,
@@ -120,8 +130,6 @@ class Sampler:
         self._dumps_left = MAX_DUMPS_PER_PASS
         self._forced_left = MAX_FORCED_DUMPS_PER_PASS
         self.stack_dumps = 0  # py-spy runs since start (ddpwatch_stack_dumps_total)
-        # job key -> (taken_at, Stacks, {pid: (seq, step)} when taken): still_current
-        self._stacks: dict[str, tuple[float, object, dict]] = {}
 
     def reconfigure(self, ctx: ProbeContext, enabled: Callable[[str], bool],
                     stacks_min_interval_s: float) -> None:
@@ -205,10 +213,10 @@ class Sampler:
         return dataclasses.replace(survey, probes=survey.probes + tuple(statuses), found=jobs)
 
     # --- one job ---------------------------------------------------------------------
-    def sample(self, job: Job, survey: Survey, look: Look, key: str = "",
+    def sample(self, job: Job, survey: Survey, look: Look, kept: KeptStacks | None = None,
                force_stacks: bool = False) -> Snapshot:
         """A snapshot of `job` looked at as closely as `look` asks (Look.STACKS:
-        through `look_closer`, see there for `key` and `force_stacks`). Which job
+        through `look_closer`, see there for `kept` and `force_stacks`). Which job
         probes run is their registration's policy (probes/__init__.py ProbeSpec)."""
         pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
         # departed ranks too: a held job's rank may still be ending (Lightning's rank
@@ -237,16 +245,18 @@ class Sampler:
             version=SNAPSHOT_VERSION, taken_at=self.ctx.clock(), wall_time=time.time(), job=job,
             probes=tuple(status_of(r) for r in results), **_node_for_job(survey, job, data),
             **data)
-        return self.look_closer(snap, survey, key, force_stacks) if look >= Look.STACKS else snap
+        return self.look_closer(snap, survey, kept, force_stacks) if look >= Look.STACKS else snap
 
-    def look_closer(self, snap: Snapshot, survey: Survey, key: str = "",
+    def look_closer(self, snap: Snapshot, survey: Survey, kept: KeptStacks | None = None,
                     force_stacks: bool = False) -> Snapshot:
         """`snap` with what only suspicion or a person's request pays for: the
         budgeted probes (the ranks' stacks) and the probes that see more at
         Look.STACKS (the sockets' byte counts and idle times, `ss -ti`).
-        Budgeted probes run at most every `stacks_min_interval_s` per job `key`
+        Budgeted probes run at most every `stacks_min_interval_s` per job (its
+        `kept`: watch/job.py WatchedJob.stacks; None: no earlier dump, diagnose's)
         (py-spy costs the ranks) unless `force_stacks`; in between, the last dump
         stands for the ranks that have not moved since."""
+        kept = kept if kept is not None else KeptStacks()
         seen = self._pass(survey, Look.STACKS)
         results, fields = [], {}
         for spec in job_probes():
@@ -254,7 +264,7 @@ class Sampler:
                 continue
             if spec.budgeted:
                 fields[spec.snapshot_field] = self._budgeted(
-                    spec, seen, _pids_for(spec, snap.job), survey, key, force_stacks, results)
+                    spec, seen, _pids_for(spec, snap.job), survey, kept, force_stacks, results)
             elif spec.again_at is not None and spec.again_at <= Look.STACKS:
                 result = run_probe(self._probes[spec.name], self.ctx, seen,
                                    _pids_for(spec, snap.job))
@@ -286,10 +296,10 @@ class Sampler:
             total.update(self._budget.left_out)
         return dict(total)
 
-    def _budgeted(self, spec, seen, pids, survey, key, force, results):
+    def _budgeted(self, spec, seen, pids, survey, kept: KeptStacks, force, results):
         now = progress_of(survey.heartbeats)
-        taken, stacks, then = self._stacks.get(key, (-1e18, None, {}))
-        due = self.ctx.clock() - taken >= self.stacks_min_interval_s
+        stacks, then = kept.stacks, kept.progress
+        due = self.ctx.clock() - kept.taken_at >= self.stacks_min_interval_s
         forced = force and self._forced_left > 0
         if forced or (due and self._dumps_left >= min(len(pids), MAX_DUMPS_PER_PASS)):
             result = run_probe(self._probes[spec.name], self.ctx, seen, pids)
@@ -300,14 +310,9 @@ class Sampler:
                 self._dumps_left -= runs
                 if forced:
                     self._forced_left -= runs
-                self._stacks[key] = (self.ctx.clock(), result.data, now)
+                kept.taken_at, kept.stacks, kept.progress = self.ctx.clock(), result.data, now
                 return result.data
         return still_current(stacks, then, now) if stacks is not None else None
-
-    def forget(self, keys: set[str]) -> None:
-        """Jobs that are gone: their stack dumps with them."""
-        for key in keys:
-            self._stacks.pop(key, None)
 
 
 def _node_for_job(survey: Survey, job: Job, data: dict) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..judge.classify import JobVerdict
 from ..judge.overtime import Pause, Slow, compile_as_pause, escalate, hold_slow
 from ..judge.pausekind import describe
+from ..observe.sampler import KeptStacks
 from ..observe.window.duty import merge as merge_duties
 from .pauses import PauseTracker
 from .slow import SlowTracker
@@ -58,6 +59,7 @@ class WatchedJob:
         self.run_id = ""           # what its other nodes call it (see `name`)
         self.alive_at: float | None = None  # boot-time seconds its ranks were last seen
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
+        self.stacks = KeptStacks()  # its last stack dump (observe/sampler.py look_closer)
         self.logged = "none"       # the verdict the journal last told (daemon._incidents)
 
     def name(self, label: str, run_id: str = "") -> str:
