@@ -119,12 +119,24 @@ def _read(path: str) -> str:
         return f.read(65536)
 
 
+def _state(path: str) -> str:
+    """The state letter in a stat file, read as bytes: the daemon reads its ranks'
+    several times a second (no text layer to build each time)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, 4096)  # a stat line is ~300 bytes (comm: 16 at most)
+    finally:
+        os.close(fd)
+    tail = data.rpartition(b")")[2].split()
+    return tail[0].decode("ascii", "replace") if tail else ""
+
+
 def read_states(procfs: str, pid: int, threads: bool = True
                 ) -> tuple[str, tuple[str, ...]] | None:
     """(process state, its threads' states), None if gone. Without `threads`, the
     main thread's state stands for them (one read instead of one per thread)."""
     try:
-        state = parse_state(_read(f"{procfs}/{pid}/stat"))
+        state = _state(f"{procfs}/{pid}/stat")
         if not threads:
             return state, (state,)
         with os.scandir(f"{procfs}/{pid}/task") as entries:  # stops at the cap:
@@ -134,7 +146,7 @@ def read_states(procfs: str, pid: int, threads: bool = True
     states = []
     for tid in tids:
         try:
-            states.append(parse_state(_read(f"{procfs}/{pid}/task/{tid}/stat")))
+            states.append(_state(f"{procfs}/{pid}/task/{tid}/stat"))
         except OSError:
             continue  # exited between listdir and read
     return state, tuple(states)
@@ -168,6 +180,13 @@ def read_cgroup(procfs: str, cgroot: str, pid: int) -> tuple[str, float, Throttl
             quota = -1.0  # the root cgroup has no limit files
         return directory, quota, throttle
     return "", -1.0, None
+
+
+def _cpu_stat(directory: str) -> Throttle | None:
+    try:
+        return parse_cpu_stat(_read(f"{directory}/cpu.stat"))
+    except OSError:
+        return None
 
 
 class DutyWatch:
@@ -221,7 +240,9 @@ class DutyWatch:
         self.last_cgroups = {}  # pid -> (directory, quota, cpu.stat now): the next window's
         for pid in self.pids:
             directory, quota, first = self.cgroups[pid]
-            last = read_cgroup(self.procfs, self.cgroot, pid)[2] if directory else None
+            # the same cgroup's cpu.stat at the window's end (which cgroup and its
+            # quota were read once, when the rank was first watched)
+            last = _cpu_stat(directory) if directory else None
             self.last_cgroups[pid] = (directory, quota, last)
             samples, stopped, running, asleep, switches = self.counts[pid]
             ranks.append(RankDuty(pid, samples, stopped, running, asleep, cgroup=directory,
