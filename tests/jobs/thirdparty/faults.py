@@ -1,7 +1,6 @@
 """The env-driven fault knob the third-party jobs share (README.md). Kept apart
 so the scripts read like their tutorials; imports nothing of ddpwatch or torch."""
 import os
-import sys
 import time
 
 STEPS = int(os.environ.get("DDPWATCH_TEST_STEPS", "0"))  # 0: until killed
@@ -61,9 +60,9 @@ def uneven_ranks():
 
 
 def announce(rank, local_rank, world_size):
-    # One write, line and newline together: print() writes them apart, and the
-    # other rank's line, on the same stdout, can fall between (benchmarks/soak.py
-    # ANNOUNCE).
-    sys.stdout.write(f"thirdparty: rank={rank} local_rank={local_rank} "
-                     f"world={world_size} pid={os.getpid()}\n")
-    sys.stdout.flush()
+    # print() writes the line and its newline apart, so the other rank's line, on
+    # the same stdout, can fall between: readers search the output for it
+    # (benchmarks/soak.py ANNOUNCE). One write instead held Ray's second worker's
+    # line back in Ray's log deduplication until the job ended.
+    print(f"thirdparty: rank={rank} local_rank={local_rank} world={world_size} "
+          f"pid={os.getpid()}", flush=True)
