@@ -8,7 +8,7 @@ import pytest
 
 from ddpwatch.observe import probes
 from ddpwatch.observe.probes import Look
-from ddpwatch.observe.sampler import Sampler, Survey
+from ddpwatch.observe.sampler import KeptStacks, Sampler, Survey
 from ddpwatch.observe.snapshot import Job, Snapshot
 
 JOB = Job(target_pid=11, launcher_pid=10, launcher_kind="torchrun", rank_pids=(11, 12),
@@ -38,7 +38,7 @@ def survey(live_pids=()):
 
 def sample(look, live_pids=(11, 12), enabled=lambda name: name != "traffic"):
     with Sampler(probes.ProbeContext(), enabled) as sampler:
-        return sampler.sample(JOB, survey(live_pids), look, key="job")
+        return sampler.sample(JOB, survey(live_pids), look, KeptStacks())
 
 
 def test_a_healthy_job_at_a_glance_reads_only_its_processes(calls):
@@ -96,8 +96,9 @@ def test_a_persons_request_is_held_to_its_own_budget_whatever_the_jobs(calls, mo
     with Sampler(probes.ProbeContext(), lambda name: name == "stacks") as sampler:
         node = survey()  # one pass over the node: one budget
         for job in jobs:
-            snap = sampler.sample(job, node, Look.DETAIL, key=job.run_id)
-            sampler.look_closer(snap, node, key=job.run_id, force_stacks=True)
+            kept = KeptStacks()  # each job's own (watch/job.py WatchedJob.stacks)
+            snap = sampler.sample(job, node, Look.DETAIL, kept)
+            sampler.look_closer(snap, node, kept, force_stacks=True)
     dumped = [c for c in calls if c[0] == "stacks"]
     assert sum(len(c[1]) for c in dumped) == sampler_mod.MAX_FORCED_DUMPS_PER_PASS
     assert len(dumped) == sampler_mod.MAX_FORCED_DUMPS_PER_PASS // 8  # whole jobs, first come
