@@ -127,8 +127,7 @@ def _state(path: str) -> str:
         data = os.read(fd, 4096)  # a stat line is ~300 bytes (comm: 16 at most)
     finally:
         os.close(fd)
-    tail = data.rpartition(b")")[2].split()
-    return tail[0].decode("ascii", "replace") if tail else ""
+    return parse_state(data.decode("ascii", "replace"))
 
 
 def read_states(procfs: str, pid: int, threads: bool = True
