@@ -52,4 +52,4 @@ def ns_view(snap: Snapshot, pid):
     or not looked)."""
     if snap.ns_hosts is None:
         return None
-    return next((v for v in snap.ns_hosts.pids if v.pid == pid), None)
+    return snap.ns_hosts.by_pid.get(pid)

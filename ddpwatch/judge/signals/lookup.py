@@ -57,7 +57,7 @@ def stacks_of(snaps: tuple[Snapshot, ...], pid: int) -> list:
     for snap in snaps:
         for stacks in (*snap.window_stacks, snap.stacks):
             if stacks is not None:
-                found += [p for p in stacks.pids if p.pid == pid]
+                found += stacks.by_pid.get(pid, ())
     return found
 
 
@@ -65,7 +65,7 @@ def socket_entry(snap: Snapshot, pid: int):
     """The sockets probe's PidSockets of `pid` (its namespace, error, interfaces)."""
     if snap.sockets is None:
         return None
-    return next((p for p in snap.sockets.pids if p.pid == pid), None)
+    return snap.sockets.by_pid.get(pid)
 
 
 def sockets_of(snap: Snapshot, pid: int):

@@ -70,8 +70,8 @@ def _awaits_dialers(s: dict, last: Snapshot) -> bool:
 
 def _local_rank(snap: Snapshot, pid: int) -> int:
     if snap.processes is not None:
-        for p in snap.processes.procs:
-            if p.pid == pid and p.env.get("LOCAL_RANK", "").isdigit():
-                return int(p.env["LOCAL_RANK"])
+        p = snap.processes.by_pid.get(pid)  # a reading that failed has no environment
+        if p is not None and p.env.get("LOCAL_RANK", "").isdigit():
+            return int(p.env["LOCAL_RANK"])
     rec = record_of(snap, pid)
     return rec.local_rank if rec is not None else -1

@@ -87,15 +87,16 @@ def _age(snap: Snapshot, pid: int) -> float | None:
     procs = snap.processes
     if procs is None or procs.uptime_s < 0:
         return None
-    mine = next((p for p in procs.procs if p.pid == pid and p.start_time_s >= 0), None)
-    return round(procs.uptime_s - mine.start_time_s, 1) if mine is not None else None
+    mine = procs.by_pid.get(pid)  # a reading that failed has no start time
+    return (round(procs.uptime_s - mine.start_time_s, 1)
+            if mine is not None and mine.start_time_s >= 0 else None)
 
 
 def _duty(history: tuple[Snapshot, ...], pid: int) -> dict:
     duty = history[-1].duty
     if duty is None:
         return {}
-    mine = next((d for d in duty.ranks if d.pid == pid), None)
+    mine = duty.by_pid.get(pid)
     if mine is None or mine.samples < DUTY_MIN_SAMPLES:
         return {"duty_samples": mine.samples if mine else 0}
     n = mine.samples

@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 from dataclasses import dataclass
+from functools import cached_property
 
 import psutil
 
@@ -58,6 +59,11 @@ class NsViews:
     taken_at: float
     pids: tuple[NsView, ...]       # only ranks in a namespace other than the watcher's
     errors: tuple[str, ...] = ()
+
+    @cached_property
+    def by_pid(self) -> dict[int, NsView]:
+        """pid -> its first view (judge/signals/host.py ns_view, once per rank)."""
+        return {v.pid: v for v in reversed(self.pids)}
 
 
 # ---------------------------------------------------------------- PARSE (pure)

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from ... import codec
 from ..system import programs
@@ -110,6 +111,12 @@ class PidSockets:
 class Sockets:
     taken_at: float
     pids: tuple[PidSockets, ...]
+
+    @cached_property
+    def by_pid(self) -> dict[int, PidSockets]:
+        """pid -> its first entry: judging 256 ranks looks each up in every
+        snapshot of the window (judge/signals/lookup.py socket_entry)."""
+        return {p.pid: p for p in reversed(self.pids)}
 
 
 # ---------------------------------------------------------------- PARSE (pure)

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from ... import codec
 from ..system import programs
@@ -72,6 +73,15 @@ class Stacks:
     taken_at: float
     py_spy: str
     pids: tuple[PidStacks, ...]
+
+    @cached_property
+    def by_pid(self) -> dict[int, tuple[PidStacks, ...]]:
+        """pid -> its dumps in this reading, in order (judge/signals/lookup.py
+        stacks_of looks up every rank in every reading of the window)."""
+        out: dict[int, list] = {}
+        for p in self.pids:
+            out.setdefault(p.pid, []).append(p)
+        return {pid: tuple(found) for pid, found in out.items()}
 
 
 # ---------------------------------------------------------------- PARSE (pure)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 # threads read per rank and reading, up to ten times a second (a rank has tens;
 # any user can start thousands): bounds a reading's cost (observe/budget.py)
@@ -49,6 +50,11 @@ class RankDuty:
 class Duty:
     seconds: float      # from the first reading to the last
     ranks: tuple[RankDuty, ...]
+
+    @cached_property
+    def by_pid(self) -> dict[int, RankDuty]:
+        """pid -> its first reading (judge/signals/window.py, once per rank)."""
+        return {d.pid: d for d in reversed(self.ranks)}
 
 
 # ---------------------------------------------------------------- PARSE (pure)
