@@ -8,7 +8,11 @@
 5. tick time and CPU with 8 ranks beside 100, 1 000 and 5 000 idle processes -
    target: the last <= 1.2x the first
 
-    python benchmarks/daemon.py [--quick] [--only NAME] [--profile]
+    python benchmarks/daemon.py [--quick] [--only NAME] [--profile] [--save FILE]
+
+`--save FILE` (with --only tick) keeps the 256-rank job's last history as a
+snapshot file, so the judgement alone can be timed and profiled without 256
+processes: `ddpwatch diagnose --replay FILE`, or benchmarks/judge.py.
 """
 from __future__ import annotations
 
@@ -185,8 +189,8 @@ while True:
 """
 
 
-def tick_256(env, hb_dir, ticks, profile=False) -> str:
-    durations, _, where = ticks_of(env, hb_dir, 256, ticks, profile)
+def tick_256(env, hb_dir, ticks, profile=False, save=None) -> str:
+    durations, _, where = ticks_of(env, hb_dir, 256, ticks, profile, save=save)
     return (f"tick with 256 live rank records: median "
             f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
             f"over {ticks} ticks a second apart (target <= 50 ms)" + (
@@ -197,7 +201,7 @@ IDLE = "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; wait"
 
 
 def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
-             between_s: float = 1.0) -> tuple[list[float], float, str]:
+             between_s: float = 1.0, save: str | None = None) -> tuple[list[float], float, str]:
     """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
     run in this process `ticks` times, a second apart: the durations, the CPU
     seconds the ticks took, and (with `profile`) where they went."""
@@ -242,6 +246,10 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
             where = out.getvalue()
+        if save:
+            from ddpwatch.observe.snapshot import save as save_history
+            (watched,) = daemon.watched.values()
+            save_history(tuple(watched.history), save)
         daemon.close()
     finally:
         for p in procs:
@@ -279,6 +287,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick", "flat"))
     parser.add_argument("--profile", action="store_true",
                         help="with --only tick: where the tick's time goes (cProfile)")
+    parser.add_argument("--save", metavar="FILE",
+                        help="with --only tick: the job's last history, as a snapshot file")
     args = parser.parse_args()
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where records live in production
     with tempfile.TemporaryDirectory(dir=shm) as hb_dir, tempfile.TemporaryDirectory() as state:
@@ -288,7 +298,8 @@ def main() -> None:
                                          20 if args.quick else 100),
             "stall": lambda: time_to_culprit(env, hb_dir, state),
             "cost": lambda: cost_8_ranks(env, hb_dir, state, 10 if args.quick else 30),
-            "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20, args.profile),
+            "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20, args.profile,
+                                     args.save),
             "flat": lambda: flat(env, hb_dir, 5 if args.quick else 20),
         }
         for name, run in runs.items():

@@ -226,20 +226,18 @@ def check_version(buf: bytes) -> None:
                           f"a version {LAYOUT_VERSION} record has {RECORD_SIZE}")
 
 
-def decode(buf: bytes) -> Record:
-    """Decode a consistent copy of a record's bytes (the reader did the seqlock)."""
+def decode(buf: bytes, earlier: Record | None = None) -> Record:
+    """Decode a consistent copy of a record's bytes (the reader did the seqlock).
+    `earlier`: this file's record as last read; its ring entries that the bytes
+    still hold are kept rather than made again (the daemon reads 256 records a
+    second, and a collective changes one slot of 64: heartbeats probe)."""
     check_version(buf)
     h = HEADER.unpack_from(buf, 0)
     (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
-    progress = dict(zip((name for name, _ in PROGRESS_FIELDS),
-                        PROGRESS.unpack_from(buf, PROGRESS_OFFSET)))
-    cseq = progress["collective_seq"]
-    ring = []
-    for n in range(max(1, cseq - RING_SLOTS + 1), cseq + 1):
-        rseq, rop, rbytes, rstart, rend = RING_SLOT.unpack_from(buf, ring_offset(n))
-        if rseq == n and math.isfinite(rstart) and math.isfinite(rend):
-            # slots of collectives still outstanding hold older entries
-            ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
+    progress = dict(zip(_PROGRESS_NAMES, PROGRESS.unpack_from(buf, PROGRESS_OFFSET)))
+    same = (earlier is not None and earlier.pid == h[3] and earlier.started_at == h[8]
+            and earlier.collective_seq <= progress["collective_seq"])  # the same writer
+    progress["ring"] = _ring(buf, progress["collective_seq"], earlier if same else None)
     phase = progress.pop("phase")
     progress["op"] = _op_name(progress["op"])
     # The bytes are another user's: a time that is no number would reach every
@@ -256,7 +254,37 @@ def decode(buf: bytes) -> Record:
         compute_dtype=_text(h[15]), data_fingerprint=_text(h[16]), data_batches=h[17],
         data_shards=h[18], seq=seq,
         phase=Phase.NAMES[phase] if 0 <= phase < len(Phase.NAMES) else f"phase{phase}",
-        ring=tuple(ring), **progress)
+        **progress)
+
+
+_PROGRESS_NAMES = tuple(name for name, _ in PROGRESS_FIELDS)
+
+
+def _ring(buf: bytes, cseq: int, earlier: Record | None) -> tuple[RingEntry, ...]:
+    """The completed collectives of the last RING_SLOTS, oldest first: collective
+    n is in its slot when the slot says n (slots of collectives still
+    outstanding hold older entries) and its times are numbers.
+
+    A slot is written once, when its collective completes, and not again until
+    collective n + RING_SLOTS (pycore.py, _hotpath.c): the entries `earlier`
+    (the same writer's record, read before) holds are kept as they are, and
+    only the slots completed since are decoded."""
+    first = max(1, cseq - RING_SLOTS + 1)
+    if cseq < first:
+        return ()
+    known = {e.seq: e for e in earlier.ring} if earlier is not None else {}
+    ring, slots = [], None
+    for n in range(first, cseq + 1):
+        old = known.get(n)
+        if old is not None:
+            ring.append(old)
+            continue
+        if slots is None:
+            slots = list(RING_SLOT.iter_unpack(buf[RING_OFFSET:RECORD_SIZE]))  # one C call
+        rseq, rop, rbytes, rstart, rend = slots[(n - 1) % RING_SLOTS]
+        if rseq == n and math.isfinite(rstart) and math.isfinite(rend):
+            ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
+    return tuple(ring)
 
 
 def _finite(name: str, value: float) -> None:

@@ -21,15 +21,22 @@ from .layout import Record
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def record_alive(record: Record, procfs: str = "/proc") -> bool:
-    try:
-        with open(f"{procfs}/{record.pid}/stat") as f:
-            text = f.read()
-            owner = os.fstat(f.fileno()).st_uid  # /proc/PID/* belong to the process's uid
-        # The command name may hold spaces and ')': fields follow the last ')'.
-        started = int(text[text.rindex(")") + 2:].split()[19]) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return False
+def record_alive(record: Record, procfs: str = "/proc",
+                 known: tuple[float, int] | None = None) -> bool:
+    """`known`: the (start, in seconds after boot; owner uid) of the process now
+    holding the record's pid, read this very pass by the caller (the daemon's
+    process table); else /proc/PID/stat is read here."""
+    if known is not None:
+        started, owner = known
+    else:
+        try:
+            with open(f"{procfs}/{record.pid}/stat") as f:
+                text = f.read()
+                owner = os.fstat(f.fileno()).st_uid  # /proc/PID/* belong to the process's uid
+            # The command name may hold spaces and ')': fields follow the last ')'.
+            started = int(text[text.rindex(")") + 2:].split()[19]) / _CLK_TCK
+        except (OSError, IndexError, ValueError):
+            return False
     if owner != record.uid:
         return False  # not this user's process, whatever the record says
     return wrote(record, started, suspended_s(), time.time() - time.clock_gettime(

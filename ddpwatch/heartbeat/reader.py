@@ -101,12 +101,14 @@ def pread_once(fd: int) -> bytes | None:
 
 
 def read_file(path: str, read_once=None, patience_s: float = BUSY_PATIENCE_S,
-              ) -> layout.Record | Skipped:
+              earlier: layout.Record | None = None) -> layout.Record | Skipped:
     """Read one record file consistently; any problem becomes a Skipped.
     (`read_once` is accepted for old callers and ignored: files are read with
     pread, never mapped.) `patience_s`: how long to wait out a writer that keeps
     the record busy (a caller reading many files gives each a share of a budget:
-    a file whose owner flips its seq forever must not hold up the rest)."""
+    a file whose owner flips its seq forever must not hold up the rest).
+    `earlier`: what the caller read of this file before (layout.decode keeps
+    its ring entries)."""
     try:
         # O_NONBLOCK: a FIFO planted under a record's name must not hang the reader.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -130,7 +132,7 @@ def read_file(path: str, read_once=None, patience_s: float = BUSY_PATIENCE_S,
         if data is None:
             return Skipped(path, "record kept changing while read (writer busy); try again")
         try:
-            record = layout.decode(data)
+            record = layout.decode(data, earlier)
         except layout.LayoutError as err:
             return Skipped(path, str(err))
         except Exception as err:  # garbage that passed the header check

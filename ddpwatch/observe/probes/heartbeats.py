@@ -17,6 +17,7 @@ from ...heartbeat.scan import ScanState, scan
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import Pass, Probe, ProbeContext, register
+from .process import CLK_TCK
 
 # One budget per run for waiting out busy writers, over all files (reader.py)
 BUSY_BUDGET_S = 0.05
@@ -44,24 +45,32 @@ class HeartbeatsProbe(Probe):
     """Keeps, between passes, what need not be read again: the records of gone
     writers (`dead`: path -> (file identity, Record, final); such a record no
     longer changes, and finished runs' records pile up in the directory) and the
-    directories' listings and refused files (heartbeat/scan.py ScanState).
+    directories' listings and refused files (heartbeat/scan.py ScanState),
+    and each live record as last read (`earlier`: path -> Record; a new read
+    keeps the collectives of its ring already decoded: layout.decode).
     `keep_dead` False: every record is read every pass."""
 
     def __init__(self, keep_dead: bool = True):
         self.dead: dict | None = {} if keep_dead else None
+        self.earlier: dict | None = {} if keep_dead else None
         self.scan_state = ScanState()
 
     def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> HeartbeatObs:
         live = frozenset(seen.table) if seen.table else None  # processes that run now
-        return read(ctx, seen.record_dirs, live, self.dead, self.scan_state)
+        return read(ctx, seen.record_dirs, live, self.dead, self.scan_state, self.earlier,
+                    seen.table)
 
 
 def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None = None,
-         dead: dict | None = None, scan_state: ScanState | None = None) -> HeartbeatObs:
+         dead: dict | None = None, scan_state: ScanState | None = None,
+         earlier: dict | None = None, table=None) -> HeartbeatObs:
     """Every record in ctx.heartbeat_dir and the directories the ranks `named`,
     within heartbeat/scan.py's caps: a bad or hostile file is a Skipped, never
     the probe's failure. `live`: the pids running now (their records are looked
-    at first); `dead` and `scan_state`: HeartbeatsProbe's."""
+    at first); `dead`, `scan_state` and `earlier`: HeartbeatsProbe's; `table`:
+    the pass's process table (proctable.py), whose Python processes were read
+    this pass: a record of one of them is judged alive from it, not by reading
+    /proc again."""
     records, alive, skipped = [], [], []
     dirs = record_dirs(ctx.heartbeat_dir, named)
     cached_dead, identities = {}, {}
@@ -75,8 +84,8 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None 
         if cached is not None and cached[2] and identity is not None and cached[0] == identity:
             cached_dead[path] = True
             return cached[1]
-        return read_file(path, None, max(0.0, min(BUSY_PATIENCE_S,
-                                                  deadline - time.monotonic())))
+        return read_file(path, None, max(0.0, min(BUSY_PATIENCE_S, deadline - time.monotonic())),
+                         earlier.get(path) if earlier is not None else None)
 
     paths = []
     for path, result in scan(dirs, scan_state, live, reader):
@@ -88,7 +97,7 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None 
             records.append(result)
             alive.append(False)  # a gone writer stays gone (pids are checked by start time)
             continue
-        is_alive = record_alive(result, ctx.procfs)
+        is_alive = record_alive(result, ctx.procfs, _known(table, result.pid))
         records.append(result)
         alive.append(is_alive)
         if dead is not None:
@@ -103,7 +112,20 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None 
     if dead is not None:
         for path in set(dead) - set(paths):  # files removed since
             del dead[path]
+    if earlier is not None:  # this pass's, no more: what the scan's caps let through
+        earlier.clear()
+        earlier.update((path, rec) for path, rec in zip(paths, records))
     return HeartbeatObs(tuple(records), tuple(alive), tuple(skipped))
+
+
+def _known(table, pid: int) -> tuple[float, int] | None:
+    """(start seconds after boot, owner) of `pid` from the pass's table when it
+    read the process this pass: TableReader reads every Python process again at
+    each pass (proctable.py), the others maybe long ago."""
+    info = table.get(pid) if table else None
+    if info is None or not info.python or info.start < 0 or info.uid < 0:
+        return None
+    return info.start / CLK_TCK, info.uid
 
 
 def _file_identity(path: str) -> tuple | None:

@@ -1,6 +1,7 @@
 """The heartbeat channel on its own: layout, seqlock, bad files, writer off."""
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import stat
@@ -49,6 +50,49 @@ def test_round_trip_identity_progress_and_ring(tmp_path):
     assert rec.ring[-1].bytes == 169 and rec.ring[-1].op == "all_reduce"
     assert all(e.end >= e.start > 0 for e in rec.ring)
     w.close()
+
+
+def test_a_reread_keeps_the_ring_entries_it_decoded_and_only_of_the_same_writer(tmp_path):
+    """layout.decode(buf, earlier): the daemon reads every record each second and
+    a collective changes one slot; what is kept must equal a decode from scratch."""
+    w = open_writer(str(tmp_path), rank=0)
+    for i in range(70):
+        w.exit(w.enter(OP_CODE["all_reduce"], i))
+    first = read_file(w.path)
+    w.exit(w.enter(OP_CODE["broadcast"], 7))
+    w.exit(w.enter(OP_CODE["barrier"], 0))
+    again = read_file(w.path, earlier=first)
+    fresh = read_file(w.path)
+    assert again == fresh and [e.seq for e in again.ring] == list(range(9, 73))
+    assert again.ring[0] is first.ring[2]  # kept, not made again
+    assert again.ring[-1].op == "barrier" and again.ring[-2].op == "broadcast"
+    # another writer's record (a new process under the name) keeps nothing of it
+    other = dataclasses.replace(first, started_at=first.started_at - 1,
+                                ring=tuple(dataclasses.replace(e, bytes=-1) for e in first.ring))
+    assert read_file(w.path, earlier=other) == fresh
+    w.close()
+
+
+def test_a_record_is_alive_by_the_process_table_when_it_has_the_writer():
+    """liveness.record_alive(known=...): the daemon's table read the writer this
+    pass; the owner and start time decide as a /proc read would."""
+    from ddpwatch.heartbeat.liveness import record_alive
+    from ddpwatch.observe.jobs.proctable import ProcInfo
+    from ddpwatch.observe.probes.heartbeats import _known
+    from ddpwatch.observe.probes.process import CLK_TCK
+    rec = types.SimpleNamespace(pid=999_999_999, uid=1000, started_at=time.monotonic(),
+                                started_wall=time.time())
+    assert not record_alive(rec)  # no such process: /proc says so
+    python = ProcInfo(rec.pid, 1, ("python3", "train.py"), {}, start=CLK_TCK, uid=1000)
+    assert record_alive(rec, known=_known({rec.pid: python}, rec.pid))
+    assert not record_alive(rec, known=_known(
+        {rec.pid: dataclasses.replace(python, uid=1001)}, rec.pid))  # another user's process
+    later = dataclasses.replace(python, start=round((time.clock_gettime(time.CLOCK_BOOTTIME)
+                                                     + 60) * CLK_TCK))
+    assert not record_alive(rec, known=_known({rec.pid: later}, rec.pid))  # a reused pid
+    # not a Python process: the table may have read it long ago, so /proc is asked
+    shell = ProcInfo(rec.pid, 1, ("sleep", "9"), {}, start=CLK_TCK, uid=1000)
+    assert _known({rec.pid: shell}, rec.pid) is None and _known(None, rec.pid) is None
 
 
 def test_inside_phase_and_overlapping_async_ops_count_wall_time_once(tmp_path):
