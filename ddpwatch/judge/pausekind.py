@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from .memo import per_dump
 from .stackmatch import COMPILE_FILES, is_library, training_thread
 
 KINDS = ("checkpoint", "evaluation", "compile", "data", "logging", "unknown")
@@ -60,6 +61,7 @@ def _kind_of(frame) -> str | None:
 _ORDER = {k: i for i, k in enumerate(KINDS)}
 
 
+@per_dump
 def pause_of(dump) -> tuple[str, str]:
     """(kind, site) of a main thread outside the collectives. `site` names the
     frame that gave the kind and the line of the caller that called it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from ..heartbeat.layout import TORCH_COLLECTIVES
+from .memo import per_dump
 
 # Functions a rank waits in: the collectives the record knows (isend/irecv return
 # at once: a rank is not waiting in them), and those that wait without a record op.
@@ -58,6 +59,7 @@ def _trains(thread) -> bool:
             or any(any(sig in f.name for sig in NATIVE_COLLECTIVE) for f in thread.frames))
 
 
+@per_dump
 def training_thread(dump):
     """The thread that trains, whose stack is the rank's evidence. Usually the main
     thread. Ray Train runs the training function in a thread of its own
@@ -80,6 +82,7 @@ def _file(frame) -> str:
     return frame.filename.replace("\\", "/")
 
 
+@per_dump
 def classify_stack(dump) -> str:
     """collective | ddp_backward | rendezvous | compile | agent | idle_user | active | unknown"""
     thread = training_thread(dump)
@@ -143,6 +146,7 @@ def _where(frame) -> str:
     return f"{frame.short_filename or frame.filename}:{frame.line} ({frame.name})"
 
 
+@per_dump
 def call_site(dump) -> str | None:
     """What a rank waiting in a collective waits in, and where its own code called it:
     "broadcast at faults.py:35 (maybe_desync) <- spawn_ddp.py:63 (demo_basic)", or for
@@ -193,6 +197,7 @@ ACCELERATE_WRAPPER = "accelerate/utils/operations.py"
 AUTOCAST_FILE = "torch/amp/autocast_mode.py"
 
 
+@per_dump
 def bf16_evidence(dump) -> tuple[str, bool] | None:
     """(what in this dump says the rank computes in bf16, whether that says the CPU
     does it) or None. Python frames say a library's bf16 autocast is on, not which
@@ -230,6 +235,7 @@ def _named(frame) -> str:
     return f"{frame.name} ({frame.short_filename.split('/')[-1]}:{frame.line})"
 
 
+@per_dump
 def loop_position(dump) -> tuple[str, str] | None:
     """("in_epoch", where) for a main thread inside a known epoch loop (the frame its
     run() called); ("left_epoch", where) for one in the fit loop outside any epoch

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ...observe.snapshot import Snapshot
+from ..memo import per_dump
 from ..pausekind import pause_of
 from ..stackmatch import (bf16_evidence, call_site, classify_stack, describe_top, loop_position,
                           training_thread)
@@ -66,8 +67,9 @@ DDP_INIT = ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init_
 
 
 def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
-    dumps = [d for d in stacks_of(history, pid) if d.threads]
-    stopped = [d for d in stacks_of(history, pid) if d.status.startswith("stopped")]
+    found = stacks_of(history, pid)
+    dumps = [d for d in found if d.threads]
+    stopped = [d for d in found if d.status.startswith("stopped")]
     if not dumps:
         return {"stack": "stopped" if stopped else None, "stack_samples": 0}
     kinds = [classify_stack(d) for d in dumps]
@@ -162,6 +164,7 @@ def link(ranks: list[dict]) -> None:
             for p in stuck if p is not s)
 
 
+@per_dump
 def _in_backward(dump) -> bool:
     """Autograd's backward on the main thread: only a step that ran forward gets
     there, so every rank is past rendezvous and DDP's constructor (a collective
@@ -170,6 +173,7 @@ def _in_backward(dump) -> bool:
     return thread is not None and any(f.name == "_engine_run_backward" for f in thread.frames)
 
 
+@per_dump
 def _in_ddp_init(dump) -> bool:
     thread = training_thread(dump)
     return thread is not None and any(

@@ -60,3 +60,20 @@ def test_of_several_threads_the_one_in_a_collective_is_taken():
     user = thread(PID + 9, "logger", frame("flush", "/home/me/log.py", 5))
     d = dump(RAY_MAIN, user, TRAINING)
     assert training_thread(d) is TRAINING
+
+
+def test_a_dumps_reading_is_kept_while_the_dump_lives_and_dropped_with_it():
+    """judge/memo.py per_dump: the daemon judges a kept dump again every tick;
+    what it reads of it is worked out once, and nothing outlives the dump."""
+    import gc
+    d = dump(RAY_MAIN, PIN, TRAINING)
+    memo = classify_stack.memo
+    assert classify_stack(d) == "collective" and id(d) in memo
+    assert training_thread(d) is TRAINING and id(d) in training_thread.memo
+    assert classify_stack(d) == "collective"  # from the memo
+    other = dump(thread(PID, "MainThread", frame("sleep", "/home/me/train.py", 12)))
+    assert classify_stack(other) == "idle_user"  # another dump: its own reading
+    key = id(d)
+    del d
+    gc.collect()
+    assert key not in memo and key not in training_thread.memo
