@@ -10,6 +10,7 @@ PARSE (pure): `parse_cpuinfo`, `parse_loadavg`, `interface_kind`, `build_interfa
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -150,6 +151,7 @@ def build_interfaces(addrs: dict, stats: dict) -> tuple[Interface, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1024)  # asked per rank per judgement of a few addresses
 def is_loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr.partition("%")[0]).is_loopback
