@@ -10,6 +10,7 @@ culprits and the worst verdict make the job's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..observe.snapshot import Snapshot
 from . import signals, stages
@@ -57,18 +58,24 @@ class JobVerdict:
 class Judgement:
     job: JobVerdict
     ranks: tuple[RankVerdict, ...]
-    # this node's ranks' signals before the peers' were added, JSON scalars only:
-    # what the daemon serves its peers at /peer
-    local: tuple[dict, ...] = ()
+    # this node's ranks' signals before the peers' were added (signals.local), as
+    # measured: `local` gives them as the daemon serves them to its peers
+    measured: tuple[dict, ...] = ()
     # the heartbeat records that belong to the job (signals/heartbeat.job_records),
     # with whether each writer is alive: what metrics and bundles report
     records: tuple = ()
 
+    @cached_property
+    def local(self) -> tuple[dict, ...]:
+        """The measured signals, JSON scalars and None only: what /peer serves
+        (publish/peers.py). Worked out when a peer asks, not at every judgement."""
+        return tuple({k: s[k] for k in sorted(s) if type(s[k]) in _JSON_SCALARS}
+                     for s in self.measured)
+
 
 def judge(history: tuple[Snapshot, ...], rules: list[Rule],
           remote: tuple[dict, ...] = ()) -> Judgement:
-    verdict_rules = stages.order(rules)
-    finding_rules = [r for r in rules if r.finding]
+    verdict_rules, finding_rules = _ordered(rules)
     verdicts = []
     local = signals.local(history)
     for s in signals.with_peers(local, remote):
@@ -87,15 +94,32 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             remedy=render(rule.remedy, s) if rule else "Check that ddpwatch may read /proc "
             "and ptrace the ranks (run as the ranks' user or root), then diagnose again.",
             findings=findings, stack=s.get("stack_top", ""),
-            signals={k: v for k, v in sorted(s.items()) if isinstance(v, (int, float, str, bool))}))
+            signals={k: s[k] for k in sorted(s) if type(s[k]) in _SCALARS}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
-    return Judgement(job_verdict(verdicts), tuple(verdicts),
-                     tuple({k: v for k, v in sorted(s.items()) if _scalar(v)} for s in local),
+    return Judgement(job_verdict(verdicts), tuple(verdicts), tuple(local),
                      tuple(signals.heartbeat.job_records(history[-1])))
 
 
-def _scalar(value) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
+_ordered_last: tuple = ((), ([], []))  # (the rules last ordered, what _ordered gave)
+
+
+def _ordered(rules: list[Rule]) -> tuple[list[Rule], list[Rule]]:
+    """The verdict rules in the order they are tried (stages.order) and the finding
+    rules. The daemon judges every job every tick with one list of rules (a new
+    one after a reload): ordered once per list of Rule objects."""
+    global _ordered_last
+    last, ordered = _ordered_last  # one read: another thread may replace it whole
+    if len(last) == len(rules) and all(a is b for a, b in zip(last, rules)):
+        return ordered
+    ordered = (stages.order(rules), [r for r in rules if r.finding])
+    _ordered_last = (tuple(rules), ordered)
+    return ordered
+
+
+# what a signal's value may be: signals.spec's kinds (int, float, str, bool);
+# by type, not isinstance: asked of ~150 values per rank per judgement
+_SCALARS = frozenset((int, float, str, bool))
+_JSON_SCALARS = _SCALARS | {type(None)}
 
 
 def _blind(s: dict) -> str:

@@ -24,6 +24,7 @@ do not exist, of another stage's, or in a circle, once the files are merged
 """
 from __future__ import annotations
 
+import functools
 import re
 import string
 from dataclasses import dataclass
@@ -90,7 +91,60 @@ _OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
 
 def render(template: str, signals: dict) -> str:
     """Format evidence; a [bracketed part] is left out when a signal in it is unknown
-    (a rank without heartbeats has no collective number to cite)."""
+    (a rank without heartbeats has no collective number to cite). Every rank's
+    evidence and remedy are rendered at every judgement: a template of plain
+    `{signal:spec}` fields is parsed once (`_compiled`), any other goes the
+    long way (`render_parsing`), with the same result."""
+    compiled = _compiled(template)
+    if compiled is None:
+        return render_parsing(template, signals)
+    out = []
+    for optional, parts in compiled:
+        if optional and any(f is not None and signals.get(f) is None for _, f, _ in parts):
+            continue
+        for literal, field, spec in parts:
+            out.append(literal)
+            if field is None:
+                continue
+            value = signals.get(field)
+            if value is None:
+                out.append("?")
+                continue
+            try:
+                out.append(format(value, spec))
+            except (TypeError, ValueError):
+                out.append(str(value))
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(template: str) -> tuple | None:
+    """((optional, ((literal, field, spec), ...)), ...) for a template whose fields
+    are plain names with a plain spec, None for any other (a conversion, an
+    index, a nested field, a bracket inside a field)."""
+    pieces, pos = [], 0
+    try:
+        for m in _OPTIONAL.finditer(template):
+            pieces.append((False, _parts(template[pos:m.start()])))
+            pieces.append((True, _parts(m.group(1))))
+            pos = m.end()
+        pieces.append((False, _parts(template[pos:])))
+    except ValueError:
+        return None
+    return tuple(pieces)
+
+
+def _parts(text: str) -> tuple:
+    parts = []
+    for literal, field, spec, conversion in _Blank().parse(text):
+        if field is not None and (not field.isidentifier() or conversion or "{" in spec):
+            raise ValueError(field)
+        parts.append((literal, field, spec))
+    return tuple(parts)
+
+
+def render_parsing(template: str, signals: dict) -> str:
+    """`render` by string.Formatter: every template, parsed at each call."""
     def optional(m):
         fields = [f for _, f, _, _ in _Blank().parse(m.group(1)) if f]
         return "" if any(signals.get(f) is None for f in fields) else m.group(1)
