@@ -69,6 +69,51 @@ class AnyOf:
         return tuple(c.signal for branch in self.branches for c in branch)
 
 
+def compiled(when: tuple[Condition | AnyOf, ...]):
+    """One function of the signals that holds when every item of `when` holds,
+    as `holds` says: each condition made a closure over its signal, operator
+    and value once, not read back from the Condition at every call. A rule's
+    conditions are tried ~60 times per rank per judgement (classify.judge)."""
+    tests = tuple(_closure(item) for item in when)
+    if len(tests) == 1:
+        return tests[0]
+
+    def all_hold(signals: dict) -> bool:
+        for test in tests:
+            if not test(signals):
+                return False
+        return True
+    return all_hold
+
+
+def _closure(item: Condition | AnyOf):
+    if isinstance(item, AnyOf):
+        branches = tuple(compiled(branch) for branch in item.branches)
+
+        def any_holds(signals: dict) -> bool:
+            for branch in branches:
+                if branch(signals):
+                    return True
+            return False
+        return any_holds
+    key, op, expected = item.signal, item.op, item.value
+    if op == "":
+        return lambda signals: bool(signals.get(key))  # None is false
+    if op == "not":
+        return lambda signals: (value := signals.get(key)) is not None and not value
+    compare = _OPS[op]
+
+    def compares(signals: dict) -> bool:
+        value = signals.get(key)
+        if value is None:
+            return False
+        try:
+            return bool(compare(value, expected))
+        except TypeError:  # a peer's signal of another type (publish/peers.py)
+            return False
+    return compares
+
+
 def parse_when(when, where: str) -> tuple[Condition | AnyOf, ...]:
     if not isinstance(when, list) or not when:
         raise ConfigError(f"{where}: 'when' must be a non-empty list of conditions")

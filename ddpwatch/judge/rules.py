@@ -34,7 +34,7 @@ import yaml
 from .. import yamlfile
 from ..errors import ConfigError
 from . import stages
-from .conditions import AnyOf, Condition, parse_when
+from .conditions import AnyOf, Condition, compiled, parse_when
 from .vocabulary import FINDINGS, NAMES as VERDICTS, ROLES, SEVERITIES
 
 RULE_KEYS = {"id", "verdict", "finding", "role", "stage", "overrides", "priority", "confidence",
@@ -59,11 +59,12 @@ class Rule:
     description: str = ""
 
     def matches(self, signals: dict) -> bool:
-        # a loop, not all(<generator>): tried ~60 times per rank per judgement
-        for condition in self.when:
-            if not condition.holds(signals):
-                return False
-        return True
+        return self._test(signals)
+
+    @functools.cached_property
+    def _test(self):
+        """`when` as one function (conditions.compiled), made at first use."""
+        return compiled(self.when)
 
 
 class _Blank(string.Formatter):
