@@ -365,6 +365,9 @@ class SocketsProbe(Probe):
         tables: dict[str, tuple[TableEntry, ...]] = {}
         infos: dict[str, tuple[tuple[SsInfo, ...], str]] = {}
         ifaces: dict[str, tuple[Interface, ...] | None] = {}
+        # namespace -> inode -> (place in its table, entry): a job of n ranks over
+        # Gloo holds ~n^2 connections, and each rank's are looked up in them
+        indexes: dict[str, dict[int, tuple[int, TableEntry]]] = {}
         out = []
         for pid in pids:
             foreign = False
@@ -411,7 +414,13 @@ class SocketsProbe(Probe):
                 if ns:
                     memo["ss", ns] = (infos[ns], ifaces[ns])
             ss_rows, info_error = infos[ns]
-            mine = [e for e in tables.get(ns, ()) if e.inode in inodes]
+            index = indexes.get(ns)
+            if index is None:
+                index = indexes[ns] = {}
+                for i, e in enumerate(tables.get(ns, ())):
+                    index.setdefault(e.inode, (i, e))
+            mine = [e for _, e in sorted((index[i] for i in inodes if i in index),
+                                         key=lambda found: found[0])]
             found = match(mine, ss_rows)
             out.append(PidSockets(pid, ns, tuple(merge(e, found.get(e.inode)) for e in mine),
                                   info_error=info_error, interfaces=ifaces.get(ns)))
