@@ -4,7 +4,6 @@ next to its peers' states (docs/design.md "Ranks judged together"). Pure."""
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import Counter
 
 from .spec import NUMBER, declare
@@ -138,12 +137,18 @@ class _PeerMedian:
         self.values = sorted(s[key] for s in ranks if s.get("alive") and s.get(key) is not None)
 
     def of_peers(self, s: dict):
+        """statistics.median of the values but this rank's, in O(log n): the
+        sorted values with index `skip` left out are read around it."""
         values = self.values
         own = s.get(self.key) if s.get("alive") else None
-        if own is not None:
-            i = bisect.bisect_left(values, own)
-            values = values[:i] + values[i + 1:]
-        return statistics.median(values) if values else None
+        skip = bisect.bisect_left(values, own) if own is not None else len(values)
+        n = len(values) - (skip < len(values))
+        if n <= 0:
+            return None
+
+        def at(k):  # the k-th of the values without index `skip`
+            return values[k + (k >= skip)]
+        return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def link(ranks: list[dict]) -> None:
@@ -162,6 +167,7 @@ def link(ranks: list[dict]) -> None:
     # a stopped rank's stack still shows where it was stopped: it compiles nothing
     compiling = [p for p in ranks if p.get("alive") and not _is_stopped(p)
                  and p.get("warming_up") and p.get("stack") == "compile"]
+    compiling_ids = {id(p) for p in compiling}
     seqs = sorted((s["hb_seq"] for s in ranks if s.get("hb_seq") is not None), reverse=True)
     # Desync is a hang: only ranks stuck past their bound count, so a healthy
     # rank caught between two different collectives is not one.
@@ -189,7 +195,7 @@ def link(ranks: list[dict]) -> None:
         me_dead = is_dead(s)
         s["peers_alive"] = alive - me_alive
         s["peers_blocked"] = blocked - me_blocked
-        s["peers_compiling"] = sum(1 for p in compiling if p is not s)
+        s["peers_compiling"] = len(compiling) - (id(s) in compiling_ids)
         s["peers_in_rendezvous"] = joining - bool(s.get("alive") and (
             s.get("stack") == "rendezvous" or s.get("hb_phase") in ("rendezvous", "init")))
         s["peer_dead"] = dead - me_dead > 0
@@ -249,13 +255,20 @@ def link_pauses(ranks: list[dict]) -> None:
             and not s.get("ddp_starting") and not (s.get("warming_up")
                                                    and s.get("stack") == "compile"))
     pausing = [s for s in ranks if s["pausing"]]
+    # named once; a rank's evidence names the first PAUSED_SHOWN of the others
+    # (a DataLoader's refork at an epoch's start pauses every rank of the job)
+    first = [(p, f"{rank_name(p)} ({p.get('pause_kind') or 'unknown'}"
+              + (f" at {p['pause_site']}" if p.get("pause_site") else "") + ")")
+             for p in pausing[:PAUSED_SHOWN + 1]]
     for s in ranks:
-        others = [p for p in pausing if p is not s]
-        s["peers_paused"] = len(others)
-        s["paused_peer"] = "; ".join(
-            f"{rank_name(p)} ({p.get('pause_kind') or 'unknown'}"
-            + (f" at {p['pause_site']}" if p.get("pause_site") else "") + ")"
-            for p in others) or None
+        others = len(pausing) - s["pausing"]
+        s["peers_paused"] = others
+        shown = [name for p, name in first if p is not s][:PAUSED_SHOWN]
+        more = f" and {others - len(shown)} more" if others > len(shown) else ""
+        s["paused_peer"] = "; ".join(shown) + more if shown else None
+
+
+PAUSED_SHOWN = 3
 
 
 def _is_stopped(p: dict) -> bool:
