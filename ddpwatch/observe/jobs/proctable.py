@@ -135,9 +135,14 @@ def _read_one(procfs: str, pid: int, uptime: float, cache: dict | None,
     """One process, its (cmdline, env) from `cache` when it is old enough to
     have exec'd for good; `budget` ([bytes cached]) is updated. None: gone."""
     try:
-        with open(f"{procfs}/{pid}/stat") as f:
-            stat_fields = parse_stat(f.read())
-            uid = os.fstat(f.fileno()).st_uid
+        # the descriptor itself, not open()'s text stream: every Python process
+        # of the node is read so each tick
+        fd = os.open(f"{procfs}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat_fields = parse_stat(os.read(fd, 4096).decode("utf-8", "replace"))
+            uid = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
         exe = _exe(procfs, pid)
         exe_python = L.is_python_exe(exe)
         key = None

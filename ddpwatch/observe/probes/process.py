@@ -126,10 +126,27 @@ def parse_stat(text: str, clk_tck: int = CLK_TCK) -> StatFields:
         processor=int(f[36]) if len(f) > 36 else -1, tty_nr=int(f[4]), tpgid=int(f[5]))
 
 
-def parse_status(text: str) -> dict[str, str]:
-    """/proc/PID/status as {key: raw value}."""
-    pairs = (line.partition(":") for line in text.splitlines())
-    return {key: value.strip() for key, sep, value in pairs if sep}
+def parse_status(text: str, keys: tuple[str, ...] | None = None) -> dict[str, str]:
+    """/proc/PID/status as {key: raw value}; with `keys`, those alone (found by
+    their line's start: a rank's status is read every tick, and four of its
+    ~55 lines are used)."""
+    if keys is None:
+        pairs = (line.partition(":") for line in text.splitlines())
+        return {key: value.strip() for key, sep, value in pairs if sep}
+    found = {}
+    for key in keys:
+        start = text.find(f"\n{key}:")
+        if start < 0 and text.startswith(f"{key}:"):
+            start = -1  # the first line has no newline before it
+        elif start < 0:
+            continue
+        start += len(key) + 2
+        end = text.find("\n", start)
+        found[key] = text[start:end if end >= 0 else len(text)].strip()
+    return found
+
+
+STATUS_KEYS = ("Uid", "TracerPid", "VmRSS", "Cpus_allowed_list")  # what read_process uses
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -239,12 +256,17 @@ def env_from_cmdline(cmdline: tuple[str, ...]) -> dict[str, str]:
 # ---------------------------------------------------------------- READ (impure)
 
 def _read(path: str, binary: bool = False):
-    # Plain open(): pathlib's object per path costs more than the small read itself.
-    if binary:
-        with open(path, "rb") as f:
-            return f.read()
-    with open(path, errors="replace") as f:
-        return f.read()
+    # The file descriptor itself: open()'s buffered text stream costs more than
+    # the small read (a rank's stat, status and each thread's schedstat, every tick)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return data if binary else data.decode("utf-8", "replace")
 
 
 def all_pids(procfs: str = "/proc") -> tuple[int, ...]:
@@ -303,7 +325,7 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
     base = f"{procfs}/{pid}"
     try:
         st = parse_stat(_read(f"{base}/stat"))
-        status = parse_status(_read(f"{base}/status"))
+        status = parse_status(_read(f"{base}/status"), STATUS_KEYS)
     except (OSError, ValueError, IndexError) as err:  # gone, denied; or a torn file
         return ProcessObs(pid, error=failure(err))
     if exec_info is not None:
@@ -355,11 +377,14 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Processes:
     environments come from the pass's table when it has read them."""
     taken_at = ctx.clock()
     table = seen.table
-    parents = ({pid: info.ppid for pid, info in table.items()} if table is not None
-               else ppid_map(ctx.procfs))
-    kids: dict[int, list[int]] = {}
-    for child, parent in parents.items():
-        kids.setdefault(parent, []).append(child)
+    if hasattr(table, "children_of"):  # a ProcTable's index, not a walk of every process
+        kids = {pid: [c.pid for c in table.children_of(pid)] for pid in pids}
+    else:
+        parents = ({pid: info.ppid for pid, info in table.items()} if table is not None
+                   else ppid_map(ctx.procfs))
+        kids = {}
+        for child, parent in parents.items():
+            kids.setdefault(parent, []).append(child)
     try:
         uptime = float(_read(f"{ctx.procfs}/uptime").split()[0])
     except (OSError, ValueError, IndexError):

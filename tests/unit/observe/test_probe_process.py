@@ -296,3 +296,19 @@ def test_record_directories_named_by_processes_are_trusted_only_when_theirs(tmp_
              for n, d in enumerate((own, shared, foreign, tmp_path / "missing"))}
     table[9] = ProcInfo(os.getpid(), 1, ("bash",), {"DDPWATCH_DIR": str(own / "x")})
     assert heartbeat_dirs(table) == (str(own),)
+
+
+def test_the_status_keys_read_alone_are_what_the_whole_parse_gives():
+    """read_process reads four keys of a rank's status every tick (parse_status
+    with keys): the same values as the whole file's parse, first line and last
+    line too, and nothing for a key the file lacks."""
+    import glob
+    texts = [open(p).read() for p in glob.glob(os.path.join(TESTS, "fixtures", "proc", "*",
+                                                           "status"))]
+    texts.append(open(f"/proc/{os.getpid()}/status").read())
+    texts += ["Uid:\t5\t5\t5\t5\nVmRSS:\t  12 kB", "TracerPid:\t0", "Name:\tx\nCpus_allowed:\tf\n"]
+    assert len(texts) >= 4
+    for text in texts:
+        whole = P.parse_status(text)
+        keys = P.STATUS_KEYS + ("Name", "NoSuchKey")
+        assert P.parse_status(text, keys) == {k: whole[k] for k in keys if k in whole}
