@@ -266,8 +266,11 @@ def merge(duties) -> Duty | None:
     if len(duties) == 1:
         return duties[0]
     ranks = []
-    for pid in dict.fromkeys(r.pid for d in duties for r in d.ranks):
-        mine = [r for d in duties for r in d.ranks if r.pid == pid]
+    by_pid: dict[int, list[RankDuty]] = {}  # in order: a job's ranks over its windows
+    for d in duties:
+        for r in d.ranks:
+            by_pid.setdefault(r.pid, []).append(r)
+    for pid, mine in by_pid.items():
         last = mine[-1]
         switches = -1 if any(r.switches < 0 for r in mine) else sum(r.switches for r in mine)
         ranks.append(RankDuty(
