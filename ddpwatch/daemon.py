@@ -59,7 +59,7 @@ class Daemon:
     def __init__(self, config: Config, rules: list, dispatcher=None, clock=time.monotonic,
                  peers=None, boottime=boot_time):
         self.config = config
-        self.peers = peers  # peers.PeerPoller when peers are configured (the peer view)
+        self.peers = peers  # observe/peers.py PeerPoller when peers are configured (the peer view)
         self.rules = rules
         self.dispatcher = dispatcher
         self.clock = clock
@@ -118,7 +118,7 @@ class Daemon:
         if limits.too_young(verdict, limits.life_s(key, watched and watched.alive_at),
                             self.config.min_life_s, bool(watched and watched.worked)):
             return "young"
-        if not self.incident_buckets.take(limits.owner_uid(key), self.clock()):
+        if not self.incident_buckets.take(discovery.owner_uid(key), self.clock()):
             return "uid_rate"
         return ""
 
@@ -224,7 +224,7 @@ class Daemon:
     def _alerting(self) -> tuple:
         """(run id, owner uid) of the jobs this node sends webhooks for, told to its
         peers (publish/peers.py): a claim names whose job it is, not only its name."""
-        return tuple(sorted({(self._run_id(i), limits.owner_uid(i.owner))
+        return tuple(sorted({(self._run_id(i), discovery.owner_uid(i.owner))
                              for i in self.incidents.open() if self.alert_route.sending(i.id)}))
 
     def _run_id(self, incident) -> str:
@@ -253,8 +253,8 @@ class Daemon:
         table = self._survey.table
         keyed = [(discovery.owner_key(job, table), job) for job in jobs]
         kept, per_uid = [], collections.Counter()
-        for key, job in sorted(keyed, key=lambda kj: (limits.born_s(kj[0]) or 0.0, kj[0])):
-            uid = limits.owner_uid(key)
+        for key, job in sorted(keyed, key=lambda kj: (discovery.born_s(kj[0]) or 0.0, kj[0])):
+            uid = discovery.owner_uid(key)
             if uid != 0 and per_uid[uid] >= MAX_JOBS_PER_UID:
                 self.sampler.left_out_now("jobs")
                 continue
@@ -285,10 +285,10 @@ class Daemon:
         (discovery.owner_key), for the daemon's books; `label`: what it is called
         (the run id), for people, metrics and peers."""
         watched = self._watched(key)
-        requested = self._requested is ALL_JOBS or limits.owner_uid(key) in self._requested
+        requested = self._requested is ALL_JOBS or discovery.owner_uid(key) in self._requested
         # the peer view: this job's ranks on other nodes, as their daemons see them:
-        # by the run id they know it by and its owner (publish/peers.py)
-        remote = (self.peers.remote_signals(watched.run_id or label, limits.owner_uid(key))
+        # by the run id they know it by and its owner (observe/peers.py)
+        remote = (self.peers.remote_signals(watched.run_id or label, discovery.owner_uid(key))
                   if self.peers else ())
 
         def sample(how):

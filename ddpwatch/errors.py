@@ -8,7 +8,7 @@ USAGE = 2
 NO_INPUT = 66       # EX_NOINPUT: an input file or directory that cannot be used
 UNAVAILABLE = 69    # EX_UNAVAILABLE: pid gone, not a Python process, nothing to judge
 CANT_CREATE = 73    # EX_CANTCREAT: an output file that cannot be written
-PROTOCOL = 76       # EX_PROTOCOL: what answered did not prove the token (publish/auth.py)
+PROTOCOL = 76       # EX_PROTOCOL: what answered did not prove the token (signed/auth.py)
 NO_PERMISSION = 77  # EX_NOPERM
 CONFIG = 78         # EX_CONFIG: bad rules or config file
 

@@ -166,7 +166,7 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
     if not args.peer:
         return ()
     from ..config import PEER_URL
-    from ..publish.peers import PeerPoller
+    from ..observe.peers import PeerPoller
     for url in args.peer:
         if not PEER_URL.fullmatch(url):
             raise errors.UsageError(f"--peer {url!r} is not a daemon's base URL (http://HOST:PORT)")

@@ -63,7 +63,7 @@ def poller_inputs(cfg) -> tuple:
 def build_poller(cfg):
     if not cfg.peers:
         return None
-    from ..publish.peers import PeerPoller
+    from ..observe.peers import PeerPoller
     peers, token, tick_s, timeout_s, max_age_s = poller_inputs(cfg)
     return PeerPoller(peers, token, interval_s=tick_s, timeout_s=timeout_s, max_age_s=max_age_s)
 

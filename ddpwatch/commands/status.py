@@ -6,7 +6,7 @@ import os
 import urllib.error
 
 from .. import errors
-from ..publish import client
+from ..signed import client
 from ..publish.terminal import printable
 
 COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
@@ -14,7 +14,7 @@ COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
 
 def fetch(url: str, token: str | None) -> dict:
     """The daemon's /status; with a token, a signed request and a proven answer
-    (publish/auth.py): the token is never sent, and a program squatting the
+    (signed/auth.py): the token is never sent, and a program squatting the
     daemon's port is refused (exit 76), never shown."""
     try:
         body = client.get(url, "/status", token or "", timeout_s=10)

@@ -109,7 +109,7 @@ def _closure(item: Condition | AnyOf):
             return False
         try:
             return bool(compare(value, expected))
-        except TypeError:  # a peer's signal of another type (publish/peers.py)
+        except TypeError:  # a peer's signal of another type (observe/peers.py)
             return False
     return compares
 

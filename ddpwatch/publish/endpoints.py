@@ -29,7 +29,8 @@ from http.server import BaseHTTPRequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from . import auth, bundle, peers, report, viewer
+from ..signed import auth
+from . import bundle, peers, report, viewer
 from .page_list import incident_path, render_list
 from ..codec import to_json
 from ..errors import DdpwatchError

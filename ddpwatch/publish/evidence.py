@@ -9,6 +9,7 @@ import collections
 import logging
 import time
 
+from ..observe.jobs.discovery import owner_uid
 from . import limits
 from .bundle import prune as prune_bundles, rewrite_page, write_bundle
 
@@ -44,7 +45,7 @@ class Evidence:
         says why in `bundle_error` and `retry` tries again next tick. At most
         uid_bundles per uid, one more each uid_refill_s (publish/limits.py); one
         held back is counted once and retried the same way."""
-        if not self.buckets.take(limits.owner_uid(incident.owner), self.clock()):
+        if not self.buckets.take(owner_uid(incident.owner), self.clock()):
             if incident.id not in self._held:
                 self._held.add(incident.id)
                 self.limited += 1

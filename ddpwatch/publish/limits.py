@@ -26,27 +26,9 @@ an incident, wrote a bundle and sent a webhook at once, over and over
 """
 from __future__ import annotations
 
-import re
-
-from ..observe.jobs.discovery import CLK_TCK
+from ..observe.jobs.discovery import born_s
 
 DEATHS = frozenset({"dead"})  # verdicts held to min_life_s
-_KEY = re.compile(r"u(-?\d+)\.p-?\d+\.s(-?\d+)\Z")  # discovery.owner_key
-
-
-def owner_uid(key: str) -> int:
-    """The uid in an owner key; -1 when unknown (one bucket for all of those)."""
-    m = _KEY.match(key)
-    return int(m.group(1)) if m else -1
-
-
-def born_s(key: str) -> float | None:
-    """When the job's oldest process started, in seconds since boot
-    (CLOCK_BOOTTIME, as /proc/PID/stat counts), from its owner key; None if unknown."""
-    m = _KEY.match(key)
-    if not m or int(m.group(2)) < 0:
-        return None
-    return int(m.group(2)) / CLK_TCK
 
 
 def life_s(key: str, alive_at_s: float | None) -> float | None:

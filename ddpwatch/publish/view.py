@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..judge.classify import Judgement
+from ..observe.peers import PeerView
 from ..observe.snapshot import ProbeStatus, Snapshot
 
 
@@ -55,16 +56,6 @@ class JobView:
     # tells this node's jobs sharing a run id apart (observe/jobs/discovery.py labels);
     # with the owner's uid it is the job to its peers (publish/peers.py)
     run_id: str = ""
-
-
-@dataclass(frozen=True)
-class PeerView:
-    """A configured peer daemon as of this tick (the peer view, peers.py)."""
-    url: str
-    node: str               # "" until it first answered
-    error: str              # the last attempt's failure, "" if it answered
-    age_s: float | None     # since its last good answer; None if it never answered
-    fresh: bool             # its ranks were part of this tick's judgement
 
 
 @dataclass(frozen=True)

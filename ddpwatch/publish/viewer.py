@@ -23,7 +23,7 @@ import os
 import socket
 import sys
 
-from .limits import owner_uid
+from ..observe.jobs.discovery import owner_uid
 
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 MAX_TABLE_BYTES = 16 << 20  # a node with 100 000 connections lists about 15 MB

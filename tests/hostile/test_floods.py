@@ -14,6 +14,7 @@ from conftest import JOB_TAG, wait_until
 from crafted import alert
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 
+from ddpwatch.observe.jobs import discovery
 from ddpwatch.observe.jobs.discovery import CLK_TCK
 from ddpwatch.publish import bundle, limits
 from ddpwatch.publish.alerts.dispatch import drop_index
@@ -24,11 +25,11 @@ from ddpwatch.publish.incidents import IncidentBook
 
 def test_owner_key_gives_uid_and_birth():
     key = f"u65534.p4242.s{int(120.5 * CLK_TCK)}"
-    assert limits.owner_uid(key) == 65534 and limits.born_s(key) == 120.5
+    assert discovery.owner_uid(key) == 65534 and discovery.born_s(key) == 120.5
     assert limits.life_s(key, 121.5) == 1.0 and limits.life_s(key, None) is None
     for odd in ("pid300", "u-1.p7.s-1", "u1.p2", "x"):
-        assert limits.born_s(odd) is None
-    assert limits.owner_uid("pid300") == -1 and limits.owner_uid("u-1.p7.s-1") == -1
+        assert discovery.born_s(odd) is None
+    assert discovery.owner_uid("pid300") == -1 and discovery.owner_uid("u-1.p7.s-1") == -1
 
 
 def test_only_a_young_death_is_held_back():

@@ -9,7 +9,7 @@ claims included (publish/alerts/route.py), so one user on one node could read
 the cluster's token and silence a job's pages.
 
 Now (README, "Trust model"): clients sign requests and never send the token,
-and use an answer only if it proves the token (ddpwatch/publish/auth.py); and
+and use an answer only if it proves the token (ddpwatch/signed/auth.py); and
 under systemd the port is systemd's (systemd/ddpwatch.socket), held across
 restarts, so nobody can take it at all (ddpwatch/sdnotify.py listen_socket).
 

@@ -12,7 +12,8 @@ from ddpwatch.observe.probes.heartbeats import HeartbeatObs
 from ddpwatch.observe.probes.process import Processes, ProcessObs
 from ddpwatch.observe.snapshot import Job, ProbeStatus, Snapshot
 from ddpwatch.publish.alerts import Alert
-from ddpwatch.publish.view import DaemonView, JobView, PeerView
+from ddpwatch.observe.peers import PeerView
+from ddpwatch.publish.view import DaemonView, JobView
 from ddpwatch.watch.job import OverTime
 
 NOW = 1000.0          # monotonic seconds of the last snapshot

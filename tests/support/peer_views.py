@@ -1,7 +1,7 @@
 """A 2-rank job split across two "nodes" without processes: what a daemon on a node
 holding one rank would have seen of a replayed history (node_view), and a
 judgement as the other node's /peer serves it, through JSON (over_the_wire).
-Used by tests/unit/publish (test_peers_unit, test_alert_route_unit)."""
+Used by tests/unit/observe/test_peers_unit.py and tests/unit/publish/test_alert_route_unit.py."""
 from __future__ import annotations
 
 import dataclasses

@@ -8,11 +8,12 @@ together, so first find them. `find_job` is pure over a process table;
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 from ... import launchers as T
 from . import launchers as L
-from ..probes.process import CLK_TCK  # noqa: F401 (publish/limits.py reads it here)
+from ..probes.process import CLK_TCK
 from .job import Job
 # the process table discovery reads (kept here too: callers know it as discovery's)
 from .proctable import (CACHE_AFTER_S, CACHE_BYTES, OTHER_ARGS, ProcInfo,  # noqa: F401
@@ -390,6 +391,25 @@ def owner_key(job: Job, table: dict[int, ProcInfo]) -> str:
     info = table.get(anchor)
     uid, start = (info.uid, info.start) if info is not None else (-1, -1)
     return f"u{uid}.p{anchor}.s{start}"
+
+
+_KEY = re.compile(r"u(-?\d+)\.p-?\d+\.s(-?\d+)\Z")  # owner_key's
+
+
+def owner_uid(key: str) -> int:
+    """The uid in an owner key; -1 when unknown (publish/limits.py: one bucket
+    for all of those)."""
+    m = _KEY.match(key)
+    return int(m.group(1)) if m else -1
+
+
+def born_s(key: str) -> float | None:
+    """When the job's oldest process started, in seconds since boot
+    (CLOCK_BOOTTIME, as /proc/PID/stat counts), from its owner key; None if unknown."""
+    m = _KEY.match(key)
+    if not m or int(m.group(2)) < 0:
+        return None
+    return int(m.group(2)) / CLK_TCK
 
 
 def labels(jobs: list[Job], table: dict[int, ProcInfo]) -> dict[str, str]:

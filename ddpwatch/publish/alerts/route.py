@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..limits import owner_uid
+from ...observe.jobs.discovery import owner_uid
 from .base import Alert
 
 
@@ -120,7 +120,7 @@ def route_open(route: AlertRoute, book, views: dict, here: str, peers, news: set
     each is sent from here (`send(incident)`) when this node alerts for it and it
     is new to its receivers (opened, changed, or just handed to this node), or
     left to the node that claims it. `views`: owner key -> this tick's JobView;
-    `peers`: the peer view (publish/peers.PeerPoller) or None; `news`: ids of
+    `peers`: the peer view (observe/peers.py PeerPoller) or None; `news`: ids of
     incidents opened or changed this tick; `say`: the journal's info line;
     `run_id(incident)`: the name its job's other nodes know it by, which their
     claims name (publish/view.py JobView.run_id)."""

@@ -14,11 +14,12 @@ PACKAGE = os.path.join(REPO, "ddpwatch")
 # `rank` runs inside training processes and nothing in the watcher imports it.
 STAGE = {"errors": 0, "codec": 0, "resources": 0, "yamlfile": 0, "": 0,
          "launchers": 0,  # the table of launchers: rank (inside a training process) and observe
+         "signed": 0,     # signed requests between daemons and clients: observe, publish, commands
          "heartbeat": 1, "rank": 2,
          "observe": 3, "judge": 4, "publish": 5, "watch": 5,  # watch: a job over time
          "daemon": 6, "config": 6, "cli": 6, "__main__": 6, "sdnotify": 6, "commands": 6,
          "preflight": 6}  # preflight: a command of its own, before any job
-WATCHER = ("observe", "judge", "publish", "watch", "daemon", "config", "cli", "commands",
+WATCHER = ("signed", "observe", "judge", "publish", "watch", "daemon", "config", "cli", "commands",
            "heartbeat",
            "preflight")
 

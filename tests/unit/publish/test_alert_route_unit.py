@@ -1,6 +1,6 @@
 """Which node sends a cross-node job's webhooks (ddpwatch/publish/alerts/route.py), on
 judgements of a replayed 2-rank hang split into two "nodes" as the peer view
-joins them (test_peers_unit.py), and the per-incident routing state machine."""
+joins them (tests/unit/observe/test_peers_unit.py), and the per-incident routing state machine."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from peer_views import node_view, over_the_wire
 
 from ddpwatch.judge import classify, rules as rules_mod
 from ddpwatch.publish.alerts.route import AlertRoute, owner_node
-from ddpwatch.publish.peers import PeerDocumentError, parse
+from ddpwatch.observe.peers import PeerDocumentError, parse
 from ddpwatch.observe.snapshot import load
 
 SNAPSHOTS = os.path.join(REPO, "tests", "fixtures", "snapshots")

@@ -1,11 +1,11 @@
-"""Signed requests and proven answers (ddpwatch/publish/auth.py), pure: the
+"""Signed requests and proven answers (ddpwatch/signed/auth.py), pure: the
 token never appears in what a client sends, and a server's answer is believed
 only with a proof made with the token for this very request."""
 from __future__ import annotations
 
 import pytest
 
-from ddpwatch.publish import auth
+from ddpwatch.signed import auth
 
 TOKEN = "s3cret-token-of-the-cluster"
 

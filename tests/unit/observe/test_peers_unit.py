@@ -17,7 +17,7 @@ from conftest import REPO
 from peer_views import node_view, over_the_wire
 
 from ddpwatch.judge import classify, rules as rules_mod
-from ddpwatch.publish.peers import PeerPoller
+from ddpwatch.observe.peers import PeerPoller
 from ddpwatch.observe.jobs.discovery import job_key
 from ddpwatch.observe.snapshot import load, save
 
