@@ -1,10 +1,12 @@
 """`ddpwatch diagnose <pid>`: probe the job of <pid> over a short window (a
 snapshot at each end; thread states every 50 ms and stack dumps in between),
-judge it, print the report. `--replay FILE` judges a saved snapshot history."""
+judge it as the daemon does when a person asks (watch/look.py, stacks
+requested), print the report. `--replay FILE` judges a saved snapshot history."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -23,6 +25,8 @@ from ..observe.sampler import Sampler, Survey
 from ..observe.jobs.job import Job
 from ..observe.snapshot import Snapshot, load, load_remote, save
 from ..observe.window.window_stacks import WindowStacks, dump_times
+from ..watch import look
+from ..watch.job import WatchedJob
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -70,9 +74,11 @@ def find_job(ctx: ProbeContext, survey: Survey, pid: int) -> Job:
     return survey.job_of(pid)
 
 
-def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
-    """The node surveyed again (records advance) and the job looked at."""
-    snap = sampler.sample(job, sampler.survey(), look)
+def sample(sampler: Sampler, job: Job, closeness: Look = Look.STACKS,
+           survey: Survey | None = None) -> Snapshot:
+    """The node surveyed again (records advance; or `survey`, just taken) and
+    the job looked at."""
+    snap = sampler.sample(job, survey if survey is not None else sampler.survey(), closeness)
     if snap.processes is not None:
         denied = [p for p in snap.processes.procs if outcome(p.error) is Outcome.DENIED]
         if denied and denied[0].pid == job.target_pid:
@@ -83,12 +89,17 @@ def sample(sampler: Sampler, job: Job, look: Look = Look.STACKS) -> Snapshot:
 
 
 def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
-            syn_wait_s: float = 0.0, native: bool = False) -> tuple[Snapshot, ...]:
-    """Two samples `window_s` apart, the window's readings and stack dumps in the
-    second (`_watched`). With `syn_wait_s`, a job whose ranks wait for
-    peers on other nodes that should dial them is watched up to `syn_wait_s`
-    longer for the peers' connection attempts, then sampled twice again.
-    `native`: the samples' stacks with native frames (--native)."""
+            syn_wait_s: float = 0.0, native: bool = False, rules=(),
+            peers=lambda last: ()) -> tuple[object, tuple[Snapshot, ...], tuple[dict, ...]]:
+    """(judgement, history, the peers' signals judged with): two samples
+    `window_s` apart, the window's readings and stack dumps in the second
+    (`_watched`), looked at as closely as the daemon looks when a person asks
+    (`closest`). With `syn_wait_s`, a job whose ranks wait for peers on other
+    nodes that should dial them is watched up to `syn_wait_s` longer for the
+    peers' connection attempts, then sampled twice again. `native`: the
+    samples' stacks with native frames (--native). `peers(last)`: the signals
+    of the job's ranks on other nodes (main: the daemons of --peer, asked
+    about `last`'s job)."""
     enabled = (lambda name: True) if with_stacks else (lambda name: name != "stacks")
     # the capture watches the whole window (opened with the sampler)
     with Sampler(ctx, enabled, options={"stacks": {"native": native}}) as sampler:
@@ -96,13 +107,34 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
         if _all_elsewhere(ctx.procfs, job):  # ranks on a namespace node: its wire
             sampler.probe("traffic").capture_net_of(ctx, pid)
         first = sample(sampler, job)
-        second = _watched(ctx, sampler, job, first.taken_at + window_s)
+        second, survey = _watched(ctx, sampler, job, first.taken_at + window_s)
         if syn_wait_s > 0 and _waits_for_peers(second):
             _watch_connects(ctx, sampler, job, second, syn_wait_s)
             # judged over a window like any other, not over the wait
             first = sample(sampler, job)
-            second = _watched(ctx, sampler, job, first.taken_at + window_s)
-    return first, second
+            second, survey = _watched(ctx, sampler, job, first.taken_at + window_s)
+        remote = peers(second)
+        judgement, history = closest(sampler, survey, first, second,
+                                     lambda h: classify.judge(h, rules, remote))
+        return judgement, history, remote
+
+
+def closest(sampler: Sampler, survey: Survey, first: Snapshot, second: Snapshot, judge):
+    """(judgement, history): the daemon's one look at a job (watch/look.py), with
+    stacks requested as a person's GET /status?stacks=1 requests them: `second`
+    (read in detail over the window) judged, then looked at with stacks
+    (sampler.look_closer, forced) and judged again. The history is `first` and
+    that closest look."""
+    watched = WatchedJob(discovery.job_key(first.job), first.taken_at)
+    watched.window(first, None, math.inf)
+    eyes = look.Eyes(
+        sample=lambda _closeness: second,
+        closer=lambda last, force: sampler.look_closer(last, survey, watched.stacks,
+                                                       force_stacks=force),
+        judge=judge)
+    judgement, _ = look.look(watched, None, eyes, requested=True, gone=False,
+                             now=second.taken_at, window_s=math.inf)
+    return judgement, tuple(watched.history)
 
 
 DUTY_INTERVAL_S = 0.05
@@ -117,10 +149,12 @@ def _all_elsewhere(procfs: str, job: Job) -> bool:
     return bool(here) and all(net_ns(procfs, p) not in ("", here) for p in job.rank_pids)
 
 
-def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> Snapshot:
-    """The second sample, the ranks' states read every DUTY_INTERVAL_S until then
-    (observe/window/duty.py) and their stacks dumped in between (observe/window/window_stacks.py):
-    the window's evidence, not two points."""
+def _watched(ctx: ProbeContext, sampler: Sampler, job: Job,
+             deadline: float) -> tuple[Snapshot, Survey]:
+    """The second sample, in detail, and the survey it was taken in: the ranks'
+    states read every DUTY_INTERVAL_S until then (observe/window/duty.py) and
+    their stacks dumped in between (observe/window/window_stacks.py): the
+    window's evidence, not two points (`closest` adds the last stacks)."""
     watch = DutyWatch(job.rank_pids, ctx.clock, ctx.procfs)
     dumps = WindowStacks(ctx, job.rank_pids, dump_times(ctx.clock(), deadline)
                          if sampler.enabled("stacks") else ())
@@ -131,8 +165,9 @@ def _watched(ctx: ProbeContext, sampler: Sampler, job: Job, deadline: float) -> 
             watch.read()
     finally:
         middle = dumps.stop()
-    return dataclasses.replace(sample(sampler, job), duty=watch.freeze(),
-                               window_stacks=middle)
+    survey = sampler.survey()
+    return dataclasses.replace(sample(sampler, job, Look.DETAIL, survey), duty=watch.freeze(),
+                               window_stacks=middle), survey
 
 
 def _sleep_until(ctx: ProbeContext, deadline: float) -> None:
@@ -156,7 +191,7 @@ def _watch_connects(ctx, sampler: Sampler, job, second, wait_s: float) -> None:
     deadline, snap = ctx.clock() + wait_s, second
     while ctx.clock() < deadline and _waits_for_peers(snap):
         time.sleep(min(1.0, max(deadline - ctx.clock(), 0)))
-        snap = sample(sampler, job, Look.DETAIL)
+        snap = sample(sampler, job, Look.DETAIL)  # lean: the capture's counts
 
 
 def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
@@ -192,12 +227,13 @@ def main(args) -> int:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
         ctx = ProbeContext(heartbeat_dir=args.dir)
-        history = collect(ctx, args.pid, args.window, not args.no_stacks, args.syn_wait,
-                          args.native)
-        remote = peer_signals(args, history[-1])
+        judgement, history, remote = collect(
+            ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, args.native, rules,
+            lambda last: peer_signals(args, last))
     if args.save_snapshot:
         save(history, args.save_snapshot, remote)
-    judgement = classify.judge(history, rules, remote)
+    if args.replay:
+        judgement = classify.judge(history, rules, remote)
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:
