@@ -51,7 +51,8 @@ class BetweenTicks:
             duty, cgroups = None, None
             if watch is not None and watch.pids == pids and watch.readings:
                 duty = watch.freeze()
-                cgroups = watch.last_cgroups  # the end of this window begins the next
+            if watch is not None:  # the end of this window begins the next
+                cgroups = watch.handed_on()
             self._watches[key] = DutyWatch(pids, self.clock, self.procfs, self.cgroot, cgroups)
             self._due.setdefault(key, self.clock())
             return duty

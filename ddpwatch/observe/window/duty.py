@@ -202,22 +202,47 @@ class DutyWatch:
     def __init__(self, pids: tuple[int, ...], clock, procfs: str = "/proc",
                  cgroot: str = "/sys/fs/cgroup", cgroups: dict | None = None):
         """`cgroups`: pid -> read_cgroup(...) already read (the daemon hands on
-        the last window's), else read now."""
+        the last window's; a cpu.stat of None is read at the first reading),
+        else read at the first reading: a window nobody reads (the daemon's
+        readings off) costs no cgroup file."""
         self.pids, self.clock, self.procfs, self.cgroot = pids, clock, procfs, cgroot
         # samples stopped running asleep switches
         self.counts = {pid: [0, 0, 0, 0, 0] for pid in pids}
         self.was_stopped: dict[int, bool] = {}
         self.main_only = True  # until a reading of every thread
         self.first_at = self.last_at = None
-        known = cgroups or {}
-        self.cgroups = {pid: known[pid] if pid in known else read_cgroup(procfs, cgroot, pid)
-                        for pid in pids}
+        self.known = cgroups or {}
+        self.cgroups: dict | None = None  # pid -> (directory, quota, cpu.stat at the start)
+        self.last_cgroups: dict | None = None  # the same, cpu.stat at the end (freeze)
+
+    def _start(self) -> dict:
+        """Each rank's cgroup and its cpu.stat as the window's readings begin."""
+        if self.cgroups is None:
+            cgroups = {}
+            for pid in self.pids:
+                directory, quota, first = self.known.get(pid) or read_cgroup(
+                    self.procfs, self.cgroot, pid)
+                if first is None and directory:
+                    first = _cpu_stat(directory)
+                cgroups[pid] = (directory, quota, first)
+            self.cgroups = cgroups
+        return self.cgroups
+
+    def handed_on(self) -> dict:
+        """What the next window may take of this one's cgroups (`cgroups`): their
+        cpu.stat now where this window read (freeze), else which cgroup and its
+        quota alone (a cpu.stat from before the next window's readings would
+        stretch its throttling over time it did not read)."""
+        if self.last_cgroups is not None:
+            return self.last_cgroups
+        return {pid: (d, q, None) for pid, (d, q, _) in (self.cgroups or self.known).items()}
 
     @property
     def readings(self) -> int:
         return max((c[0] for c in self.counts.values()), default=0)
 
     def read(self, threads: bool = True) -> None:
+        self._start()
         now = self.clock()
         self.first_at = now if self.first_at is None else self.first_at
         self.last_at = now
@@ -242,17 +267,19 @@ class DutyWatch:
 
     def freeze(self) -> Duty:
         ranks = []
-        self.last_cgroups = {}  # pid -> (directory, quota, cpu.stat now): the next window's
+        cgroups = self._start()
+        last_cgroups = {}  # pid -> (directory, quota, cpu.stat now): the next window's
         for pid in self.pids:
-            directory, quota, first = self.cgroups[pid]
+            directory, quota, first = cgroups[pid]
             # the same cgroup's cpu.stat at the window's end (which cgroup and its
             # quota were read once, when the rank was first watched)
             last = _cpu_stat(directory) if directory else None
-            self.last_cgroups[pid] = (directory, quota, last)
+            last_cgroups[pid] = (directory, quota, last)
             samples, stopped, running, asleep, switches = self.counts[pid]
             ranks.append(RankDuty(pid, samples, stopped, running, asleep, cgroup=directory,
                                   quota_cores=quota, throttle_first=first, throttle_last=last,
                                   switches=switches, main_only=self.main_only))
+        self.last_cgroups = last_cgroups
         seconds = (self.last_at - self.first_at) if self.first_at is not None else 0.0
         return Duty(round(seconds, 4), tuple(ranks))
 

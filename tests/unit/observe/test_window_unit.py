@@ -64,6 +64,43 @@ def test_duty_watch_on_a_fixture_procfs(tmp_path):
     assert duty.seconds == 3
 
 
+def test_a_window_nobody_reads_costs_no_cgroup_file_and_hands_on_what_it_knew(tmp_path):
+    """DutyWatch reads a rank's cgroup at the window's first reading, not when
+    the window is made: a daemon with readings off (reading_s: 0) makes one per
+    job per tick. A window handed on without readings gives the next which
+    cgroup and quota, and no cpu.stat from before that window's readings."""
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    (proc / "7" / "task" / "7").mkdir(parents=True)
+    (proc / "7" / "stat").write_text("7 (python) S 1")
+    (proc / "7" / "task" / "7" / "stat").write_text("7 (python) S 1")
+    (proc / "7" / "cgroup").write_text("3:cpu:/slow\n")
+    (cg / "cpu" / "slow").mkdir(parents=True)
+    stat = cg / "cpu" / "slow" / "cpu.stat"
+    stat.write_text("nr_periods 10\nnr_throttled 1\nthrottled_time 0\n")
+    (cg / "cpu" / "slow" / "cpu.cfs_quota_us").write_text("10000")
+    (cg / "cpu" / "slow" / "cpu.cfs_period_us").write_text("100000")
+    clock = iter(range(100)).__next__
+    unread = D.DutyWatch((7,), clock, str(proc), str(cg))
+    (proc / "7" / "cgroup").write_text("3:cpu:/elsewhere\n")  # not read: nobody asked yet
+    handed = unread.handed_on()
+    assert unread.cgroups is None and handed == {}
+    first = D.DutyWatch((7,), clock, str(proc), str(cg))
+    (proc / "7" / "cgroup").write_text("3:cpu:/slow\n")
+    first.read()
+    stat.write_text("nr_periods 20\nnr_throttled 5\nthrottled_time 100000000\n")
+    directory = os.path.normpath(f"{cg}/cpu/slow")
+    assert first.freeze().ranks[0].throttle_first == D.Throttle(10, 1, 0.0)
+    # a window without readings hands on the cgroup and quota, not its cpu.stat
+    idle = D.DutyWatch((7,), clock, str(proc), str(cg), first.handed_on())
+    assert idle.handed_on() == {7: (directory, 0.1, None)}
+    (proc / "7" / "cgroup").write_text("3:cpu:/elsewhere\n")  # known: not read again
+    stat.write_text("nr_periods 30\nnr_throttled 6\nthrottled_time 200000000\n")
+    later = D.DutyWatch((7,), clock, str(proc), str(cg), idle.handed_on())
+    later.read()
+    rank = later.freeze().ranks[0]
+    assert rank.cgroup == directory and rank.throttle_first == D.Throttle(30, 6, 0.2)
+
+
 def snap(duty=None, job=None, procs=(), sockets=None):
     job = job or Job(1, -1, "spawn", (10, 11), "", (0, 1), 2)
     return Snapshot(1, 0.0, 0.0, job, Processes(0.0, 100.0, 100, tuple(procs)), sockets,
