@@ -265,14 +265,27 @@ def _ring(buf: bytes, cseq: int, earlier: Record | None) -> tuple[RingEntry, ...
     n is in its slot when the slot says n (slots of collectives still
     outstanding hold older entries) and its times are numbers.
 
-    A slot is written once, when its collective completes, and not again until
-    collective n + RING_SLOTS (pycore.py, _hotpath.c): the entries `earlier`
-    (the same writer's record, read before) holds are kept as they are, and
-    only the slots completed since are decoded."""
+    A slot is written when its collective completes (pycore.py, _hotpath.c):
+    collective n's, then n + RING_SLOTS's. The entries `earlier` (the same
+    writer's record, read before) holds are kept as they are, and only the
+    slots completed since are decoded. One difference from a read afresh: an
+    async collective outstanding for RING_SLOTS collectives that completes late
+    writes over the slot of one 64 later, which a fresh read then leaves out
+    and this keeps (it did complete; tests/unit/heartbeat/test_heartbeat.py)."""
     first = max(1, cseq - RING_SLOTS + 1)
     if cseq < first:
         return ()
-    known = {e.seq: e for e in earlier.ring} if earlier is not None else {}
+    old = earlier.ring if earlier is not None else ()
+    if (old and old[0].seq == max(1, earlier.collective_seq - RING_SLOTS + 1)
+            and old[-1].seq - old[0].seq + 1 == len(old) and old[-1].seq <= cseq):
+        # no gap then (none outstanding before its last): what is still in range, then the rest
+        kept = old[max(0, first - old[0].seq):]
+        return kept + _ring_from(buf, max(first, old[-1].seq + 1), cseq, {})
+    return _ring_from(buf, first, cseq, {e.seq: e for e in old})
+
+
+def _ring_from(buf: bytes, first: int, cseq: int, known: dict) -> tuple[RingEntry, ...]:
+    """Collectives first..cseq, from `known` (seq -> entry) or their slots."""
     ring, slots = [], None
     for n in range(first, cseq + 1):
         old = known.get(n)

@@ -73,6 +73,35 @@ def test_a_reread_keeps_the_ring_entries_it_decoded_and_only_of_the_same_writer(
     w.close()
 
 
+def test_a_reread_equals_a_fresh_read_whatever_the_writer_did():
+    """layout.decode(buf, earlier) against decode(buf), reads taken at random
+    between random collectives, sync and async (each async one completes
+    within RING_SLOTS of its start, as DDP's buckets do within their step)."""
+    import random
+    import tempfile
+    rng = random.Random(3)
+    for _ in range(40):
+        w = open_writer(tempfile.mkdtemp(), rank=0)
+        earlier, outstanding, reads, entered = None, [], 0, 0
+        for _ in range(rng.randint(1, 300)):
+            r = rng.random()
+            entered += r < 0.7
+            if r < 0.5:
+                w.exit(w.enter(OP_CODE["all_reduce"], 4))
+            elif r < 0.7:
+                outstanding.append((entered, w.enter(OP_CODE["ddp_bucket_all_reduce"], 8)))
+            elif outstanding and r < 0.9:
+                w.exit(outstanding.pop(rng.randrange(len(outstanding)))[1])
+            while outstanding and entered - outstanding[0][0] >= 60:  # before 64 pass
+                w.exit(outstanding.pop(0)[1])
+            if rng.random() < 0.2:
+                buf = open(w.path, "rb").read()[:layout.RECORD_SIZE]
+                got = layout.decode(buf, earlier)
+                assert got == layout.decode(buf)
+                earlier, reads = got, reads + 1
+        w.close()
+
+
 def test_a_record_is_alive_by_the_process_table_when_it_has_the_writer():
     """liveness.record_alive(known=...): the daemon's table read the writer this
     pass; the owner and start time decide as a /proc read would."""
