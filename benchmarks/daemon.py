@@ -190,7 +190,7 @@ while True:
 
 
 def tick_256(env, hb_dir, ticks, profile=False, save=None) -> str:
-    durations, _, where = ticks_of(env, hb_dir, 256, ticks, profile, save=save)
+    durations, _, where, _ = ticks_of(env, hb_dir, 256, ticks, profile, save=save)
     return (f"tick with 256 live rank records: median "
             f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
             f"over {ticks} ticks a second apart (target <= 50 ms)" + (
@@ -201,10 +201,12 @@ IDLE = "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; wait"
 
 
 def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
-             between_s: float = 1.0, save: str | None = None) -> tuple[list[float], float, str]:
+             between_s: float = 1.0, save: str | None = None
+             ) -> tuple[list[float], float, str, dict]:
     """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
     run in this process `ticks` times, a second apart: the durations, the CPU
-    seconds the ticks took, and (with `profile`) where they went."""
+    seconds the ticks took, (with `profile`) where they went, and how many
+    ticks did what costs more (listed /proc, looked at the job in detail)."""
     port = free_port()
     procs = []
     try:
@@ -226,6 +228,7 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             import cProfile
             profiler = cProfile.Profile()
         durations, cpu = [], 0.0
+        notes = {"listed /proc": 0, "in detail": 0}
         for _ in range(ticks):
             time.sleep(between_s)  # a tick a second, as the daemon's loop runs them
             c0 = time.process_time()
@@ -236,6 +239,8 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
                 profiler.disable()
             cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
+            notes["listed /proc"] += daemon.sampler.listed_proc()
+            notes["in detail"] += any(p.name == "competitors" for p in view.probes)
             judged = sum(len(j.judgement.ranks) for j in view.jobs)
         if judged != ranks:
             raise RuntimeError(f"{judged} ranks judged of {ranks}")
@@ -256,7 +261,7 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             p.kill()
         for p in procs:
             p.wait()
-    return durations, cpu, where
+    return durations, cpu, where, notes
 
 
 def flat(env, hb_dir, ticks, counts=(100, 1000, 5000)) -> str:
@@ -268,15 +273,16 @@ def flat(env, hb_dir, ticks, counts=(100, 1000, 5000)) -> str:
         try:
             wait(lambda: len(psutil.Process(idle.pid).children()) >= n, 300,
                  f"{n} idle processes")
-            durations, cpu, _ = ticks_of(env, hb_dir, 8, ticks)
+            durations, cpu, _, notes = ticks_of(env, hb_dir, 8, ticks)
         finally:
             os.killpg(idle.pid, signal.SIGKILL)
             idle.wait()
         median = statistics.median(durations)
         first = first or (median, cpu)
         figures.append(f"{n} idle: tick median {median * 1e3:.1f} ms "
-                       f"({median / first[0]:.2f}x), CPU {cpu / ticks:.1%} of a core "
-                       f"({cpu / first[1]:.2f}x)")
+                       f"({median / first[0]:.2f}x, max {max(durations) * 1e3:.0f} ms), "
+                       f"CPU {cpu / ticks:.1%} of a core ({cpu / first[1]:.2f}x; "
+                       + ", ".join(f"{k} {v}" for k, v in notes.items()) + ")")
     return (f"8 ranks beside idle processes, {ticks} ticks a second apart each "
             f"(target: the last <= 1.2x the first): " + "; ".join(figures))
 

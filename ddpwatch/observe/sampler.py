@@ -281,6 +281,11 @@ class Sampler:
         # discovery has just read every parent, command line and environment
         return Pass(survey.table, survey.record_dirs, self._budget, look)
 
+    def listed_proc(self) -> bool:
+        """Whether the last survey listed /proc (jobs/proctable.py TableReader;
+        benchmarks/daemon.py counts the ticks that did)."""
+        return bool(self._tables is not None and self._tables.listed)
+
     def left_out_now(self, what: str, n: int = 1) -> None:
         """Something this pass left out by a caller's bound (the daemon's jobs)."""
         if self._budget is not None:
