@@ -223,6 +223,7 @@ def main(args) -> int:
         history = load(args.replay)
         # the peers asked now, else those the saved judgement was made with
         remote = peer_signals(args, history[-1]) if args.peer else load_remote(args.replay)
+        judgement = classify.judge(history, rules, remote)
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")
@@ -232,8 +233,6 @@ def main(args) -> int:
             lambda last: peer_signals(args, last))
     if args.save_snapshot:
         save(history, args.save_snapshot, remote)
-    if args.replay:
-        judgement = classify.judge(history, rules, remote)
     if args.json:
         print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
     else:

@@ -96,11 +96,11 @@ def render(template: str, signals: dict) -> str:
     evidence and remedy are rendered at every judgement: a template of plain
     `{signal:spec}` fields is parsed once (`_compiled`), any other goes the
     long way (`render_parsing`), with the same result."""
-    compiled = _compiled(template)
-    if compiled is None:
+    pieces = _compiled(template)
+    if pieces is None:
         return render_parsing(template, signals)
     out = []
-    for optional, parts in compiled:
+    for optional, parts in pieces:
         if optional and any(f is not None and signals.get(f) is None for _, f, _ in parts):
             continue
         for literal, field, spec in parts:

@@ -133,16 +133,14 @@ def parse_status(text: str, keys: tuple[str, ...] | None = None) -> dict[str, st
     if keys is None:
         pairs = (line.partition(":") for line in text.splitlines())
         return {key: value.strip() for key, sep, value in pairs if sep}
+    lines = "\n" + text  # every line, the first too, starts after a newline
     found = {}
     for key in keys:
-        start = text.find(f"\n{key}:")
-        if start < 0 and text.startswith(f"{key}:"):
-            start = -1  # the first line has no newline before it
-        elif start < 0:
-            continue
-        start += len(key) + 2
-        end = text.find("\n", start)
-        found[key] = text[start:end if end >= 0 else len(text)].strip()
+        start = lines.find(f"\n{key}:")
+        if start >= 0:
+            start += len(key) + 2
+            end = lines.find("\n", start)
+            found[key] = lines[start:end if end >= 0 else None].strip()
     return found
 
 
@@ -265,7 +263,7 @@ def _read(path: str, binary: bool = False):
             chunks.append(chunk)
     finally:
         os.close(fd)
-    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    data = b"".join(chunks)
     return data if binary else data.decode("utf-8", "replace")
 
 
