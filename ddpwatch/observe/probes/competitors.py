@@ -7,7 +7,15 @@ judge keeps those seen at both ends of a window whose CPU time grew.
 
 Only on a closer look (Look.DETAIL: a job not healthy, or a person's request).
 Command names come from another user's processes: labels, bounded, never paths.
-READ: `run`. PARSE (pure): `pick`.
+
+The pass over /proc costs what the node runs (5 000 idle processes: ~50 ms), so
+it is made only when something outside the job may be runnable: the kernel's
+count of runnable tasks (/proc/loadavg) less this reader and the job's own
+running threads (`others_may_run`). A job that hangs sleeps, and a healthy busy
+job on a quiet node accounts for every runnable task: no pass, whatever else
+sleeps beside it (benchmarks/daemon.py --only flat).
+READ: `run`, `_runnable_now`, `_running_threads`. PARSE (pure): `pick`,
+`parse_loadavg_running`, `others_may_run`.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 
 from ... import codec
 from . import Look, Pass, ProbeContext, register
+from ..budget import MAX_THREADS
 from .process import StatFields, parse_cpu_list, parse_stat, parse_status
 
 MAX_COMPETITORS = 32   # kept per snapshot, the busiest first
@@ -48,6 +57,50 @@ def pick(stats: list[StatFields], cpus: set[int], job: set[int]) -> tuple[Compet
     return tuple(found[:MAX_COMPETITORS])
 
 
+def parse_loadavg_running(text: str) -> int:
+    """/proc/loadavg's runnable tasks now ("0.65 1.72 2.22 2/85 1916" -> 2)."""
+    return int(text.split()[3].split("/")[0])
+
+
+def others_may_run(runnable: int | None, job_running: int) -> bool:
+    """Whether a task outside the job may be runnable: the kernel counted
+    `runnable` tasks (None: unknown), one of them this reader, `job_running` of
+    them the job's. Read a moment apart, so a job thread that started running
+    in between hides an outsider for this reading only."""
+    return runnable is None or runnable - 1 - job_running > 0
+
+
+def _runnable_now(procfs: str) -> int | None:
+    try:
+        return parse_loadavg_running(_read(f"{procfs}/loadavg"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _running_threads(procfs: str, pids: tuple[int, ...], enough: int) -> int:
+    """The job's threads in state R, counted until `enough` (no need for more).
+    At most MAX_THREADS of a rank's threads: a rank that starts more is seen by
+    the budget elsewhere, and an uncounted thread only makes a pass happen."""
+    running = 0
+    if enough <= 0:
+        return running
+    for pid in pids:
+        try:
+            with os.scandir(f"{procfs}/{pid}/task") as entries:
+                tids = [e.name for _, e in zip(range(MAX_THREADS), entries)
+                        if e.name.isdigit()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                running += parse_stat(_read(f"{procfs}/{pid}/task/{tid}/stat")).state == "R"
+            except (OSError, ValueError, IndexError):
+                continue
+            if running >= enough:
+                return running
+    return running
+
+
 def _read(path: str) -> str:
     with open(path, errors="replace") as f:
         return f.read(65536)
@@ -64,6 +117,10 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Competitors:
                                        .get("Cpus_allowed_list", "")))
         except OSError:
             continue
+    runnable = _runnable_now(ctx.procfs)
+    if runnable is not None and not others_may_run(
+            runnable, _running_threads(ctx.procfs, pids, runnable - 1)):
+        return Competitors(taken_at, tuple(sorted(cpus)), ())
     stats = []
     me = os.getpid()
     for name in os.listdir(ctx.procfs):

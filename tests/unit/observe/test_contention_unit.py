@@ -67,3 +67,72 @@ def test_replayed_contention_names_the_rank_its_cpu_and_competitors():
     one = next(v for v in j.ranks if v.rank == 1)
     assert one.rule == "straggler-starved"
     assert "on CPU 1" in one.evidence and "beside 8 processes: python pid" in one.evidence
+
+
+# --- when the pass over /proc is made (probes/competitors.py others_may_run) ---
+
+def _stat_line(pid: int, state: str, cpu_ticks: int = 500, processor: int = 1) -> str:
+    # fields 3.. of proc(5): state ppid pgrp session tty tpgid flags minflt cminflt
+    # majflt cmajflt utime stime ... processor is field 39
+    rest = [state, "100", str(pid), str(pid), "0", "-1", "0", "0", "0", "0", "0",
+            str(cpu_ticks), "0"] + ["0"] * 23 + [str(processor)] + ["0"] * 10
+    return f"{pid} (python) " + " ".join(rest) + "\n"
+
+
+def _fake_node(tmp_path, running: str, job: dict, outsiders: dict) -> str:
+    """A /proc with /proc/loadavg's runnable count `running`, the job's ranks
+    (pid -> their threads' states) and other processes (pid -> state)."""
+    root = tmp_path / "proc"
+    root.mkdir()
+    if running:
+        (root / "loadavg").write_text(f"1.00 1.00 1.00 {running}/300 4000\n")
+    for pid, states in job.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "status").write_text("Name:\tpython\nCpus_allowed_list:\t0-1\n")
+        (root / str(pid) / "stat").write_text(_stat_line(pid, states[0]))
+        for i, state in enumerate(states):
+            tid = pid if i == 0 else pid * 10 + i
+            (root / str(pid) / "task" / str(tid)).mkdir(parents=True)
+            (root / str(pid) / "task" / str(tid) / "stat").write_text(_stat_line(tid, state))
+    for pid, state in outsiders.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "stat").write_text(_stat_line(pid, state))
+    return str(root)
+
+
+def test_loadavg_running_and_the_gate():
+    from ddpwatch.observe.probes.competitors import others_may_run, parse_loadavg_running
+    assert parse_loadavg_running("0.65 1.72 2.22 2/85 1916\n") == 2
+    assert not others_may_run(1, 0)   # only this reader runs
+    assert not others_may_run(3, 2)   # the reader and two of the job's threads
+    assert others_may_run(4, 2)       # one more: someone else's
+    assert others_may_run(None, 0)    # unknown: look
+
+
+def _competitors(procfs, pids):
+    from ddpwatch.observe.probes import Pass, ProbeContext
+    from ddpwatch.observe.probes.competitors import run
+    return run(ProbeContext(procfs=procfs, clock=lambda: 5.0), Pass(), pids)
+
+
+def test_a_busy_job_alone_on_a_quiet_node_costs_no_pass(tmp_path):
+    # The reader and the job's two running threads are all the kernel counts:
+    # the outsider in state R on file is not read (a pass would name it).
+    procfs = _fake_node(tmp_path, "3", {10: "RS", 20: "SR"}, {30: "R", 31: "S"})
+    got = _competitors(procfs, (10, 20))
+    assert got.procs == () and got.cpus == (0, 1)
+
+
+def test_one_runnable_task_more_than_the_job_makes_the_pass(tmp_path):
+    procfs = _fake_node(tmp_path, "4", {10: "RS", 20: "SR"}, {30: "R", 31: "S"})
+    assert [c.pid for c in _competitors(procfs, (10, 20)).procs] == [30]
+
+
+def test_a_sleeping_job_on_a_busy_node_makes_the_pass(tmp_path):
+    procfs = _fake_node(tmp_path, "2", {10: "S", 20: "S"}, {30: "R"})
+    assert [c.pid for c in _competitors(procfs, (10, 20)).procs] == [30]
+
+
+def test_no_loadavg_makes_the_pass(tmp_path):
+    procfs = _fake_node(tmp_path, "", {10: "R"}, {30: "R"})
+    assert [c.pid for c in _competitors(procfs, (10,)).procs] == [30]
