@@ -12,7 +12,7 @@ import time
 
 from .. import config as config_mod, errors
 from ..daemon import Daemon, load_rules
-from ..publish.endpoints import Server
+from ..publish.endpoints import STALE_AFTER_S, Server
 from ..publish.bounded_server import same_address
 from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
 
@@ -89,11 +89,16 @@ def main(args) -> int:
         daemon.close()
         raise
 
+    # /healthz fails where systemd would kill (after its watchdog interval), and
+    # never before three ticks were due
+    stale_s = watchdog_interval_s() or STALE_AFTER_S
+
     def make_server(c, sock=None):
         host, port = c.host_port
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
                       request_stacks=daemon.request_stacks,
-                      stacks_min_interval_s=c.stacks_min_interval_s, sock=sock)
+                      stacks_min_interval_s=c.stacks_min_interval_s, sock=sock,
+                      stale_after_s=max(stale_s, 3 * c.tick_s))
 
     host = cfg.host_port[0]
     try:

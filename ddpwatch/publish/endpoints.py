@@ -4,6 +4,10 @@ slow readers are bounded_server.py's). /metrics, /status, /peer, /healthz,
 from its bundle, with its bundle's report.txt, report.json and snapshots.json
 under /incidents/<id>/); 404 elsewhere.
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
+`/healthz` is the liveness a supervisor probes (deploy/kubernetes/daemonset.yaml):
+503 once no tick has completed for `stale_after_s` (commands/run.py: systemd's
+watchdog interval when it gives one, else STALE_AFTER_S). The HTTP threads
+answer while the tick loop is stuck, so "the process answers" says nothing.
 `/status?stacks=1` also asks the next tick for every job's stacks (py-spy runs
 otherwise only on suspicion): at most once per `stacks_min_interval_s`, so asking
 in a loop does not run py-spy in a loop (2 -> 16 runs in 8 s).
@@ -74,11 +78,20 @@ def status_document(view) -> dict:
             "probe_errors": {p.name: p.error for p in view.probes if not p.ok}}
 
 
+STALE_AFTER_S = 60.0  # a tick with every py-spy dump timing out takes ~20 s
+
+
 class Server:
     def __init__(self, host: str, port: int, get_view, render_metrics, token: str = "",
                  request_stacks=lambda uid=None: None, stacks_min_interval_s: float = 5.0,
-                 clock=time.monotonic, **limits):
+                 clock=time.monotonic, stale_after_s: float = STALE_AFTER_S, **limits):
         self.get_view = get_view
+        self.stale_after_s = stale_after_s
+        # the view last seen by a request, and when it was first seen: a view
+        # that stays the same is a loop that completes no tick (before the
+        # first, the time since start)
+        self._seen_lock = threading.Lock()
+        self._seen_view, self._seen_at = None, clock()
         self.request_stacks = request_stacks
         self.render_metrics = render_metrics
         self.token = token
@@ -120,13 +133,26 @@ class Server:
             self._stacks_at = now
             return True
 
+    def _since_tick(self, view) -> float:
+        """Seconds since `view` was first seen (since start, before the first)."""
+        now = self.clock()
+        with self._seen_lock:
+            if view is not self._seen_view:
+                self._seen_view, self._seen_at = view, now
+            return now - self._seen_at
+
     def handle(self, req) -> None:
         path = req.path.split("?", 1)[0]
         view = self.get_view()
+        since = self._since_tick(view)
         if path == "/metrics":
             self._send(req, 200, self.render_metrics(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            self._send(req, 200, b"ok\n", "text/plain")
+            if since <= self.stale_after_s:
+                self._send(req, 200, b"ok\n", "text/plain")
+            else:
+                what = "no tick completed" if view is not None else "no first tick"
+                self._send(req, 503, f"{what} for {since:.0f} s\n".encode(), "text/plain")
         elif path == "/readyz":
             ready = view is not None and view.ready
             self._send(req, 200 if ready else 503, b"ready\n" if ready else b"no tick yet\n",

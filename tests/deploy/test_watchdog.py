@@ -123,6 +123,12 @@ def test_a_tick_stuck_past_the_watchdog_gets_the_daemon_killed_and_restarted(
         assert get(daemon.url + "/metrics")[0] == 200
         time.sleep(1.0)
         assert daemon.status()["tick"] == tick
+        # and the liveness a kubelet probes says so, past the watchdog's interval
+        # (publish/endpoints.py Server: the view seen first more than that ago)
+        code, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(
+            get(daemon.url + "/healthz")), 3 * WATCHDOG_S + 5, interval=0.2,
+            what="/healthz 503 while the tick hangs")
+        assert b"no tick completed for" in body, body
         # systemd's WatchdogSec: SIGABRT, then Restart=on-failure starts it anew
         os.kill(first_pid, signal.SIGABRT)
         assert daemon.job.proc.wait(10) == -signal.SIGABRT
@@ -133,5 +139,6 @@ def test_a_tick_stuck_past_the_watchdog_gets_the_daemon_killed_and_restarted(
         assert len(supervisor.watch(2 * WATCHDOG_S)) >= 2
         ticks = daemon.status()["tick"]
         wait_until(lambda: daemon.status()["tick"] >= ticks + 2, 30, what="ticks after restart")
+        assert get(daemon.url + "/healthz")[0] == 200
     finally:
         supervisor.sock.close()
