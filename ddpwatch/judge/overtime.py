@@ -179,6 +179,9 @@ class Slow:
     elapsed_s: float   # since the first slow tick of the spell
     share: float       # of the spell's ticks judged slow
     after_s: float     # straggler_after_s
+    # each rank's last slow verdict in the spell and the seconds since, for the
+    # ranks slow within GAP_S (watch/slow.py): what a confirmed spell holds
+    held: tuple[tuple[RankVerdict, float], ...] = ()
 
     @property
     def confirmed(self) -> bool:
@@ -188,13 +191,47 @@ class Slow:
 def hold_slow(judgement: Judgement, slow: Slow | None) -> Judgement:
     """`judgement` with its stragglers and their waiting peers `slowing` (calm,
     role none) while their spell is shorter than straggler_after_s, the verdict
-    they would have in signals `slow_as`. Unchanged once the spell is confirmed."""
-    if slow is None or slow.confirmed:
+    they would have in signals `slow_as`. Once the spell is confirmed, a rank
+    judged healthy in this window keeps the slow verdict it had within the
+    spell's gap: the windows of a rank held to a fraction of a core alternate
+    slow and healthy, and the page must not flip with them (one spell, as
+    watch/slow.py counts it; tests/nodes/test_two_nodes.py asks six ticks in a
+    row of a quota-throttled rank on another node)."""
+    if slow is None:
         return judgement
+    if slow.confirmed:
+        return _held(judgement, slow)
     if not any(r.verdict in SLOW for r in judgement.ranks):
         return judgement
     ranks = tuple(_slowing(r, slow) if r.verdict in SLOW else r for r in judgement.ranks)
     return dataclasses.replace(judgement, ranks=ranks, job=job_verdict(ranks))
+
+
+def rank_key(r: RankVerdict) -> tuple:
+    """A rank of the judgement, whichever node it is on (pids repeat across nodes)."""
+    return r.remote, r.host, r.pid
+
+
+def _held(judgement: Judgement, slow: Slow) -> Judgement:
+    then = {rank_key(r): (r, age) for r, age in slow.held}
+    if not any(r.verdict == "healthy" and rank_key(r) in then for r in judgement.ranks):
+        return judgement
+    ranks = tuple(_still_slow(r, *then[rank_key(r)])
+                  if r.verdict == "healthy" and rank_key(r) in then else r
+                  for r in judgement.ranks)
+    return dataclasses.replace(judgement, ranks=ranks, job=job_verdict(ranks))
+
+
+def _still_slow(now: RankVerdict, then: RankVerdict, age_s: float) -> RankVerdict:
+    """`now` (healthy in this window) as the slow rank it was `age_s` ago; its
+    signals and findings are this window's."""
+    return dataclasses.replace(
+        now, verdict=then.verdict, role=then.role, rule=then.rule,
+        confidence=then.confidence, remedy=then.remedy,
+        evidence=f"{then.evidence} ({age_s:.0f}s ago; this window alone looked like its "
+                 f"peers', as the windows of a slow rank alternate)",
+        signals={**now.signals, "slow_as": then.verdict, "slow_rule": then.rule,
+                 "slow_seen_s": age_s})
 
 
 def _slowing(r: RankVerdict, s: Slow) -> RankVerdict:

@@ -5,10 +5,12 @@ once it has been slow over many steps (straggler_after_s), not for one window.
 A spell begins on the first tick a rank is judged slow and ends once none has
 been for GAP_S: a contended rank's windows alternate slow and healthy, and that
 is one spell (confirmed when slow in most of its ticks). States: calm -> slow
-(spell open) -> calm."""
+(spell open) -> calm. Each rank's last slow verdict in the spell is kept, and
+handed on while it is younger than GAP_S: a confirmed spell shows a rank judged
+healthy in one window as it was (overtime.hold_slow)."""
 from __future__ import annotations
 
-from ..judge.overtime import SLOW, Slow
+from ..judge.overtime import SLOW, Slow, rank_key
 
 GAP_S = 10.0       # no slow tick for this long: the spell is over
 
@@ -18,6 +20,7 @@ class SlowTracker:
         self._since: float | None = None
         self._last_slow = 0.0
         self._ticks = self._slow_ticks = 0  # of the spell in progress
+        self._held: dict = {}  # rank_key -> (its last slow RankVerdict, when)
 
     def update(self, judgement, now: float, after_s: float) -> Slow | None:
         """Follow this tick's judgement (before overtime.hold_slow); the spell in
@@ -27,13 +30,19 @@ class SlowTracker:
             if self._since is None:
                 self._since = now
                 self._ticks = self._slow_ticks = 0
+                self._held = {}
             self._last_slow = now
+            self._held.update((rank_key(r), (r, now)) for r in judgement.ranks
+                              if r.verdict in SLOW)
         elif self._since is not None and now - self._last_slow >= GAP_S:
             self._since = None
         if self._since is None:
+            self._held = {}
             return None
         self._ticks += 1
         self._slow_ticks += slow
         share = self._slow_ticks / self._ticks
+        self._held = {k: (r, at) for k, (r, at) in self._held.items() if now - at < GAP_S}
         return Slow(elapsed_s=round(now - self._since, 1), share=round(share, 2),
-                    after_s=after_s)
+                    after_s=after_s,
+                    held=tuple((r, round(now - at, 1)) for r, at in self._held.values()))

@@ -277,6 +277,44 @@ def test_a_rank_slow_in_few_of_its_ticks_is_no_straggler():
     assert judged.job.verdict == "slowing"
 
 
+def test_a_confirmed_straggler_judged_healthy_in_one_window_stays_the_straggler():
+    """A rank held to a fraction of a core looks like its peers in some windows
+    (tests/nodes/test_two_nodes.py: node 0's view of node 1's throttled rank):
+    once the spell is confirmed, the page must not flip with them. A rank
+    healthy in this window keeps its slow verdict while the spell's gap lasts;
+    a worse verdict is shown as it is, and the spell's end ends the hold."""
+    job = WatchedJob("k", 0.0)
+    (judged, over), t = run(job, 31.0, STRAGGLING, 0.0)
+    assert over.slow.confirmed and judged.job.culprits == (1,)
+    # the straggler looks healthy while its peer still waits: still the culprit
+    half = judgement(rank(0, "waiting_on_peer", "victim"), rank(1, "healthy"))
+    (judged, over), t = run(job, 1.0, half, t)
+    assert judged.job.verdict == "straggler" and judged.job.culprits == (1,)
+    held = judged.ranks[1]
+    assert (held.verdict, held.role) == ("straggler", "culprit")
+    assert held.evidence == "rank 1 evidence (1s ago; this window alone looked like its " \
+                            "peers', as the windows of a slow rank alternate)"
+    assert held.signals["slow_as"] == "straggler" and held.signals["slow_seen_s"] == 1.0
+    # both look healthy for a few seconds: the spell is open, both held
+    (judged, over), t = run(job, 5.0, HEALTHY, t)
+    assert [r.verdict for r in judged.ranks] == ["waiting_on_peer", "straggler"]
+    assert "6s ago" in judged.ranks[1].evidence
+    # a worse verdict is not hidden by the hold
+    dead = judgement(rank(0, "waiting_on_peer", "victim"), rank(1, "dead", "culprit"))
+    (judged, over), t = run(job, 1.0, dead, t)
+    assert judged.ranks[1].verdict == "dead"
+    # no slow tick for GAP_S: the spell and its hold are over
+    (judged, over), t = run(job, 11.0, HEALTHY, t)
+    assert over.slow is None and judged.job.verdict == "healthy"
+
+
+def test_a_spell_not_yet_confirmed_holds_nothing():
+    job = WatchedJob("k", 0.0)
+    (judged, over), t = run(job, 3.0, STRAGGLING, 0.0)
+    (judged, over), t = run(job, 1.0, HEALTHY, t)
+    assert not over.slow.confirmed and judged.job.verdict == "healthy"
+
+
 def test_straggler_after_zero_names_a_straggler_at_once():
     job = WatchedJob("k", 0.0)
     config = SimpleNamespace(**{**vars(CONFIG), "straggler_after_s": 0.0})
