@@ -206,7 +206,8 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
     """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
     run in this process `ticks` times, a second apart: the durations, the CPU
     seconds the ticks took, (with `profile`) where they went, and how many
-    ticks did what costs more (listed /proc, looked at the job in detail)."""
+    ticks did what costs more (listed /proc, looked at the job in detail), and
+    how many processes the ticks read."""
     port = free_port()
     procs = []
     try:
@@ -222,13 +223,14 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
         cfg = load(None, {"state_dir": tempfile.mkdtemp()})
         daemon = Daemon(cfg, load_rules(cfg))
         for _ in range(3):  # the first ticks learn the node; measured: the steady state
-            daemon.tick()
+            daemon.tick()   # (a second apart: what started just before is young, and
+            time.sleep(between_s)  # a young process is read each tick until it is not)
         profiler = None
         if profile:
             import cProfile
             profiler = cProfile.Profile()
         durations, cpu = [], 0.0
-        notes = {"listed /proc": 0, "in detail": 0}
+        notes = {"listed /proc": 0, "in detail": 0, "processes read": 0}
         for _ in range(ticks):
             time.sleep(between_s)  # a tick a second, as the daemon's loop runs them
             c0 = time.process_time()
@@ -240,6 +242,7 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
             notes["listed /proc"] += daemon.sampler.listed_proc()
+            notes["processes read"] += daemon.sampler.processes_read()
             notes["in detail"] += any(p.name == "competitors" for p in view.probes)
             judged = sum(len(j.judgement.ranks) for j in view.jobs)
         if judged != ranks:
@@ -306,7 +309,8 @@ def main() -> None:
             "cost": lambda: cost_8_ranks(env, hb_dir, state, 10 if args.quick else 30),
             "tick": lambda: tick_256(env, hb_dir, 5 if args.quick else 20, args.profile,
                                      args.save),
-            "flat": lambda: flat(env, hb_dir, 5 if args.quick else 20),
+            # past REVISIT_S (30 s): the idle processes' revisits are in the figure
+            "flat": lambda: flat(env, hb_dir, 5 if args.quick else 40),
         }
         for name, run in runs.items():
             if args.only in (None, name):

@@ -286,6 +286,10 @@ class Sampler:
         benchmarks/daemon.py counts the ticks that did)."""
         return bool(self._tables is not None and self._tables.listed)
 
+    def processes_read(self) -> int:
+        """How many processes the last survey read (benchmarks/daemon.py)."""
+        return self._tables.reads if self._tables is not None else 0
+
     def left_out_now(self, what: str, n: int = 1) -> None:
         """Something this pass left out by a caller's bound (the daemon's jobs)."""
         if self._budget is not None:

@@ -168,11 +168,16 @@ def _read_one(procfs: str, pid: int, uptime: float, cache: dict | None,
 # long after they started are shells running a script: a batch script's
 # closing `exec torchrun ...`, srun's `bash -c 'setup; exec python train.py'`.
 SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish"))
-# Every other process that is no part of a job is read again this often, at
-# most MAX_REVISITS of them a read: what the other rules miss (a pid reused
-# between two reads, a process that changed its owner) is seen this late.
+# Every other process that is no part of a job is read again after REVISIT_S at
+# the soonest, MAX_REVISITS of them a read, the longest unread first: what the
+# other rules miss (a long-lived process other than a shell that execs into
+# Python, an owner changed by a set-uid exec) is seen that late, and on a node of
+# N such processes after N / MAX_REVISITS reads (10 min beside 5 000). A fixed
+# number a read keeps a tick's cost flat in the node's idle processes
+# (benchmarks/daemon.py --only flat). A pid reused is not left to this: it was
+# given out since the last listing, and such pids are read again (`_given_out`).
 REVISIT_S = 30.0
-MAX_REVISITS = 64
+MAX_REVISITS = 8
 
 
 class TableReader:
@@ -217,22 +222,32 @@ class TableReader:
         last_pid = _last_pid(procfs)
         self.listed = (last_pid is None or last_pid != self._last_pid
                        or now - self._listed_at >= REVISIT_S)
+        reused: set[int] = set()
         if self.listed:
             try:
                 pids = {int(n) for n in os.listdir(procfs) if n.isdigit()}
             except OSError:
                 return ProcTable()
+            given = _given_out(self._last_pid, last_pid)
             self._last_pid, self._listed_at = last_pid, now
             for pid in self._infos.keys() - pids:
                 self._forget(pid)
             new = pids - self._infos.keys()
+            # a known pid given out again since the last listing is another
+            # process now (its old one ended in between): read it anew
+            known = pids - new - self._hot
+            for given_out in given:  # whichever is shorter is walked
+                if len(given_out) < len(known):
+                    reused.update(p for p in given_out if p in known)
+                else:
+                    reused.update(p for p in known if p in given_out)
         uptime = _uptime(procfs)
         parents = set()
         for pid in new:
             info = self._read(pid, uptime, now)
             if info is not None:
                 parents.add(info.ppid)
-        again = (self._hot | (parents - new) | (hot & self._infos.keys())) - new
+        again = (self._hot | reused | (parents - new) | (hot & self._infos.keys())) - new
         for pid in again:
             self._read(pid, uptime, now)
         revisits = 0
@@ -302,6 +317,25 @@ class TableReader:
         self._hot.discard(pid)
         self._candidates.discard(pid)
         self._uncache(pid)
+
+
+PID_LIMIT = 1 << 22  # the most pid_max may be (PID_MAX_LIMIT on 64-bit Linux)
+
+
+def _given_out(before: str | None, now: str | None) -> tuple[range, ...]:
+    """The pids given out after `before` up to `now` (/proc/loadavg's last pid
+    at two listings): the kernel gives pids out in a cycle, each after the last,
+    back to the lowest past pid_max. Unknown (no /proc/loadavg, the first
+    listing): none is taken for reused, which is left to the revisits."""
+    try:
+        low, high = int(before), int(now)
+    except (TypeError, ValueError):
+        return ()
+    if low == high:
+        return ()
+    if low < high:
+        return (range(low + 1, high + 1),)
+    return (range(low + 1, PID_LIMIT + 1), range(1, high + 1))  # wrapped past pid_max
 
 
 def _last_pid(procfs: str) -> str | None:

@@ -149,6 +149,46 @@ def test_quiet_processes_are_read_again_after_a_while_a_few_at_a_time(tmp_path, 
     assert seen[-1], "read again within REVISIT_S and a few reads"
 
 
+def test_a_pid_given_out_again_is_read_anew_at_once(tmp_path):
+    """A quiet process ended and its pid went to a rank between two reads: the
+    pid was given out since the last listing (loadavg's last pid moved past
+    it), so it is read again, not left to the revisits."""
+    proc, clock = node(tmp_path), Clock()
+    proc.add(300, 50, ["sleep", "3600"], "/usr/bin/sleep")  # from the cycle before
+    proc.last_pid = 250
+    proc._loadavg()
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    proc.remove(300)
+    proc.add(300, 1, ["/usr/bin/python3", "train.py"], "/usr/bin/python3.11", RANK_ENV, age_s=5)
+    clock.now += 1
+    table = reader.read()
+    assert table[300].python and 300 in table.candidates()
+    assert reader.reads == 3  # the shell, the rank at 200 and the reused pid: no other
+    # the pids given out between two listings, around the wrap too
+    assert proctable._given_out("100", "105") == (range(101, 106),)
+    assert proctable._given_out("105", "105") == ()
+    assert proctable._given_out("4000", "20") == (range(4001, proctable.PID_LIMIT + 1),
+                                                 range(1, 21))
+    assert proctable._given_out(None, "20") == ()
+
+
+def test_revisits_a_read_stay_few_however_many_quiet_processes(tmp_path):
+    proc, clock = node(tmp_path), Clock()
+    for pid in range(1000, 1400):
+        proc.add(pid, 50, ["sleep", "3600"], "/usr/bin/sleep")
+    reader = proctable.TableReader(proc.root, clock)
+    reader.read()
+    clock.now += proctable.REVISIT_S
+    counts = []
+    for _ in range(5):
+        reader.read()
+        counts.append(reader.reads)
+        clock.now += 1
+    # the shell and the rank every read, at most MAX_REVISITS others
+    assert max(counts) <= 2 + proctable.MAX_REVISITS, counts
+
+
 def test_young_processes_are_read_until_they_are_old_enough_to_have_exec_d(tmp_path):
     """A fork not yet exec'd shows its parent's command line for a moment."""
     proc, clock = node(tmp_path), Clock()
