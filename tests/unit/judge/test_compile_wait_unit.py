@@ -48,3 +48,21 @@ def test_a_dead_peer_is_no_warm_up():
     w = waiting()
     got = judged([w, gone])
     assert w["peers_compiling"] == 0 and got[0] != "waits-for-compiling-peer"
+
+
+def advancing(pid, comm_share):
+    """Training, its heartbeats advancing, `comm_share` of each step in collectives."""
+    return {"pid": pid, "alive": True, "hb": True, "hb_step": 12, "hb_phase": "outside",
+            "hb_advanced": True, "in_collective": False, "blocked": False,
+            "warming_up": False, "cpu_ratio": 0.9, "stack": "", "state": "R",
+            "hb_comm_share": comm_share, "hb_step_s": 0.2, "peers_starved": False}
+
+
+def test_two_shares_near_nothing_make_no_rank_wait_on_a_peer():
+    """Just after the first compiled step both ranks spend ~0% of a step in
+    collectives: 0.4% over 0.1% is a ratio of 4, and no rank waits for anyone
+    (rules/default.yaml waiting-on-peer asks a fifth of the step at least)."""
+    first, second = judged([advancing(1, 0.004), advancing(2, 0.001)])
+    assert first != "waiting-on-peer" and second != "waiting-on-peer"
+    # a rank that does wait a real share, twice its peer's, still does
+    assert judged([advancing(1, 0.4), advancing(2, 0.1)])[0] == "waiting-on-peer"
