@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ... import codec
 from . import Look, Pass, ProbeContext, register
 from ..budget import MAX_THREADS
-from .process import StatFields, parse_cpu_list, parse_stat, parse_status
+from .process import StatFields, parse_cpu_list, parse_stat, parse_status, read_state
 
 MAX_COMPETITORS = 32   # kept per snapshot, the busiest first
 MAX_COMM = 32
@@ -87,15 +87,12 @@ def _running_threads(procfs: str, pids: tuple[int, ...], enough: int) -> int:
     for pid in pids:
         try:
             with os.scandir(f"{procfs}/{pid}/task") as entries:
-                tids = [e.name for _, e in zip(range(MAX_THREADS), entries)
+                tids = [int(e.name) for _, e in zip(range(MAX_THREADS), entries)
                         if e.name.isdigit()]
         except OSError:
             continue
-        for tid in tids:
-            try:
-                running += parse_stat(_read(f"{procfs}/{pid}/task/{tid}/stat")).state == "R"
-            except (OSError, ValueError, IndexError):
-                continue
+        for tid in tids:  # a thread gone meanwhile reads "": not running
+            running += read_state(f"{procfs}/{pid}/task", tid) == "R"
             if running >= enough:
                 return running
     return running
@@ -117,9 +114,8 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Competitors:
                                        .get("Cpus_allowed_list", "")))
         except OSError:
             continue
-    runnable = _runnable_now(ctx.procfs)
-    if runnable is not None and not others_may_run(
-            runnable, _running_threads(ctx.procfs, pids, runnable - 1)):
+    runnable = _runnable_now(ctx.procfs)  # unknown: no threads counted, the pass made
+    if not others_may_run(runnable, _running_threads(ctx.procfs, pids, (runnable or 0) - 1)):
         return Competitors(taken_at, tuple(sorted(cpus)), ())
     stats = []
     me = os.getpid()
