@@ -190,24 +190,41 @@ while True:
 
 
 def tick_256(env, hb_dir, ticks, profile=False, save=None) -> str:
-    durations, _, where, _ = ticks_of(env, hb_dir, 256, ticks, profile, save=save)
+    stages: dict[str, list[float]] = {}
+    durations, _, where, _ = ticks_of(env, hb_dir, 256, ticks, profile, save=save,
+                                      stages=stages)
     return (f"tick with 256 live rank records: median "
             f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
-            f"over {ticks} ticks a second apart (target <= 50 ms)" + (
+            f"over {ticks} ticks a second apart (target <= 50 ms)\n"
+            f"  where it goes (median ms a tick): " + where_it_goes(durations, stages) + (
                 "\n" + where if where else ""))
+
+
+def where_it_goes(durations: list[float], stages: dict[str, list[float]]) -> str:
+    """The probes' own timings (ProbeStatus.duration_s, as /metrics exports them),
+    the biggest first, and what is left of the tick: the process table, finding
+    the jobs, judging them (over time too) and publishing. Unprofiled: cProfile
+    (--profile) inflates Python-heavy work (the judgement) about 3x against
+    system calls (the probes)."""
+    rest = [d - sum(per[i] for per in stages.values()) for i, d in enumerate(durations)]
+    parts = sorted(((statistics.median(v), name) for name, v in stages.items()), reverse=True)
+    shown = [f"{name} {ms * 1e3:.1f}" for ms, name in parts if ms >= 0.0005]
+    return ", ".join(shown + [f"not in a probe (table, discovery, judgement) "
+                              f"{statistics.median(rest) * 1e3:.1f}"])
 
 
 IDLE = "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; wait"
 
 
 def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
-             between_s: float = 1.0, save: str | None = None
-             ) -> tuple[list[float], float, str, dict]:
+             between_s: float = 1.0, save: str | None = None,
+             stages: dict | None = None) -> tuple[list[float], float, str, dict]:
     """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
     run in this process `ticks` times, a second apart: the durations, the CPU
     seconds the ticks took, (with `profile`) where they went, and how many
     ticks did what costs more (listed /proc, looked at the job in detail), and
-    how many processes the ticks read."""
+    how many processes the ticks read. `stages`, when given, gets each probe's
+    time in each tick (probe name -> seconds, one per tick)."""
     port = free_port()
     procs = []
     try:
@@ -241,6 +258,13 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
                 profiler.disable()
             cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
+            if stages is not None:
+                per: dict[str, float] = {}
+                for p in view.probes:  # a probe may run more than once a tick
+                    per[p.name] = per.get(p.name, 0.0) + p.duration_s
+                for name in set(per) | set(stages):
+                    stages.setdefault(name, [0.0] * (len(durations) - 1)).append(
+                        per.get(name, 0.0))
             notes["listed /proc"] += daemon.sampler.listed_proc()
             notes["processes read"] += daemon.sampler.processes_read()
             notes["in detail"] += any(p.name == "competitors" for p in view.probes)
@@ -252,7 +276,9 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             import io
             import pstats
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+            stats = pstats.Stats(profiler, stream=out)
+            stats.sort_stats("cumulative").print_stats(30)  # which stage
+            stats.sort_stats("tottime").print_stats(30)     # which function, itself
             where = out.getvalue()
         if save:
             from ddpwatch.observe.snapshot import save as save_history
