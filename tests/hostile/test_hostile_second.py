@@ -414,41 +414,58 @@ def test_a_fork_and_exit_flood_leaves_a_ranks_death_told_by_how_it_ended(
 SHM_PARENT = "/dev/shm/ddpwatch"
 
 
+def private_shm(start_job):
+    """A mount namespace whose /dev/shm is an empty tmpfs of its own, held by a
+    sleeping process, and what starts a command in it (nsenter: the command
+    keeps its pid). The test plants /dev/shm/ddpwatch there, never on the
+    machine, where a real one may be in use (ddpwatch's default record
+    directory): so it runs wherever the suite does."""
+    need(shutil.which("unshare") is not None and shutil.which("nsenter") is not None,
+         "needs unshare and nsenter for a mount namespace")
+    holder = start_job(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        "mount -t tmpfs -o mode=1777 ddpwatch-test /dev/shm && exec sleep 3600"],
+                       name="shm-holder")
+    mounts = f"/proc/{holder.proc.pid}/mountinfo"
+
+    def mounted():
+        with open(mounts) as f:
+            return any(line.split()[4] == "/dev/shm" and "ddpwatch-test" in line for line in f)
+    wait_until(mounted, 30, what="the private /dev/shm mounted")
+    enter = ["nsenter", f"--target={holder.proc.pid}", "--mount", "--"]
+
+    def start_inside(argv, **kwargs):
+        return start_job(enter + list(argv), **kwargs)
+    return f"/proc/{holder.proc.pid}/root/dev/shm", enter, start_inside
+
+
 def test_a_planted_shared_record_directory_neither_takes_roots_records_nor_hides_them(
-        start_job, tmp_path, hb_dir, shared_dir, request):
+        start_job, tmp_path, hb_dir, shared_dir):
     """Before, uid 65534 planted /dev/shm/ddpwatch as a link to a directory of its
     own: root's instrumented job chmodded the target 0700 and wrote and pruned
     its records there, and every other user's heartbeats were off. Now the
     writer goes beside a parent it does not trust (heartbeat/paths.py), and the
-    daemon reads root's records there."""
+    daemon reads root's records there. All of it in a mount namespace of its
+    own /dev/shm (private_shm)."""
     need_root()
     need(os.path.isdir("/dev/shm"), "no /dev/shm")
-    need(not os.path.lexists(SHM_PARENT),
-         f"{SHM_PARENT} exists already: the test plants it, and will not touch a real one")
+    shm, enter, start_inside = private_shm(start_job)
     target = os.path.join(shared_dir, "taken")
     os.mkdir(target, 0o777)
     os.chown(target, NOBODY, NOBODY)
     os.chmod(target, 0o777)
-    planted = subprocess.run(as_nobody("ln", "-s", target, SHM_PARENT), capture_output=True,
-                             text=True, timeout=30)
+    planted = subprocess.run(enter + as_nobody("ln", "-s", target, SHM_PARENT),
+                             capture_output=True, text=True, timeout=30)
     assert planted.returncode == 0, planted.stderr
-
-    def remove_what_the_test_made():
-        if os.path.islink(SHM_PARENT):
-            os.unlink(SHM_PARENT)
-        for name in os.listdir("/dev/shm"):
-            if name.startswith("ddpwatch-0"):  # root's writer's stand-in beside it
-                shutil.rmtree(os.path.join("/dev/shm", name), ignore_errors=True)
-    request.addfinalizer(remove_what_the_test_made)
+    assert os.path.islink(os.path.join(shm, "ddpwatch"))
     # root's job and daemon with the default record directory (no DDPWATCH_DIR)
-    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"tick_s": 0.5}, env={"DDPWATCH_DIR": ""})
-    trainer = start_job(trainer_argv(), env={"DDPWATCH_DIR": ""}, name="trainer")
+    daemon = DaemonRun(start_inside, tmp_path, hb_dir, {"tick_s": 0.5}, env={"DDPWATCH_DIR": ""})
+    trainer = start_inside(trainer_argv(), env={"DDPWATCH_DIR": ""}, name="trainer")
     read = wait_until(lambda: with_heartbeats(our_status(daemon, trainer)), 180,
                       what="root's records read beside the planted parent")
     assert len(read["ranks"]) == 2
     st = os.stat(target)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o777)  # never chmodded
     assert os.listdir(target) == []  # nothing of root's written through the link
-    beside = [n for n in os.listdir("/dev/shm") if n.startswith("ddpwatch-0")]
-    assert beside, os.listdir("/dev/shm")
+    beside = [n for n in os.listdir(shm) if n.startswith("ddpwatch-0")]
+    assert beside, os.listdir(shm)
     no_traceback(daemon)
