@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 plain_ddp.py [--hang-rank R --at-step S]
              [--desync-rank R] [--exit-rank R] [--dtype bfloat16] [--compute bf16]
-             [--slow-rank R --factor F] [--steps N]
+             [--slow-rank R --factor F] [--steps N] [--width W] [--batch B]
 
 --dtype bfloat16 is accepted and ignored (a flag with no effect, as in scripts
 that parse a dtype and never use it); --compute bf16 really computes in bf16.
@@ -26,6 +26,8 @@ parser.add_argument("--at-step", type=int, default=5)
 parser.add_argument("--dtype", default="float32", help="parsed, never used")
 parser.add_argument("--compute", default="float32", choices=["float32", "bf16"])
 parser.add_argument("--width", type=int, default=256)
+parser.add_argument("--batch", type=int, default=64, help="rows a step (1 and a wide model: "
+                    "a step all-reduce, little compute)")
 parser.add_argument("--compile", action="store_true", help="torch.compile the model")
 parser.add_argument("--layers", type=int, default=1, help="hidden layers (compile time grows)")
 args = parser.parse_args()
@@ -39,7 +41,7 @@ if args.compile:
     model = torch.compile(model)
 ddp = nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-x = torch.randn(64, args.width, dtype=dtype)
+x = torch.randn(args.batch, args.width, dtype=dtype)
 step = 0
 print(f"rank {rank} pid {os.getpid()} ready", flush=True)
 while args.steps <= 0 or step < args.steps:

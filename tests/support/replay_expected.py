@@ -102,6 +102,10 @@ EXPECTED = {
                    [1], {}),
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),
                     1: ("straggler", "culprit", "straggler-cpu")}, [1], {}),
+    # both ranks starved of CPU inside DDP's all-reduce, its bytes moving: slow,
+    # not stuck (judged blocked, no culprit, before signal rank_links_idle_s)
+    "plain_starved_moving": ({0: ("healthy", "none", "collective-moving"),
+                              1: ("healthy", "none", "collective-moving")}, [], {}),
     # two namespace nodes, one rank each, node 1's under a 0.15-core CPU quota
     # (tests/nodes/test_two_nodes.py): judged in node 0 with the peer view (rank
     # 1's signals saved beside the history), in node 1 with it, and in node 0 alone

@@ -32,18 +32,32 @@ BEFORE_STAGES = [
 ]
 
 
+# verdict rules shipped since the stages: no priority, placed by their stage alone
+SINCE_STAGES = ["collective-moving"]  # before healthy-cpu: in a collective, not computing
+
+
 def old_order(rows):
     return [rule_id for rule_id, _ in sorted(rows, key=lambda row: -row[1])]  # stable
 
 
-def tried(*extra_files) -> list[str]:
+def tried_all(*extra_files) -> list[str]:
     return [r.id for r in stages.order(rules_mod.load_default(extra_files))]
+
+
+def tried(*extra_files) -> list[str]:
+    """The order, less the rules shipped since the stages (the old order never knew them)."""
+    return [r for r in tried_all(*extra_files) if r not in SINCE_STAGES]
 
 
 def test_the_stages_try_the_shipped_rules_as_their_priorities_did():
     shipped = rules_mod.load_default()
     assert all(r.stage and r.priority is None for r in shipped if r.verdict)
     assert tried() == old_order(BEFORE_STAGES)
+    everything = tried_all()
+    assert [r for r in everything if r in SINCE_STAGES] == SINCE_STAGES
+    at = everything.index("collective-moving")
+    assert everything[at - 1:at + 2] == ["healthy-heartbeat", "collective-moving", "healthy-cpu"]
+    assert not set(SINCE_STAGES) & set(legacy.PRIORITY)
 
 
 def test_the_old_formats_table_is_those_priorities():
