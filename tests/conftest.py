@@ -34,8 +34,10 @@ def need(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-def wait_until(predicate, timeout: float = 120.0, interval: float = 0.2, what: str = "condition"):
-    """Poll `predicate` until it returns a truthy value; fail with `what` on timeout."""
+def wait_until(predicate, timeout: float = 120.0, interval: float = 0.2, what="condition"):
+    """Poll `predicate` until it returns a truthy value; fail with `what` on timeout.
+    `what` may be a callable, called at the failure: logs read then, not before the
+    wait (an f-string argument is read when the wait starts)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -43,7 +45,8 @@ def wait_until(predicate, timeout: float = 120.0, interval: float = 0.2, what: s
         if last:
             return last
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    said = what() if callable(what) else what
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {said} (last: {last!r})")
 
 
 def free_port() -> int:

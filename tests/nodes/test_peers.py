@@ -81,7 +81,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     both = {(0, "node-a"), (1, "node-b")}
     wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == both
                and set(ranks_seen(get_json(url_b + "/status"))) == both, TIMEOUT,
-               what=f"both daemons seeing both ranks\n{logs()}")
+               what=lambda: f"both daemons seeing both ranks\n{logs()}")
     peer_doc = get_json(url_a + "/peer")
     assert peer_doc["node"] == "node-a"
     assert [s["rank"] for job in peer_doc["jobs"].values() for s in job] == [0]  # its own only
@@ -91,7 +91,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
                (1, "node-b"): ("hung_outside_collective", "culprit")}
     for url in (url_a, url_b):
         wait_until(lambda: ranks_seen(get_json(url + "/status")) == culprit, TIMEOUT,
-                   what=f"{url} naming rank 1 on node-b\n{logs()}")
+                   what=lambda: f"{url} naming rank 1 on node-b\n{logs()}")
     status_a = get_json(url_a + "/status")
     assert status_a["node"] == "node-a" and status_a["job"]["culprits"] == [1]
     assert "rank 1 (on node-b) is the culprit" in status_a["job"]["summary"]
@@ -119,10 +119,10 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
                 if i["state"] != "resolved"]
     for url in (url_a, url_b):
         wait_until(lambda: alerts_from(url) == ["node-a"], TIMEOUT,
-                   what=f"{url}'s incident sent from node-a\n{logs()}")
+                   what=lambda: f"{url}'s incident sent from node-a\n{logs()}")
     firing = wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
                                  and b["culprits"] == [1]], TIMEOUT,
-                        what=f"a firing webhook naming rank 1\n{logs()}")
+                        what=lambda: f"a firing webhook naming rank 1\n{logs()}")
     assert {b["node"] for b in hook.bodies()} == {"node-a"}, hook.bodies()
     assert "webhooks from node-a" in subprocess.run(
         [sys.executable, "-m", "ddpwatch", "status", "--url", url_b, "--token", TOKEN],
@@ -140,7 +140,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
         if runs_module(proc.cmdline(), "ddpwatch", "run"):
             proc.send_signal(signal.SIGTERM)
     wait_until(lambda: (get_json(url_a + "/status") or {}).get("peers", [{}])[0].get("error"),
-               TIMEOUT, what=f"node A noticing its peer is gone\n{logs()}")
+               TIMEOUT, what=lambda: f"node A noticing its peer is gone\n{logs()}")
     wait_until(lambda: set(ranks_seen(get_json(url_a + "/status"))) == {(0, "node-a")}, TIMEOUT,
                what="rank 1 dropped once the peer's answer is too old")
     assert get_json(url_a + "/status")["job"]["culprits"] == []
@@ -190,27 +190,27 @@ def test_a_look_alike_started_first_neither_hides_nor_silences_the_real_job(
     # node B holds both: the look-alike under the bare run id, the real job beside it
     real_b = wait_until(lambda: (lambda js: next((k for k in js if k.startswith(label + "@u0.")),
                                                  None) if label in js else None)(jobs(url_b)),
-                        TIMEOUT, what=f"node B's look-alike and real job\n{logs()}")
+                        TIMEOUT, what=lambda: f"node B's look-alike and real job\n{logs()}")
     both = {(0, "node-a"), (1, "node-b")}
     wait_until(lambda: set(ranks_of(jobs(url_a).get(label, {"ranks": []}))) == both
                and set(ranks_of(jobs(url_b).get(real_b, {"ranks": []}))) == both, TIMEOUT,
-               what=f"both nodes judging the real job's two ranks\n{logs()}")
+               what=lambda: f"both nodes judging the real job's two ranks\n{logs()}")
     look_b = jobs(url_b)[label]
     assert {r["host"] for r in look_b["ranks"]} <= {"node-b"}, look_b  # joined to nothing
     # rank 1 hangs at step 150: node A names the real rank 1, on node B
     culprit = {(0, "node-a"): ("blocked_in_collective", "victim"),
                (1, "node-b"): ("hung_outside_collective", "culprit")}
     wait_until(lambda: ranks_of(jobs(url_a).get(label, {"ranks": []})) == culprit, TIMEOUT,
-               what=f"node A naming rank 1 on node-b\n{logs()}")
+               what=lambda: f"node A naming rank 1 on node-b\n{logs()}")
     # node B's incident of the real job is left to node A, the owner of its rank 0
     def real_incident_b():
         return next((i for i in (get_json(url_b + "/status") or {}).get("incidents", [])
                      if i["owner"].startswith("u0.") and i["state"] != "resolved"), None)
     wait_until(lambda: (real_incident_b() or {}).get("alerts_from") == "node-a", TIMEOUT,
-               what=f"node B leaving the real job's webhooks to node A\n{logs()}")
+               what=lambda: f"node B leaving the real job's webhooks to node A\n{logs()}")
     wait_until(lambda: [b for b in hook.bodies() if b["status"] == "firing"
                         and b["node"] == "node-a" and b["job"] == label
                         and b["culprits"] == [1]], TIMEOUT,
-               what=f"node A's firing webhook naming rank 1\n{logs()}")
+               what=lambda: f"node A's firing webhook naming rank 1\n{logs()}")
     assert not [b for b in hook.bodies() if b["node"] == "node-b" and b["job"] == real_b], \
         hook.bodies()

@@ -64,7 +64,7 @@ def throttled(tmp_path_factory):
         logs = lambda: nodes[0].logs() + nodes[1].logs()  # noqa: E731
         for node in nodes:
             wait_until(lambda: seen(node, key) == HEALTHY, 180,
-                       what=f"both ranks healthy on {node.name}'s /status\n{logs()}")
+                       what=lambda: f"both ranks healthy on {node.name}'s /status\n{logs()}")
         pids = {0: nodes[0].rank_pids()[0], 1: nodes[1].rank_pids()[0]}
         quota = CpuQuota(0.15)
         quota.add(pids[1])
@@ -82,7 +82,7 @@ def test_quota_throttled_rank_on_node1_is_the_straggler_on_both_pages(throttled)
     # straggler_after_s: watch/slow.py), and still so a few ticks later (no flip-flop)
     for node in nodes:
         wait_until(lambda: seen(node, key) == STRAGGLER, 90,
-                   what=f"rank 1 the straggler on {node.name}'s /status\n{node.logs()}")
+                   what=lambda: f"rank 1 the straggler on {node.name}'s /status\n{node.logs()}")
     for node in nodes:
         ticks = set()
         while len(ticks) < 6:  # six ticks in a row, about 3 s: no flip-flop
@@ -153,7 +153,7 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
                               extra_env={"DDPWATCH_AUTO": "0"})
         for node in nodes:
             wait_until(lambda: seen(node, None) == HEALTHY, 180,
-                       what=f"both ranks healthy on {node.name}\n{node.logs()}")
+                       what=lambda: f"both ranks healthy on {node.name}\n{node.logs()}")
         # node 0's lone view (no --peer, no heartbeats) of the healthy job: no alarm
         pid0 = nodes[0].rank_pids()[0]
         report = until_diagnosed(nodes[0], pid0, {0: ("healthy", "none")}, timeout=30,
@@ -163,7 +163,7 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
         quota.add(nodes[1].rank_pids()[0])
         for node in nodes:  # judged, then slow over straggler_after_s (watch/slow.py)
             wait_until(lambda: seen(node, None) == STRAGGLER, 90,
-                       what=f"rank 1 the straggler on {node.name}\n{node.logs()}")
+                       what=lambda: f"rank 1 the straggler on {node.name}\n{node.logs()}")
             job = job_on(node, None)
             ranks = {r["rank"]: r for r in job["ranks"]}
             assert not ranks[1]["signals"].get("hb") and job["job"]["culprits"] == [1]
@@ -216,7 +216,8 @@ def test_a_firewall_on_node1_makes_node1_the_culprit_on_both_pages(firewalled):
     expected = {0: ("unreachable_peer", "victim"), 1: ("unreachable_peer", "culprit")}
     for node in nodes:
         wait_until(lambda: seen(node, key) == expected, 90,
-                   what=f"node 1's firewall named on {node.name}\n{node.logs()}")
+                   what=lambda: f"node 1's firewall named on {node.name} (it shows "
+                                f"{seen(node, key)})\n{node.logs()}")
     for node in nodes:
         job = job_on(node, key)
         ranks = {r["rank"]: r for r in job["ranks"]}

@@ -28,7 +28,7 @@ def shaped(tmp_path_factory):
         nodes, key = start_pair(start, start.tmp, net, TRAINER)
         for node in nodes:
             wait_until(lambda: seen(node, key) == HEALTHY, 180,
-                       what=f"both ranks healthy on {node.name}'s /status\n{node.logs()}")
+                       what=lambda: f"both ranks healthy on {node.name}'s /status\n{node.logs()}")
         # the host's end of node 1's veth shapes what node 1 receives, node 1's
         # eth0 what it sends
         for cmd in (("tc", "qdisc", "add", "dev", net.links[1], "root", "tbf", *RATE),
@@ -55,8 +55,8 @@ def test_a_slow_link_is_named_on_both_pages_and_no_rank_is_blamed(shaped):
         return job
     for node in nodes:
         job = wait_until(lambda: settled(node), 90, interval=0.5,
-                         what=f"both ranks slow_collective at under 2 MB/s on {node.name}'s "
-                              f"/status\n{node.logs()}")
+                         what=lambda: f"both ranks slow_collective at under 2 MB/s on "
+                                      f"{node.name}'s /status\n{node.logs()}")
         assert job["job"]["culprits"] == [] and job["job"]["verdict"] == "slow_collective"
         for rank in job["ranks"]:
             assert rank["rule"] == "slow-link", rank

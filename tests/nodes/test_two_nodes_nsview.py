@@ -71,7 +71,7 @@ def test_host_watcher_sees_the_nodes_hostname_resolution(loopback_node1, tmp_pat
     # a daemon in the host namespace judges node 1's rank with node 1's view too
     daemon = host_daemon(start, tmp_path, nodes[1])
     rank = wait_until(lambda: rank_on(daemon, pid1, "unreachable-loopback-address"), 60,
-                      what=f"the host's daemon judging node 1's rank\n{nodes[1].logs()}")
+                      what=lambda: f"the host's daemon judging node 1's rank\n{nodes[1].logs()}")
     assert rank["role"] == "culprit" and rank["signals"]["node"] == "node1"
     assert "node1 resolves to 127.0.1.1" in wrong_interface(rank)["evidence"]
 
@@ -108,4 +108,4 @@ def files_first() -> bool:
 
 def _rank_pid(node):
     return wait_until(lambda: (node.rank_pids() or [None])[0], 120,
-                      what=f"{node.name}'s rank started\n{node.logs()}")
+                      what=lambda: f"{node.name}'s rank started\n{node.logs()}")

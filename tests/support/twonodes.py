@@ -163,9 +163,14 @@ class Node:
         return ["nsenter", "-t", str(pid), "--net", "--uts", "--pid", "--mount"]
 
     def logs(self) -> str:
-        return "\n".join(f"--- {self.name} {p.name}:\n" + (p.read_text()[-2500:] if p.exists()
-                                                             else "(none)")
-                         for p in (self.root / "daemon.log", self.root / "rank.log"))
+        """The daemon's and the rank's logs, and the node's own output (`ip netns
+        exec`, unshare, mount: where a node that never started its daemon says why)."""
+        code = self.job.proc.poll()
+        own = (f"--- {self.name} itself ({'runs' if code is None else f'exited {code}'}):\n"
+               + (self.job.output()[-2500:] or "(nothing)"))
+        return "\n".join([own] + [f"--- {self.name} {p.name}:\n" + (
+            p.read_text()[-2500:] if p.exists() else "(none)")
+            for p in (self.root / "daemon.log", self.root / "rank.log")])
 
 
 def _parents(pid: int):

@@ -43,7 +43,20 @@ def autocast_forward(model):
     device = os.environ.get("DDPWATCH_TEST_AUTOCAST")
     if device:
         import torch
-        model.forward = torch.autocast(device, dtype=torch.bfloat16)(model.forward)
+        forward = model.forward
+        work = torch.randn(192, 192)
+
+        def heavier(*args, **kwargs):
+            # Most of the step inside the forward (a few ms of float32 matmuls: on
+            # the CPU, autocast for another device leaves them as they are), so
+            # that a stack sample catches autocast's frame: the toy model's own
+            # forward is a sliver of its step, and the test waited up to 150 s
+            # for one (tests/thirdparty/test_thirdparty_stacks.py).
+            x = work
+            for _ in range(8):
+                x = torch.tanh(x @ work)
+            return forward(*args, **kwargs)
+        model.forward = torch.autocast(device, dtype=torch.bfloat16)(heavier)
     return model
 
 
