@@ -145,18 +145,26 @@ def test_fake_rank_floods_page_nothing_young_and_at_most_the_uid_limit(
     healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"]
                                   == "healthy" else None)(our_status(daemon, trainer)), 240,
                          what="healthy job")
-    # 8 fakes that live 12 s (past min_life_s), and meanwhile 12 that live 1 s each
-    older = start_job(python_as_nobody("-c", FLOOD, "8", "12", "0", "old"), name="flood-old")
-    wait_until(lambda: "started" in older.output(), 60, what="the 12-second fakes")
+    # 8 fakes that live 20 s, and meanwhile 12 that live 1 s each. A life is
+    # counted to the last tick that saw the job alive (publish/limits.py life_s):
+    # 12 s left 2 s past min_life_s (10 s), and a full run's slow ticks made some
+    # of them young; 20 s leaves 10.
+    older = start_job(python_as_nobody("-c", FLOOD, "8", "20", "0", "old"), name="flood-old")
+    wait_until(lambda: "started" in older.output(), 60, what="the 20-second fakes")
     young = start_job(python_as_nobody("-c", FLOOD, "12", "1", "0.3", "young"),
                       name="flood-young")
     wait_until(lambda: "started" in young.output(), 60, what="the one-second fakes")
     # the one-second fakes were seen and judged dead: held back as young
     wait_until(lambda: metric(daemon.metrics(), "ddpwatch_incidents_limited_total",
                               reason="young") >= 6, 60, what="young deaths held back")
-    # the 12-second ones: LIMIT incidents, the rest held back by the uid's bucket
+    # the 20-second ones: LIMIT incidents, the rest held back by the uid's bucket
     wait_until(lambda: metric(daemon.metrics(), "ddpwatch_incidents_limited_total",
-                              reason="uid_rate") >= 8 - LIMIT, 90, what="the uid's limit")
+                              reason="uid_rate") >= 8 - LIMIT, 90,
+               what=lambda: "the uid's limit; the daemon's counts:\n" + "\n".join(
+                   line for line in daemon.metrics().splitlines() if line.startswith((
+                       "ddpwatch_incidents_limited_total", "ddpwatch_jobs",
+                       "ddpwatch_left_out"))) + "\nits incidents: " + repr(
+                   [(i["job"], i["verdict"]) for i in daemon.status()["incidents"]]))
     # the real job (root's) is paged all the same
     os.kill(rank_pid(healthy, 1), signal.SIGSTOP)
     key = healthy["key"]
