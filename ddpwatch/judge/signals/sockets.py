@@ -45,10 +45,12 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
         s["peer_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
                                      for k in established) / 1000, 3)
         s["retransmits"] = sum(max(k.retransmits, 0) for k in established)
-        ends = _rank_ends(last)
-        master = int(port) if port.isdigit() else -1  # the store, rank 0's under mp.spawn
+        # Gloo's pairs: connections whose far end is another rank of the job here;
+        # not the store (MASTER_PORT, rank 0's under mp.spawn), not a framework's
+        # own sockets (Ray's gRPC)
+        master = int(port) if port.isdigit() else -1
         links = [k for k in established if master not in (k.local_port, k.peer_port)
-                 and ends.get((plain_addr(k.peer_addr), k.peer_port), pid) != pid]
+                 and _far_end_rank(last, k) not in (None, pid)]
         if links:
             s["rank_links_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
                                                for k in links) / 1000, 3)
@@ -56,27 +58,10 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     return s
 
 
-# One snapshot's rank ends, kept for the next rank of the same judgement: every
-# rank of a job reads the same map (256 ranks would otherwise walk each other's
-# sockets: benchmarks/judge.py).
-_ENDS_OF: list = [(None, {})]  # [(snapshot, its ends)]: one tuple, swapped whole
-
-
-def _rank_ends(snap: Snapshot) -> dict[tuple[str, int], int]:
-    """(address, port) -> pid: the local ends of the established connections of the
-    job's ranks. A connection whose far end is one of these links two ranks: on
-    it, a collective's bytes go; the store (a launcher's) and a framework's own
-    sockets (Ray's gRPC) are not among them."""
-    kept, ends = _ENDS_OF[0]
-    if kept is snap:
-        return ends
-    ends = {}
-    for pid in snap.job.rank_pids:
-        for k in sockets_of(snap, pid):
-            if k.state == "ESTABLISHED":
-                ends[(plain_addr(k.local_addr), k.local_port)] = pid
-    _ENDS_OF[0] = (snap, ends)
-    return ends
+def _far_end_rank(snap: Snapshot, k) -> int | None:
+    """The pid of the job's rank here that holds connection `k`'s far end (None: none)."""
+    owner = snap.sockets.ends.get((plain_addr(k.peer_addr), k.peer_port))
+    return owner if owner in snap.job.rank_set else None
 
 
 def remote_addrs(socks) -> str:

@@ -11,6 +11,8 @@ SIGNALS = declare(
     ("in_collective", bool, "this rank waits in a collective (heartbeat or stack)"),
     ("blocked", bool, "in a collective, using ~no CPU, its connections to the job's other "
                      "ranks here idle (bytes moving: the collective moves, starved of CPU)"),
+    ("links_moving", bool, "its connections to the job's other ranks here sent or received "
+                          "in the last second: a collective that moves (None: not read)"),
     ("warming_up", bool, "first steps or compilation frames"),
     ("waiting_in", str, "the collective this rank waits in (heartbeat op, else from its stack)"),
     ("local_rank", int, "LOCAL_RANK (environment, else the record), -1 unknown"),
@@ -39,9 +41,9 @@ def measure(s: dict, last: Snapshot) -> None:
     # that waits for a peer has idle links however busy the host is (its run-queue
     # wait says nothing: 0.05-0.08 cores beside a recompile and a busy loop).
     # tests/unit/judge/test_rank_links_unit.py; replay fixture plain_starved_moving
-    moving = (s.get("rank_links_idle_s") is not None
-              and 0 <= s["rank_links_idle_s"] < LINKS_MOVING_S)
-    s["blocked"] = bool(s["in_collective"] and idle and not moving and (stalled_hb or (
+    links = s.get("rank_links_idle_s")
+    s["links_moving"] = None if links is None else 0 <= links < LINKS_MOVING_S
+    s["blocked"] = bool(s["in_collective"] and idle and not s["links_moving"] and (stalled_hb or (
         not s.get("hb") and stack_waits)))
     # torch/_dynamo and torch/_inductor frames are on the stack of every step of
     # a compiled model, not only while it compiles: a rank whose heartbeat

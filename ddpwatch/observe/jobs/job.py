@@ -4,6 +4,7 @@ every Snapshot carries the Job it was taken of (observe/snapshot.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,9 @@ class Job:
     # probe saw them go), with their ranks (same order): judged as dead ranks
     departed_pids: tuple[int, ...] = ()
     departed_ranks: tuple[int, ...] = ()
+
+    @cached_property
+    def rank_set(self) -> frozenset[int]:
+        """rank_pids as a set: each rank asks whether a connection's far end is
+        another rank's (judge/signals/sockets.py), 256 ranks of 255 pairs each."""
+        return frozenset(self.rank_pids)

@@ -26,7 +26,7 @@ from ... import codec
 from ..system import programs
 from ..budget import MAX_ADDRESSES, MAX_FDS, MAX_OUTPUT, TABLE_MAX_AGE_S, owner
 from . import Look, Pass, Probe, ProbeContext, failure, register
-from .host import SUSPECT_KINDS, Interface, interface_kind
+from .host import SUSPECT_KINDS, Interface, interface_kind, plain_addr
 
 # include/net/tcp_states.h; names as ss prints them, except ESTAB -> ESTABLISHED.
 TCP_STATES = {
@@ -117,6 +117,15 @@ class Sockets:
         """pid -> its first entry: judging 256 ranks looks each up in every
         snapshot of the window (judge/signals/lookup.py socket_entry)."""
         return {p.pid: p for p in reversed(self.pids)}
+
+    @cached_property
+    def ends(self) -> dict[tuple[str, int], int]:
+        """(address, port) -> pid: the local ends of the established connections
+        read. A rank's connection whose far end is another rank's links the two
+        (judge/signals/sockets.py rank_links_idle_s); worked out once per reading,
+        not once per rank."""
+        return {(plain_addr(k.local_addr), k.local_port): p.pid for p in reversed(self.pids)
+                for k in p.sockets if k.state == "ESTABLISHED"}
 
 
 # ---------------------------------------------------------------- PARSE (pure)
