@@ -298,6 +298,35 @@ class Soak:
                     seen[name][pause["kind"]] += 1
         return seen
 
+    LOOK = ("cpu_ratio", "runqueue_wait_ratio", "state", "running_share", "peer_idle_s",
+            "rank_links_idle_s", "stack", "stack_top", "pause_kind", "competitors")
+
+    def around(self, label: str, at: float, before: float = 20.0) -> str:
+        """What /status said of job `label` in the readings from `before` seconds
+        before `at` to 3 s after it: each rank's verdict, rule and the signals a
+        false page turns on, for a failure's message (CI keeps nothing else)."""
+        lines = []
+        for t, status in self.readings:
+            if not at - before <= t <= at + 3:
+                continue
+            for entry in status.get("jobs", ()):
+                if entry.get("key") != label:
+                    continue
+                lines.append(f"  {t - at:+.1f}s {self.name_of(entry)} {entry['job'].get('verdict')}")
+                for r in entry.get("ranks", ()):
+                    sig = r.get("signals") or {}
+                    lines.append(f"    rank {r.get('rank')} {r.get('verdict')} ({r.get('rule')}) "
+                                 + " ".join(f"{k}={sig[k]!r}" for k in self.LOOK
+                                            if sig.get(k) is not None)[:600])
+        return "\n".join(lines) or "  no /status reading of it then"
+
+    def describe(self, firing: list[tuple[float, dict]], began: float) -> str:
+        """False pages for a failure's message: each with the job's name and the
+        readings before it (around)."""
+        return "\n".join(
+            f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}\n"
+            + self.around(m.get("job"), t) for t, m in firing)
+
     def verdicts_seen(self) -> dict[str, collections.Counter]:
         seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for _, status in self.readings:
@@ -412,8 +441,8 @@ def main() -> int:
                   f"({', '.join(names)}), 2 CPU ranks each, pause_floor_s {args.floor:g}")
             print(f"false pages: {len(firing)} firing message(s), "
                   f"{len(firing) / hours / len(names):.2f} per job-hour (target 0)")
-            for t, m in firing:
-                print(f"  +{t - started:6.1f}s {m.get('job')}: {m.get('summary', '')[:200]}")
+            if firing:
+                print(soak.describe(firing, started))
             for name in names:
                 print(f"  {name}: verdicts {dict(soak.verdicts_seen().get(name, {}))}; "
                       f"pauses named {dict(soak.pauses_seen().get(name, {}))}")

@@ -54,9 +54,7 @@ def test_a_dataloaders_epochs_and_a_recompile_are_pauses_that_page_nobody(tmp_pa
                       MORE_S + 10, "a minute of training")
         ours = {run.label_of(name) for name in run.jobs}
         firing = [(t, m) for t, m in run.receiver.firing() if m.get("job") in ours]
-        assert None not in ours and firing == [], "false pages:\n" + "\n".join(
-            f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}"
-            for t, m in firing)
+        assert None not in ours and firing == [], "false pages:\n" + run.describe(firing, began)
         pauses, verdicts = run.pauses_seen(), run.verdicts_seen()
         assert pauses["loader"]["data"] >= 2, (pauses, verdicts)  # more than one epoch
         assert pauses["compile"]["compile"] >= 3, (pauses, verdicts, run.jobs["compile"]
@@ -83,9 +81,8 @@ def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
     # the daemon watches every job on the node: ours are judged here
     ours = {watched.label_of(name) for name in watched.jobs}
     firing = [(t, m) for t, m in watched.receiver.firing() if m.get("job") in ours]
-    assert None not in ours and firing == [], "false pages on healthy training:\n" + "\n".join(
-        f"+{t - began:.1f}s {m.get('job')} {m.get('verdict')}: {m.get('summary')}"
-        for t, m in firing)
+    assert None not in ours and firing == [], ("false pages on healthy training:\n"
+                                               + watched.describe(firing, began))
     pauses = watched.pauses_seen()
     assert pauses["eval"]["evaluation"] >= 1, (pauses, watched.verdicts_seen())
     # The checkpoint job writes heartbeats: its waiting rank is blocked (and its

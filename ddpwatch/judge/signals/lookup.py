@@ -52,11 +52,14 @@ def owns(snap: Snapshot, record: Record) -> bool:
 
 def stacks_of(snaps: tuple[Snapshot, ...], pid: int) -> list:
     """Every dump of `pid` in the history, oldest first: those taken inside a
-    snapshot's window (window_stacks), then the snapshot's own."""
-    found = []
+    snapshot's window (window_stacks), then the snapshot's own. A reading kept
+    for later looks (observe/sampler.py still_current) is one sample however many
+    snapshots carry it: counted once, by when it was taken."""
+    found, seen = [], set()
     for snap in snaps:
         for stacks in (*snap.window_stacks, snap.stacks):
-            if stacks is not None:
+            if stacks is not None and stacks.taken_at not in seen:
+                seen.add(stacks.taken_at)
                 found += stacks.by_pid.get(pid, ())
     return found
 

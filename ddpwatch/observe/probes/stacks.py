@@ -32,7 +32,7 @@ from ... import codec
 from ..system import programs
 from . import Look, Pass, ProbeContext, register
 from ..budget import MAX_DUMP_THREADS
-from .process import parse_stat, read_state
+from .process import parse_schedstat, parse_stat, read_state
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ class PidStacks:
     native: bool = False
     threads: tuple[ThreadStack, ...] = ()
     error: str = ""
+    # The main thread's run time (schedstat, s) read just before the dump; -1
+    # unknown. A main thread that waits runs none: once it has run since, the
+    # dump no longer says where it waits (judge/signals/stack.py `measure`).
+    main_run_s: float = -1.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,15 @@ def _state_and_threads(procfs: str, pid: int) -> tuple[str, int]:
         return "", 0
 
 
+def _main_run_s(procfs: str, pid: int) -> float:
+    """The main thread's (tid = pid) run time so far, -1 if unreadable."""
+    try:
+        with open(f"{procfs}/{pid}/task/{pid}/schedstat") as f:
+            return parse_schedstat(f.read()).run_s
+    except (OSError, ValueError):
+        return -1.0
+
+
 def _command(py_spy: str, pid: int, native: bool) -> list[str]:
     return [py_spy, "dump", "--pid", str(pid), "--json",
             "--native" if native else "--nonblocking"]
@@ -168,6 +181,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
     (observe/budget.py), told of the ranks left out."""
     read = {pid: _state_and_threads(ctx.procfs, pid) for pid in pids}
     states = {pid: state for pid, (state, _) in read.items()}
+    ran = {pid: _main_run_s(ctx.procfs, pid) for pid, (state, _) in read.items() if state}
     results: dict[int, PidStacks] = {}
     running: dict[int, tuple[subprocess.Popen, bool]] = {}
     for pid in pids:
@@ -194,7 +208,8 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
         state, note = states[pid], ""
         try:
             out, _ = _finish(proc, deadline)
-            results[pid] = PidStacks(pid, "ok", state, with_native, parse_dump(out))
+            results[pid] = PidStacks(pid, "ok", state, with_native, parse_dump(out),
+                                     main_run_s=ran.get(pid, -1.0))
             continue
         except (subprocess.TimeoutExpired, RuntimeError, ValueError) as err:
             note = ("timeout" if isinstance(err, subprocess.TimeoutExpired)
@@ -207,7 +222,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
                                          start_new_session=True)
                 out, _ = _finish(retry, time.monotonic() + ctx.timeout_s)
                 results[pid] = PidStacks(pid, "ok", state, False, parse_dump(out),
-                                         f"native failed: {note}")
+                                         f"native failed: {note}", ran.get(pid, -1.0))
                 continue
             except (subprocess.TimeoutExpired, RuntimeError, ValueError) as err:
                 note = f"native failed: {note}; python: " + (

@@ -127,7 +127,8 @@ def test_no_py_spy_fails_the_probe(monkeypatch):
 
 def test_json_round_trip():
     threads = dump("torchrun_agent_monitoring.json")
-    data = K.Stacks(1.5, "/usr/bin/py-spy", (K.PidStacks(4987, "ok", "S", False, threads),
+    data = K.Stacks(1.5, "/usr/bin/py-spy", (K.PidStacks(4987, "ok", "S", False, threads,
+                                                         main_run_s=2.25),
                                              K.PidStacks(8465, "stopped: not dumped", "T")))
     assert K.from_json(json.loads(json.dumps(codec.to_json(data)))) == data
 
@@ -157,6 +158,10 @@ def test_live_nonblocking_dump(start_job):
     (res,) = K.run(ProbeContext(timeout_s=20), Pass(), (pid,)).pids
     assert res.status == "ok" and not res.native and res.state == "S", res.error
     assert _frames(res) == ["napping", "<module>"]
+    # its main thread's run time then, read before the dump: asleep since, it
+    # has run no more (judge/signals/stack.py compares it with a later look's)
+    now = next(t.sched.run_s for t in process.read_process("/proc", pid).threads if t.tid == pid)
+    assert 0 < res.main_run_s <= now and now - res.main_run_s < 0.002, (res.main_run_s, now)
 
 
 def test_live_stopped_process_is_not_dumped_and_stays_stopped(start_job):
