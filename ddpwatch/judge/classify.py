@@ -90,9 +90,8 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             role=rule.role if rule else "none",
             confidence=rule.confidence if rule else 0.0,
             rule=rule.id if rule else "",
-            evidence=render(rule.evidence, s) if rule else _blind(s),
-            remedy=render(rule.remedy, s) if rule else "Check that ddpwatch may read /proc "
-            "and ptrace the ranks (run as the ranks' user or root), then diagnose again.",
+            evidence=render(rule.evidence, s) if rule else _blind(s)[0],
+            remedy=render(rule.remedy, s) if rule else _blind(s)[1],
             findings=findings, stack=s.get("stack_top", ""),
             signals={k: s[k] for k in sorted(s) if type(s[k]) in _SCALARS}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
@@ -122,10 +121,24 @@ _SCALARS = frozenset((int, float, str, bool))
 _JSON_SCALARS = _SCALARS | {type(None)}
 
 
-def _blind(s: dict) -> str:
+BLIND_REMEDY = ("Check that ddpwatch may read /proc and ptrace the ranks (run as the ranks' "
+                "user or root), then diagnose again.")
+
+
+def _blind(s: dict) -> tuple[str, str]:
+    """(evidence, remedy) of a rank no rule matched."""
+    if s.get("stack_moved_on") and not s.get("stack"):
+        # its only dump was of a wait it has left (signals/stack.py measure):
+        # nothing is wrong with the daemon's access, the dump is just old
+        cpu = s.get("cpu_ratio")
+        return ("no rule matched: its last stack dump showed a collective wait that its "
+                "main thread has left since" + (f" (CPU {cpu:.0%} over {s.get('window_s', 0):.1f}s)"
+                                                if cpu is not None else ""),
+                f"None yet: the next stack dump says where it is; `ddpwatch diagnose "
+                f"{s['pid']}` looks now.")
     seen = [k for k in ("cpu_ratio", "stack", "hb") if s.get(k) not in (None, False)]
     return ("no rule matched what could be observed" if seen else
-            "could not observe this rank (no CPU sample, no stack, no heartbeat)")
+            "could not observe this rank (no CPU sample, no stack, no heartbeat)", BLIND_REMEDY)
 
 
 def _elsewhere(victims: list[RankVerdict]) -> str:

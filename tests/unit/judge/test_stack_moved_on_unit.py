@@ -81,6 +81,12 @@ def test_a_kept_wait_whose_main_thread_ran_since_is_no_evidence_and_no_hang():
     assert "blocked_in_collective" not in {v.verdict for v in judged.ranks}, [
         (v.verdict, v.rule, v.evidence) for v in judged.ranks]
     assert judged.job.verdict != "blocked_in_collective"
+    # no rule for a rank seen idle with no stack of now: said as such, not as a
+    # daemon without access to the ranks
+    unknown = [v for v in judged.ranks if v.verdict == "unknown"]
+    assert unknown and all("dump showed a collective wait that its main thread has left since"
+               in v.evidence and "ptrace" not in v.remedy for v in unknown), [
+        (v.evidence, v.remedy) for v in unknown]
 
 
 def test_a_main_thread_still_asleep_in_the_wait_keeps_its_dump_and_is_blocked():
