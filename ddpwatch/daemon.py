@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import socket
+import threading
 import time
 
 from .judge import classify, rules as rules_mod, stages, vocabulary
@@ -89,6 +90,9 @@ class Daemon:
         # next tick dumps the stacks of the jobs the asker may see, suspicious or
         # not: ALL_JOBS, or a frozenset of owner uids. Replaced whole, never mutated.
         self.stacks_requested: object = frozenset()
+        # the HTTP threads add to it while a tick takes it: one lock, or a request
+        # made between the tick's read and its reset is lost
+        self._requests_lock = threading.Lock()
         self._saved = None  # what incident_store last saved (a mark of it)
         self._persist_error = ""
         # helper programs found once, by absolute path, not through PATH per call
@@ -153,20 +157,22 @@ class Daemon:
         those of every job they may see: all of them for uid None (root, a
         token holder), else their own uid's (publish/viewer.py). A local user
         cannot make the daemon dump other users' ranks."""
-        wanted = self.stacks_requested
         if uid is not None and uid < 0:
             return  # an asker who could not be told owns no job
-        if uid is None:
-            self.stacks_requested = ALL_JOBS
-        elif wanted is not ALL_JOBS:
-            self.stacks_requested = frozenset(wanted) | {uid}
+        with self._requests_lock:
+            wanted = self.stacks_requested
+            if uid is None:
+                self.stacks_requested = ALL_JOBS
+            elif wanted is not ALL_JOBS:
+                self.stacks_requested = frozenset(wanted) | {uid}
 
     # --- one tick ------------------------------------------------------------------
     def tick(self) -> DaemonView:
         started = self.clock()
         statuses = []
         jobs = self._guard("discovery", lambda: self._discover(statuses), [])
-        requested, self.stacks_requested = self.stacks_requested, frozenset()
+        with self._requests_lock:
+            requested, self.stacks_requested = self.stacks_requested, frozenset()
         self._requested = requested
         # Jobs are who owns them (uid, launcher); a run id is only their label
         # (two users' jobs may claim one: tests/unit/publish/test_hostile_unit.py)
