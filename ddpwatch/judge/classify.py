@@ -80,6 +80,7 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
     local = signals.local(history)
     for s in signals.with_peers(local, remote):
         rule = next((r for r in verdict_rules if r.matches(s)), None)
+        blind = None if rule else _blind(s)
         findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
                          for r in finding_rules if r.matches(s))
         verdicts.append(RankVerdict(
@@ -90,8 +91,8 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             role=rule.role if rule else "none",
             confidence=rule.confidence if rule else 0.0,
             rule=rule.id if rule else "",
-            evidence=render(rule.evidence, s) if rule else _blind(s)[0],
-            remedy=render(rule.remedy, s) if rule else _blind(s)[1],
+            evidence=render(rule.evidence, s) if rule else blind[0],
+            remedy=render(rule.remedy, s) if rule else blind[1],
             findings=findings, stack=s.get("stack_top", ""),
             signals={k: s[k] for k in sorted(s) if type(s[k]) in _SCALARS}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))

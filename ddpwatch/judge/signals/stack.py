@@ -84,7 +84,7 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     # beside its ranks' 3-second wait for an epoch's workers, was two ticks of
     # `blocked` and a page (tests/daemon/test_soak.py,
     # tests/unit/judge/test_stack_moved_on_unit.py).
-    ran_now = _main_run_now(history[-1], pid)
+    ran_now = _main_run_now(history[-1], pid) if dumps else -1.0
     kinds = [classify_stack(d) for d in dumps]
     moved = [k in WAITS and _ran_since(d, ran_now) for d, k in zip(dumps, kinds)]
     dumps = [d for d, m in zip(dumps, moved) if not m]
@@ -125,7 +125,7 @@ def _main_run_now(snap: Snapshot, pid: int) -> float:
 def _ran_since(dump, ran_now: float) -> bool:
     """Whether the dump's main thread, its training thread, ran since the dump
     (its run time then: PidStacks.main_run_s); unknown counts as not."""
-    then = getattr(dump, "main_run_s", -1.0)
+    then = dump.main_run_s
     if then < 0 or ran_now < 0 or training_thread(dump) is not main_thread(dump):
         return False
     return ran_now - then > RAN_S

@@ -181,7 +181,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
     (observe/budget.py), told of the ranks left out."""
     read = {pid: _state_and_threads(ctx.procfs, pid) for pid in pids}
     states = {pid: state for pid, (state, _) in read.items()}
-    ran = {pid: _main_run_s(ctx.procfs, pid) for pid, (state, _) in read.items() if state}
+    ran: dict[int, float] = {}
     results: dict[int, PidStacks] = {}
     running: dict[int, tuple[subprocess.Popen, bool]] = {}
     for pid in pids:
@@ -200,6 +200,7 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
                 f"may read"))
         else:
             with_native = native and state in _NATIVE_OK
+            ran[pid] = _main_run_s(ctx.procfs, pid)  # before the dump: see PidStacks
             running[pid] = (subprocess.Popen(
                 _command(py_spy, pid, with_native), stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, start_new_session=True), with_native)
