@@ -285,18 +285,20 @@ def _ring(buf: bytes, cseq: int, earlier: Record | None) -> tuple[RingEntry, ...
 
 
 def _ring_from(buf: bytes, first: int, cseq: int, known: dict) -> tuple[RingEntry, ...]:
-    """Collectives first..cseq, from `known` (seq -> entry) or their slots."""
-    ring, slots = [], None
+    """Collectives first..cseq, from `known` (seq -> entry) or their slots. Each
+    slot is unpacked where it lies, only when needed: a read finds ~20 of the
+    64 new (a fast job's tick, benchmarks/README.md "The 8-rank tick")."""
+    ring = []
+    unpack, size, isfinite, ops = RING_SLOT.unpack_from, RING_SLOT.size, math.isfinite, OPS
     for n in range(first, cseq + 1):
-        old = known.get(n)
+        old = known.get(n) if known else None
         if old is not None:
             ring.append(old)
             continue
-        if slots is None:
-            slots = list(RING_SLOT.iter_unpack(buf[RING_OFFSET:RECORD_SIZE]))  # one C call
-        rseq, rop, rbytes, rstart, rend = slots[(n - 1) % RING_SLOTS]
-        if rseq == n and math.isfinite(rstart) and math.isfinite(rend):
-            ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
+        rseq, rop, rbytes, rstart, rend = unpack(buf, RING_OFFSET + ((n - 1) % RING_SLOTS) * size)
+        if rseq == n and isfinite(rstart) and isfinite(rend):
+            ring.append(RingEntry(rseq, ops[rop] if 0 <= rop < len(ops) else f"op{rop}",
+                                  rbytes, rstart, rend))
     return tuple(ring)
 
 

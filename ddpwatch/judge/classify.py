@@ -75,14 +75,26 @@ class Judgement:
 
 def judge(history: tuple[Snapshot, ...], rules: list[Rule],
           remote: tuple[dict, ...] = ()) -> Judgement:
-    verdict_rules, finding_rules = _ordered(rules)
+    verdict_tests, finding_tests = _ordered(rules)
     verdicts = []
     local = signals.local(history)
+    order: list[str] = []
+    order_set: set[str] = set()
     for s in signals.with_peers(local, remote):
-        rule = next((r for r in verdict_rules if r.matches(s)), None)
+        # each rule's test called directly, in a plain loop: ~60 rules a rank,
+        # 256 ranks a judgement (benchmarks/README.md "Where the 256-record tick goes")
+        rule = None
+        for r, test in verdict_tests:
+            if test(s):
+                rule = r
+                break
         blind = None if rule else _blind(s)
         findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
-                         for r in finding_rules if r.matches(s))
+                         for r, test in finding_tests if test(s))
+        if len(order) != len(s) or s.keys() != order_set:
+            # ranks mostly hold the same signals: sorted once for all of them
+            order = sorted(s)
+            order_set = set(order)
         verdicts.append(RankVerdict(
             pid=s["pid"], rank=s.get("rank", -1) if s.get("rank") is not None else -1,
             local_rank=s.get("local_rank", -1), host=s.get("node", ""),
@@ -94,7 +106,7 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
             evidence=render(rule.evidence, s) if rule else blind[0],
             remedy=render(rule.remedy, s) if rule else blind[1],
             findings=findings, stack=s.get("stack_top", ""),
-            signals={k: s[k] for k in sorted(s) if type(s[k]) in _SCALARS}))
+            signals={k: s[k] for k in order if type(s[k]) in _SCALARS}))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
     return Judgement(job_verdict(verdicts), tuple(verdicts), tuple(local),
                      tuple(signals.heartbeat.job_records(history[-1])))
@@ -103,15 +115,17 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
 _ordered_last: tuple = ((), ([], []))  # (the rules last ordered, what _ordered gave)
 
 
-def _ordered(rules: list[Rule]) -> tuple[list[Rule], list[Rule]]:
-    """The verdict rules in the order they are tried (stages.order) and the finding
-    rules. The daemon judges every job every tick with one list of rules (a new
-    one after a reload): ordered once per list of Rule objects."""
+def _ordered(rules: list[Rule]) -> tuple[list[tuple], list[tuple]]:
+    """(rule, its test) of the verdict rules in the order they are tried
+    (stages.order), and of the finding rules. The daemon judges every job every
+    tick with one list of rules (a new one after a reload): ordered once per
+    list of Rule objects."""
     global _ordered_last
     last, ordered = _ordered_last  # one read: another thread may replace it whole
     if len(last) == len(rules) and all(a is b for a, b in zip(last, rules)):
         return ordered
-    ordered = (stages.order(rules), [r for r in rules if r.finding])
+    ordered = ([(r, r.test) for r in stages.order(rules)],
+               [(r, r.test) for r in rules if r.finding])
     _ordered_last = (tuple(rules), ordered)
     return ordered
 

@@ -59,11 +59,12 @@ class Rule:
     description: str = ""
 
     def matches(self, signals: dict) -> bool:
-        return self._test(signals)
+        return self.test(signals)
 
     @functools.cached_property
-    def _test(self):
-        """`when` as one function (conditions.compiled), made at first use."""
+    def test(self):
+        """`when` as one function of the signals (conditions.compiled), made at
+        first use: what `matches` calls, and classify.judge directly."""
         return compiled(self.when)
 
 

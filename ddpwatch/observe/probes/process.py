@@ -253,17 +253,26 @@ def env_from_cmdline(cmdline: tuple[str, ...]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- READ (impure)
 
+_CHUNK = 65536
+
+
 def _read(path: str, binary: bool = False):
     # The file descriptor itself: open()'s buffered text stream costs more than
     # the small read (a rank's stat, status and each thread's schedstat, every tick)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        data = os.read(fd, _CHUNK)
+        # A read that did not fill the buffer was the whole file: a regular file
+        # short of EOF fills it, and a /proc file of one record (stat, status,
+        # schedstat, wchan) is made whole at the first read. So the one more
+        # read that only says EOF is left out: half the reads of a tick.
+        if len(data) == _CHUNK:
+            chunks = [data]
+            while chunk := os.read(fd, _CHUNK):
+                chunks.append(chunk)
+            data = b"".join(chunks)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     return data if binary else data.decode("utf-8", "replace")
 
 

@@ -372,3 +372,24 @@ def test_an_old_record_under_a_reused_pid_is_not_the_ranks(name, default_rules, 
     assert [(v.pid, v.rank, v.verdict, v.rule) for v in got.ranks] == [
         (v.pid, v.rank, v.verdict, v.rule) for v in want.ranks]
     assert got.job.verdict == "healthy"
+
+
+@pytest.mark.parametrize("name", ["dead_rank_loud", "thirdparty_lightning_killed",
+                                  "plain_healthy", "exited_early_silent"])
+def test_each_ranks_signals_are_what_the_rules_saw_in_name_order(name, default_rules):
+    """classify.judge sorts the signal names once for ranks that hold the same
+    ones: a rank holding others (a dead rank beside live ones) still gets its
+    own, all of them, sorted; and the first verdict rule that matches decides,
+    as Rule.matches says."""
+    judgement = judged(name, default_rules)
+    measured = signals.measure(load(fixture_path(name)), load_remote(fixture_path(name)))
+    by_pid = {s["pid"]: s for s in measured}
+    ordered, findings = classify._ordered(default_rules)
+    for v in judgement.ranks:
+        s = by_pid[v.pid]
+        assert list(v.signals) == sorted(v.signals)
+        assert v.signals == {k: x for k, x in s.items() if type(x) in classify._SCALARS}
+        first = next((r for r, _ in ordered if r.matches(s)), None)
+        assert v.rule == (first.id if first else "")
+        assert [f.id for f in v.findings] == [r.finding for r, _ in findings if r.matches(s)]
+    assert len(judgement.ranks) >= 2

@@ -312,3 +312,17 @@ def test_the_status_keys_read_alone_are_what_the_whole_parse_gives():
         whole = P.parse_status(text)
         keys = P.STATUS_KEYS + ("Name", "NoSuchKey")
         assert P.parse_status(text, keys) == {k: whole[k] for k in keys if k in whole}
+
+
+def test_a_file_is_read_whole_whether_it_fills_the_buffer_or_not(tmp_path):
+    """process._read stops after one read that did not fill its buffer (a /proc
+    file of one record is whole at the first read) and reads on past one that
+    did: a file of exactly one buffer, and of several, come back whole."""
+    from ddpwatch.observe.probes import process
+    for size in (0, 17, process._CHUNK - 1, process._CHUNK, process._CHUNK + 1,
+                 3 * process._CHUNK + 5):
+        path = tmp_path / f"f{size}"
+        data = bytes(i % 251 for i in range(size))
+        path.write_bytes(data)
+        assert process._read(str(path), binary=True) == data, size
+    assert process._read("/proc/self/stat").startswith(f"{os.getpid()} (")

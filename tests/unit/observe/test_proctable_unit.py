@@ -219,3 +219,47 @@ def test_a_table_built_by_hand_finds_children_and_candidates_itself():
     assert table.candidates() == {2}
     table[4] = P(4, 2, ("python3", "y"), {})
     assert [p.pid for p in table.children_of(2)] == [4] and table.candidates() == {2, 4}
+
+
+def test_a_process_read_again_unchanged_keeps_its_object_and_what_was_worked_out(tmp_path):
+    """A hot process read again as it was is the same ProcInfo, so `launcher` and
+    `python` are not worked out again every tick (proctable._unchanged); any
+    change makes a new one, its parent's children updated."""
+    proc, clock = node(tmp_path), Clock()
+    proc.add(60, 1, ["/usr/bin/python3", "/usr/bin/torchrun", "--nproc_per_node=2", "t.py"],
+             "/usr/bin/python3.11", {"MASTER_PORT": "29500"})
+    reader = proctable.TableReader(proc.root, clock)
+    before = reader.read()[60]
+    assert before.launcher is not None and "launcher" in before.__dict__
+    clock.now += 1
+    again = reader.read()
+    assert again[60] is before and again[200] is reader.read()[200]
+    # re-parented (its parent died): a new object, and the children index follows
+    stat = os.path.join(proc.root, "60", "stat")
+    with open(stat) as f:
+        text = f.read()
+    with open(stat, "w") as f:
+        f.write(text.replace(") S 1 ", ") S 50 ", 1))
+    clock.now += 1
+    moved = reader.read()
+    assert moved[60] is not before and moved[60].ppid == 50
+    assert 60 in [p.pid for p in moved.children_of(50)]
+    assert 60 not in [p.pid for p in moved.children_of(1)]
+
+
+def test_every_field_of_a_process_counts_as_a_change():
+    """A field added to ProcInfo must not be left out of proctable._unchanged:
+    a process whose owner or executable changed would keep its old reading."""
+    import dataclasses
+    base = proctable.ProcInfo(7, 1, ("python3", "t.py"), {"RANK": "0"}, start=5, uid=1000,
+                              foreground=False, exe_python=True, exe="/usr/bin/python3")
+    other = {int: 99, tuple: ("python3", "u.py"), dict: {"RANK": "1"}, bool: None, str: "/x"}
+    for f in dataclasses.fields(proctable.ProcInfo):
+        if f.name == "pid":
+            continue  # the table's key: never compared
+        value = getattr(base, f.name)
+        changed = (not value) if isinstance(value, bool) else other[type(value)]
+        assert not proctable._unchanged(base, dataclasses.replace(base, **{f.name: changed})), \
+            f.name
+    assert proctable._unchanged(base, dataclasses.replace(base, cmdline=("python3", "t.py"),
+                                                          env={"RANK": "0"}))
