@@ -257,6 +257,8 @@ _CHUNK = 65536
 
 
 def _read(path: str, binary: bool = False):
+    # For regular files and /proc files of one record only: a table of many
+    # (/proc/net/tcp) may come back short of its end at any read.
     # The file descriptor itself: open()'s buffered text stream costs more than
     # the small read (a rank's stat, status and each thread's schedstat, every tick)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
