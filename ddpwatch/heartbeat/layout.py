@@ -228,12 +228,19 @@ def check_version(buf: bytes) -> None:
 
 def decode(buf: bytes, earlier: Record | None = None) -> Record:
     """Decode a consistent copy of a record's bytes (the reader did the seqlock).
-    `earlier`: this file's record as last read; its ring entries that the bytes
-    still hold are kept rather than made again (the daemon reads 256 records a
+    `earlier`: this file's record as last read: returned as it is when its
+    writer published nothing since, else its ring entries that the bytes still
+    hold are kept rather than made again (the daemon reads 256 records a
     second, and a collective changes one slot of 64: heartbeats probe)."""
     check_version(buf)
     h = HEADER.unpack_from(buf, 0)
     (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
+    if earlier is not None and earlier.seq == seq and earlier.pid == h[3] \
+            and earlier.started_at == h[8]:
+        # Nothing published since: every write moves seq (the seqlock, pycore.py
+        # and _hotpath.c). A record that does not change (a hung rank's, a rank
+        # computing between collectives) is not decoded again each tick.
+        return earlier
     progress = dict(zip(_PROGRESS_NAMES, PROGRESS.unpack_from(buf, PROGRESS_OFFSET)))
     same = (earlier is not None and earlier.pid == h[3] and earlier.started_at == h[8]
             and earlier.collective_seq <= progress["collective_seq"])  # the same writer

@@ -348,3 +348,21 @@ def test_step_with_a_bad_token_count_changes_nothing(tmp_path):
     (rec,), _ = read_dir(str(tmp_path))
     assert (rec.step, rec.tokens, rec.seq % 2) == (2, 10, 0)
     w.close()
+
+
+def test_a_record_nothing_was_published_to_since_is_the_record_read_before(tmp_path):
+    """layout.decode(buf, earlier) returns `earlier` itself while the seqlock's
+    seq has not moved and the writer is the same (a hung rank's record is not
+    decoded again every tick); a publish, or another writer under the name with
+    the same seq, is decoded."""
+    w = open_writer(str(tmp_path), rank=0)
+    w.exit(w.enter(OP_CODE["all_reduce"], 4))
+    first = read_file(w.path)
+    assert read_file(w.path, earlier=first) is first
+    w.step(tokens=8)
+    moved = read_file(w.path, earlier=first)
+    assert moved is not first and moved.step == 1 and moved == read_file(w.path)
+    other = dataclasses.replace(moved, pid=moved.pid + 1, step=99)
+    again = read_file(w.path, earlier=other)
+    assert again is not other and again == moved
+    w.close()
