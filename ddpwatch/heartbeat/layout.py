@@ -235,15 +235,14 @@ def decode(buf: bytes, earlier: Record | None = None) -> Record:
     check_version(buf)
     h = HEADER.unpack_from(buf, 0)
     (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
-    if earlier is not None and earlier.seq == seq and earlier.pid == h[3] \
-            and earlier.started_at == h[8]:
+    writer = earlier is not None and earlier.pid == h[3] and earlier.started_at == h[8]
+    if writer and earlier.seq == seq:
         # Nothing published since: every write moves seq (the seqlock, pycore.py
         # and _hotpath.c). A record that does not change (a hung rank's, a rank
         # computing between collectives) is not decoded again each tick.
         return earlier
     progress = dict(zip(_PROGRESS_NAMES, PROGRESS.unpack_from(buf, PROGRESS_OFFSET)))
-    same = (earlier is not None and earlier.pid == h[3] and earlier.started_at == h[8]
-            and earlier.collective_seq <= progress["collective_seq"])  # the same writer
+    same = writer and earlier.collective_seq <= progress["collective_seq"]
     progress["ring"] = _ring(buf, progress["collective_seq"], earlier if same else None)
     phase = progress.pop("phase")
     progress["op"] = _op_name(progress["op"])
@@ -294,18 +293,17 @@ def _ring(buf: bytes, cseq: int, earlier: Record | None) -> tuple[RingEntry, ...
 def _ring_from(buf: bytes, first: int, cseq: int, known: dict) -> tuple[RingEntry, ...]:
     """Collectives first..cseq, from `known` (seq -> entry) or their slots. Each
     slot is unpacked where it lies, only when needed: a read finds ~20 of the
-    64 new (a fast job's tick, benchmarks/README.md "The 8-rank tick")."""
+    64 new (a fast job's tick, benchmarks/README.md "The 8-rank tick's own
+    profile")."""
     ring = []
-    unpack, size, isfinite, ops = RING_SLOT.unpack_from, RING_SLOT.size, math.isfinite, OPS
     for n in range(first, cseq + 1):
-        old = known.get(n) if known else None
+        old = known.get(n)
         if old is not None:
             ring.append(old)
             continue
-        rseq, rop, rbytes, rstart, rend = unpack(buf, RING_OFFSET + ((n - 1) % RING_SLOTS) * size)
-        if rseq == n and isfinite(rstart) and isfinite(rend):
-            ring.append(RingEntry(rseq, ops[rop] if 0 <= rop < len(ops) else f"op{rop}",
-                                  rbytes, rstart, rend))
+        rseq, rop, rbytes, rstart, rend = RING_SLOT.unpack_from(buf, ring_offset(n))
+        if rseq == n and math.isfinite(rstart) and math.isfinite(rend):
+            ring.append(RingEntry(rseq, _op_name(rop), rbytes, rstart, rend))
     return tuple(ring)
 
 

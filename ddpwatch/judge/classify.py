@@ -79,7 +79,7 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
     verdicts = []
     local = signals.local(history)
     order: list[str] = []
-    order_set: set[str] = set()
+    order_set: set[str] = set()  # the names in `order`
     for s in signals.with_peers(local, remote):
         # each rule's test called directly, in a plain loop: ~60 rules a rank,
         # 256 ranks a judgement (benchmarks/README.md "Where the 256-record tick goes")
@@ -91,7 +91,7 @@ def judge(history: tuple[Snapshot, ...], rules: list[Rule],
         blind = None if rule else _blind(s)
         findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
                          for r, test in finding_tests if test(s))
-        if len(order) != len(s) or s.keys() != order_set:
+        if s.keys() != order_set:
             # ranks mostly hold the same signals: sorted once for all of them
             order = sorted(s)
             order_set = set(order)

@@ -326,15 +326,12 @@ class TableReader:
 
 
 def _unchanged(before: ProcInfo, now: ProcInfo) -> bool:
-    """The same process read again with nothing changed. Command line and
-    environment come from the exec cache, the same objects while the process
-    is (`read_table`): compared by identity first, by value only when a young
-    process was read afresh."""
-    return (before.start == now.start and before.ppid == now.ppid and before.uid == now.uid
-            and before.foreground == now.foreground and before.exe == now.exe
-            and before.exe_python == now.exe_python
-            and (before.cmdline is now.cmdline or before.cmdline == now.cmdline)
-            and (before.env is now.env or before.env == now.env))
+    """The same process read again with nothing changed: the dataclass's own
+    equality, every field (one added later too). Command line and environment
+    come from the exec cache, the same objects while the process is
+    (`read_table`), and a tuple's comparison takes the same object for equal
+    without comparing inside it."""
+    return before == now
 
 
 PID_LIMIT = 1 << 22  # the most pid_max may be (PID_MAX_LIMIT on 64-bit Linux)
