@@ -204,23 +204,38 @@ while True:
 
 def tick_256(env, hb_dir, ticks, profile=False, save=None) -> str:
     stages: dict[str, list[float]] = {}
+    kept: list[bool] = []
     durations, _, where, _ = ticks_of(env, hb_dir, 256, ticks, profile, save=save,
-                                      stages=stages)
+                                      stages=stages, kept=kept)
+    looked = [d for d, k in zip(durations, kept) if not k]
+    steady = [d for d, k in zip(durations, kept) if k]
+    split = (f"; the {len(looked)} ticks that looked at the job: median "
+             f"{_ms(looked)}, the {len(steady)} that kept its look (a steady job: "
+             f"docs/architecture.md): median {_ms(steady)}")
     return (f"tick with 256 live rank records: median "
             f"{statistics.median(durations) * 1e3:.0f} ms, max {max(durations) * 1e3:.0f} ms "
-            f"over {ticks} ticks a second apart (target <= 50 ms)\n"
-            f"  where it goes (median ms a tick): " + where_it_goes(durations, stages) + (
-                "\n" + where if where else ""))
+            f"over {ticks} ticks a second apart (target <= 50 ms){split}\n"
+            f"  where the ticks that looked go (median ms a tick): "
+            + where_it_goes(durations, stages, [not k for k in kept])
+            + ("\n" + where if where else ""))
 
 
-def where_it_goes(durations: list[float], stages: dict[str, list[float]]) -> str:
+def _ms(durations: list[float]) -> str:
+    return f"{statistics.median(durations) * 1e3:.0f} ms" if durations else "-"
+
+
+def where_it_goes(durations: list[float], stages: dict[str, list[float]],
+                  chosen: list[bool] | None = None) -> str:
     """The probes' own timings (ProbeStatus.duration_s, as /metrics exports them),
     the biggest first, and what is left of the tick: the process table, finding
     the jobs, judging them (over time too) and publishing. Unprofiled: cProfile
     (--profile) inflates Python-heavy work (the judgement) about 3x against
     system calls (the probes)."""
-    rest = [d - sum(per[i] for per in stages.values()) for i, d in enumerate(durations)]
-    parts = sorted(((statistics.median(v), name) for name, v in stages.items()), reverse=True)
+    chosen = chosen if chosen is not None and any(chosen) else [True] * len(durations)
+    rest = [d - sum(per[i] for per in stages.values()) for i, d in enumerate(durations)
+            if chosen[i]]
+    parts = sorted(((statistics.median([x for x, c in zip(v, chosen) if c]), name)
+                    for name, v in stages.items()), reverse=True)
     shown = [f"{name} {ms * 1e3:.1f}" for ms, name in parts if ms >= 0.0005]
     return ", ".join(shown + [f"not in a probe (table, discovery, judgement) "
                               f"{statistics.median(rest) * 1e3:.1f}"])
@@ -231,13 +246,17 @@ IDLE = "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; wait"
 
 def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
              between_s: float = 1.0, save: str | None = None,
-             stages: dict | None = None) -> tuple[list[float], float, str, dict]:
+             stages: dict | None = None,
+             kept: list | None = None) -> tuple[list[float], float, str, dict]:
     """`ranks` record-writing ranks of one job (RECORD_WRITER), a daemon's tick
     run in this process `ticks` times, a second apart: the durations, the CPU
     seconds the ticks took, (with `profile`) where they went, and how many
     ticks did what costs more (listed /proc, looked at the job in detail), and
     how many processes the ticks read. `stages`, when given, gets each probe's
-    time in each tick (probe name -> seconds, one per tick)."""
+    time in each tick (probe name -> seconds, one per tick); `kept`, when given,
+    whether each tick kept the job's last look (a steady job: docs/architecture.md
+    "Steady jobs"). The ranks are read between ticks by the daemon's own
+    reading thread, as in production: its CPU during a tick is the tick's."""
     port = free_port()
     procs = []
     try:
@@ -252,6 +271,8 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
         os.environ["DDPWATCH_DIR"] = hb_dir
         cfg = load(None, {"state_dir": tempfile.mkdtemp()})
         daemon = Daemon(cfg, load_rules(cfg))
+        stop = threading.Event()
+        daemon.between.start(stop, lambda: None)  # the readings between ticks
         for _ in range(3):  # the first ticks learn the node; measured: the steady state
             daemon.tick()   # (a second apart: what started just before is young, and
             time.sleep(between_s)  # a young process is read each tick until it is not)
@@ -260,15 +281,19 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             import cProfile
             profiler = cProfile.Profile()
         durations, cpu = [], 0.0
-        notes = {"listed /proc": 0, "in detail": 0, "processes read": 0}
+        notes = {"listed /proc": 0, "in detail": 0, "processes read": 0, "looks kept": 0}
         for _ in range(ticks):
             time.sleep(between_s)  # a tick a second, as the daemon's loop runs them
             c0 = time.process_time()
             if profiler:
                 profiler.enable()
+            kept_before = daemon.looks_kept
             view = daemon.tick()
             if profiler:
                 profiler.disable()
+            notes["looks kept"] += daemon.looks_kept - kept_before
+            if kept is not None:
+                kept.append(daemon.looks_kept > kept_before)
             cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
             if stages is not None:
@@ -297,6 +322,7 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             from ddpwatch.observe.snapshot import save as save_history
             (watched,) = daemon.watched.values()
             save_history(tuple(watched.history), save)
+        stop.set()
         daemon.close()
     finally:
         for p in procs:

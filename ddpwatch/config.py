@@ -19,6 +19,10 @@ The values of secret fields (token, peer_token, webhooks) are never shown.
     reading_s: 0.25              # between ticks, healthy jobs' ranks' main threads are
                                  # read about this often (every thread each 0.1 s under
                                  # suspicion): a rank stopped part of the time; 0: never
+    steady_s: 3.0                # a healthy job whose every rank's record moved on since
+                                 # the last tick, none seen stopped by the readings, keeps
+                                 # its last look this long at most (its ticks read its
+                                 # records alone); 0: every tick looks at every job
     probe_timeout_s: 2.0
     resolve_after_s: 30.0        # calm this long before an incident resolves (hysteresis:
                                  # a hang that comes back after a few good steps is
@@ -98,6 +102,7 @@ class Config:
     state_dir: str = ""
     stacks_min_interval_s: float = 5.0
     reading_s: float = 0.25
+    steady_s: float = 3.0
     probe_timeout_s: float = 2.0
     resolve_after_s: float = 30.0
     group_interval_s: float = 60.0
@@ -159,7 +164,8 @@ def find_file(flag: str | None) -> str | None:
 # Durations: (least, most) seconds. A NaN or inf tick was a busy loop or an
 # OverflowError; a too-small one burns a core.
 BOUNDS = {"tick_s": (0.1, 3600.0), "window_s": (0.1, 86400.0),
-          "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
+          "stacks_min_interval_s": (1.0, 86400.0), "reading_s": (0.0, 60.0),
+          "steady_s": (0.0, 60.0), "probe_timeout_s": (0.1, 600.0),
           "resolve_after_s": (0.0, 86400.0), "peer_max_age_s": (0.1, 86400.0),
           "group_interval_s": (0.0, 86400.0), "pause_floor_s": (0.0, 7 * 86400.0),
           "pause_factor": (1.0, 1000.0), "collective_timeout_s": (0.0, 7 * 86400.0),

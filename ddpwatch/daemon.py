@@ -35,7 +35,7 @@ from .observe.sampler import Sampler
 from .publish.page_list import incident_path
 from .publish.view import DaemonView, JobView
 from .watch import look
-from .watch.job import WatchedJob
+from .watch.job import Looked, WatchedJob
 
 log = logging.getLogger("ddpwatch")
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
@@ -82,6 +82,8 @@ class Daemon:
         self.between = BetweenTicks(clock, glance_s=config.reading_s)
         self._requested: object = frozenset()  # this tick's stacks_requested
         self._survey = None  # the node as this tick's pass saw it (observe/sampler.py)
+        self._progress: dict = {}  # this tick's live records: pid -> (collective seq, step)
+        self.looks_kept = 0  # ticks that kept a steady job's last look (ddpwatch_looks_kept_total)
         # ranks seen ending, and jobs held after a rank's death took them away
         self.departures = Departures()
         self.sampler = self._make_sampler(config)
@@ -174,6 +176,7 @@ class Daemon:
         with self._requests_lock:
             requested, self.stacks_requested = self.stacks_requested, frozenset()
         self._requested = requested
+        self._progress = self._guard("discovery", self._records_progress, {})
         # Jobs are who owns them (uid, launcher); a run id is only their label
         # (two users' jobs may claim one: tests/unit/publish/test_hostile_unit.py)
         table = self._survey.table if self._survey is not None else {}
@@ -224,7 +227,8 @@ class Daemon:
             if self.dispatcher is not None else None,
             alerting_jobs=self._alerting(),
             webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
-            stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out())
+            stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out(),
+            looks_kept=self.looks_kept)
         return self.view
 
     def _alerting(self) -> tuple:
@@ -292,6 +296,16 @@ class Daemon:
         (the run id), for people, metrics and peers."""
         watched = self._watched(key)
         requested = self._requested is ALL_JOBS or discovery.owner_uid(key) in self._requested
+        progress = {pid: self._progress.get(pid) for pid in job.rank_pids}
+        now = self.clock()
+        if not requested and watched.steady(job, progress, self.between.calm(key, job.rank_pids),
+                                            now, self.config.steady_s):
+            # a steady job keeps its last look (watch/job.py steady): no probe
+            # runs for it and the readings go on into the next look's window
+            watched.progress = progress
+            self.looks_kept += 1
+            return self._published(watched, watched.looked.judgement, watched.looked.last,
+                                   key, label, requested)
         # the peer view: this job's ranks on other nodes, as their daemons see them:
         # by the run id they know it by and its owner (observe/peers.py)
         remote = (self.peers.remote_signals(watched.run_id or label, discovery.owner_uid(key))
@@ -314,7 +328,14 @@ class Daemon:
         judgement, last = look.look(
             watched, self.between.take(key, job.rank_pids), look.Eyes(sample, closer, judge),
             requested=requested, gone=not job.rank_pids and bool(job.departed_pids),
-            now=self.clock(), window_s=self.config.window_s)
+            now=now, window_s=self.config.window_s)
+        watched.looked = Looked(judgement, last, now, job)
+        watched.progress = progress
+        return self._published(watched, judgement, last, key, label, requested)
+
+    def _published(self, watched: WatchedJob, judgement, last, key: str, label: str,
+                   requested: bool) -> JobView:
+        """The job's look judged over time, as this tick publishes it."""
         # a pause past what is normal for this job is a hang (judge/overtime.py)
         judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
         watched.worked |= judgement.job.verdict == "healthy"
@@ -323,6 +344,15 @@ class Daemon:
         view = JobView(label, judgement, last, over, owner=key, run_id=watched.run_id or label)
         watched.view = view
         return view
+
+    def _records_progress(self) -> dict:
+        """pid -> (collective seq, step) of each live record this tick read: how
+        far each rank had got (watch/job.py steady)."""
+        records = self._survey.heartbeats if self._survey is not None else None
+        if records is None:
+            return {}
+        return {r.pid: (r.collective_seq, r.step)
+                for r, alive in zip(records.records, records.alive) if alive}
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
         """(judgement, the remote signals it used). A peer's answer that breaks the

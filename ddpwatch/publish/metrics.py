@@ -57,8 +57,9 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_tick_duration_seconds": ("gauge", (), "Duration of the last tick."),
     "ddpwatch_last_tick_timestamp_seconds": ("gauge", (), "Unix time of the last tick."),
     "ddpwatch_probe_success": ("gauge", ("probe",), (
-        "1 if every run of the probe in the last tick succeeded, else 0. Probes run only on "
-        "suspicion (stacks) appear only in ticks that ran them.")),
+        "1 if every run of the probe in the last tick succeeded, else 0. Probes appear only "
+        "in ticks that ran them: stacks on suspicion, the job probes in ticks that looked at "
+        "a job (ddpwatch_looks_kept_total).")),
     "ddpwatch_probe_duration_seconds": ("gauge", ("probe",), (
         "Time the probe took in the last tick (summed over its runs).")),
     "ddpwatch_probe_error_info": ("gauge", ("probe", "reason"), (
@@ -69,6 +70,10 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Tick stages that failed since the daemon started (logged, then the tick went on): "
         "discovery, judge, incidents, bundle (evidence not written, retried), persist "
         "(incidents not saved), alerts, peer_signals.")),
+    "ddpwatch_looks_kept_total": ("counter", (), (
+        "Ticks that kept a job's last look rather than look again, summed over jobs since "
+        "the daemon started: a healthy job whose every rank's record moved on since the last "
+        "tick, none seen stopped, is looked at every steady_s.")),
     "ddpwatch_stack_dumps_total": ("counter", (), (
         "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
         "is not dumped).")),
@@ -283,6 +288,8 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
                  for stage, n in sorted(failures.items())]
     if view.stack_dumps >= 0:
         rows.append(("ddpwatch_stack_dumps_total", (), float(view.stack_dumps)))
+    if view.looks_kept >= 0:
+        rows.append(("ddpwatch_looks_kept_total", (), float(view.looks_kept)))
     if view.left_out is not None:
         left = dict.fromkeys(LEFT_OUT, 0) | dict(view.left_out)
         rows += [("ddpwatch_left_out_total", (what,), float(n))

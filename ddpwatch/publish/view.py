@@ -77,6 +77,9 @@ class DaemonView:
     stage_failures: dict[str, int] | None = None  # tick stage -> failures since start
     stack_dumps: int = -1  # py-spy runs since start (-1: not counted, an old view)
     left_out: dict | None = None  # what the per-pass budgets left unread, since start
+    # looks at jobs kept by steady ticks, since start (-1: not counted, an old view;
+    # docs/architecture.md "Steady jobs")
+    looks_kept: int = -1
     # what floods were held to (publish/limits.py), since start: incidents_limited
     # {why: jobs}, bundles_limited (incidents), bundles_pruned {age|size: bundles}
     limits: dict | None = None

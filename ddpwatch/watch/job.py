@@ -43,6 +43,15 @@ class OverTime:
     slow: Slow | None = None                  # a spell of slowness in progress
 
 
+@dataclass(frozen=True)
+class Looked:
+    """The job's last look (watch/look.py), which its steady ticks keep (`steady`)."""
+    judgement: object   # classify's, before over time (which each tick applies anew)
+    last: object        # the snapshot it judged
+    at: float           # when (the daemon's clock)
+    job: object         # the Job looked at: its ranks, launcher and departures
+
+
 class WatchedJob:
     def __init__(self, key: str, first_seen: float):
         self.key = key
@@ -61,6 +70,32 @@ class WatchedJob:
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
         self.stacks = KeptStacks()  # its last stack dump (observe/sampler.py look_closer)
         self.logged = "none"       # the verdict the journal last told (daemon._incidents)
+        self.looked: Looked | None = None  # the last look, kept by steady ticks
+        self.progress: dict = {}   # rank pid -> (collective seq, step) at the last tick
+
+    def steady(self, job, progress: dict, calm: bool, now: float, steady_s: float) -> bool:
+        """Whether this tick may keep the last look's judgement rather than look
+        again (docs/architecture.md "Steady jobs"): the job was judged healthy
+        less than `steady_s` ago, its processes are those looked at, every rank's
+        record moved on since the last tick (`progress`: pid -> (collective seq,
+        step) of its live record) and the readings since that look saw every
+        rank and none stopped (`calm`: observe/window/between.py). A hang stops
+        its rank's record, a death or a new rank changes the job, a stop shows in
+        the readings: each makes the next tick look. What only a look sees (a
+        rank slower than its peers, starved, throttled) waits `steady_s` at most,
+        records that move by their writer's will no longer: they are the job
+        owner's, and only ever make a look wait that long."""
+        looked = self.looked
+        if (steady_s <= 0 or looked is None or not calm or not job.rank_pids
+                or now - looked.at >= steady_s or self.verdict != "healthy"
+                or looked.judgement.job.verdict != "healthy" or looked.job != job):
+            return False
+        before = self.progress
+        for pid in job.rank_pids:
+            moved, was = progress.get(pid), before.get(pid)
+            if moved is None or was is None or moved == was:
+                return False
+        return True
 
     def name(self, label: str, run_id: str = "") -> str:
         """The label the job is known by, kept once it came from its run id: a job

@@ -30,6 +30,9 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
                                   "healthy" else None)(our_status(daemon, trainer)), 180,
                          what="healthy job")
     victim_pid = rank_pid(healthy, 1)
+    # a healthy job whose ranks all move on keeps its last look on some ticks
+    # (docs/architecture.md "Steady jobs"); the stop below still shows at once
+    wait_until(lambda: kept_looks(daemon) >= 2, 60, what="looks kept by steady ticks")
     os.kill(victim_pid, signal.SIGSTOP)
     stalled = wait_until(lambda: (lambda s: s if s["job"]["culprits"] == [1] else None)(
         our_status(daemon, trainer)), 60, what="culprit in /status")
@@ -67,6 +70,14 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
                         and b["job"] == key], 90, what="resolved webhook")
     # resumed, a rank catching up is at most `slowing` (calm: watch/slow.py)
     assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up", "slowing")
+
+
+def kept_looks(daemon) -> float:
+    """ddpwatch_looks_kept_total from the daemon's /metrics."""
+    for line in daemon.metrics().splitlines():
+        if line.startswith("ddpwatch_looks_kept_total "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def test_failing_receiver_gets_retries_while_ticks_keep_their_pace(

@@ -57,6 +57,17 @@ class BetweenTicks:
             self._due.setdefault(key, self.clock())
             return duty
 
+    def calm(self, key: str, pids: tuple[int, ...]) -> bool:
+        """Whether the readings since the last `take` saw each of `pids` (the
+        job's ranks, as that window began) and none of them stopped: what lets
+        a tick keep a steady job's last judgement (watch/job.py `steady`). No
+        readings (switched off, or the thread starved) is no evidence: False."""
+        with self._lock:
+            watch = self._watches.get(key)
+            if watch is None or watch.pids != pids:
+                return False
+            return all(c[0] > 0 and c[1] == 0 for c in watch.counts.values())
+
     def watch(self, key: str, closely: bool) -> None:
         """Read the job's every thread at the close rate from now on, or its main
         threads at the glance rate."""
