@@ -24,6 +24,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import AbstractSet
 
 from . import layout
 from .reader import Skipped, read_file
@@ -83,7 +84,7 @@ def _names(directory: str, state: ScanState | None) -> Listing:
     return listing
 
 
-def choose(listing: Listing, live: frozenset | None, limit: int) -> tuple[list[str], int]:
+def choose(listing: Listing, live: AbstractSet[int] | None, limit: int) -> tuple[list[str], int]:
     """The names to look at (at most `limit`: named for a running pid first, then
     named like a record, then the rest, each by name) and how many were left out.
     One pass with set lookups: this runs every tick over every name."""
@@ -97,7 +98,7 @@ def choose(listing: Listing, live: frozenset | None, limit: int) -> tuple[list[s
     return (tiers[0] + tiers[1] + tiers[2])[:limit], len(names) - limit
 
 
-def scan(directories, state: ScanState | None = None, live: frozenset | None = None,
+def scan(directories, state: ScanState | None = None, live: AbstractSet[int] | None = None,
          reader=read_file, per_dir: int = MAX_FILES_PER_DIR,
          reads: int = MAX_READS_PER_TICK):
     """Yield (path, Record | Skipped) for the files worth reading in

@@ -213,6 +213,11 @@ class TableReader:
         self._listed_at = float("-inf")
         self.reads = 0           # processes read by the last `read` (benchmarks)
         self.listed = False      # whether the last `read` listed /proc
+        # the last table given out, given again while no process changed: a
+        # ProcTable copies every process's entry (5 000 of them beside a steady
+        # job cost its tick a tenth: benchmarks/daemon.py --only flat)
+        self._table: ProcTable | None = None
+        self._changed = True
 
     def read(self, hot: frozenset[int] = frozenset()) -> ProcTable:
         """The table now; `hot`: pids to read again whatever they look like (the
@@ -263,8 +268,11 @@ class TableReader:
                 self._kids.pop(ppid, None)
                 self._frozen.pop(ppid, None)
         self._dirty.clear()
-        return ProcTable(self._infos, children=dict(self._frozen),
-                         candidates=frozenset(self._candidates))
+        if self._changed or self._table is None:
+            self._table = ProcTable(self._infos, children=dict(self._frozen),
+                                    candidates=frozenset(self._candidates))
+            self._changed = False
+        return self._table
 
     def _read(self, pid: int, uptime: float, now: float) -> ProcInfo | None:
         self.reads += 1
@@ -285,6 +293,8 @@ class TableReader:
                 self._unparent(before)
             self._kids.setdefault(info.ppid, set()).add(pid)
             self._dirty.add(info.ppid)
+        if info is not before:
+            self._changed = True
         self._infos[pid] = info
         self._read_at[pid] = now
         if info.python or info.launcher is not None:
@@ -319,6 +329,7 @@ class TableReader:
         info = self._infos.pop(pid, None)
         if info is not None:
             self._unparent(info)
+            self._changed = True
         self._read_at.pop(pid, None)
         self._hot.discard(pid)
         self._candidates.discard(pid)

@@ -10,6 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from typing import AbstractSet
 
 from ...heartbeat import Record, Skipped, read_file
 from ...heartbeat.reader import BUSY_PATIENCE_S
@@ -56,12 +57,14 @@ class HeartbeatsProbe(Probe):
         self.scan_state = ScanState()
 
     def run(self, ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> HeartbeatObs:
-        live = frozenset(seen.table) if seen.table else None  # processes that run now
+        # processes that run now: the table's own keys, not a set of them made
+        # each pass (every process of the node)
+        live = seen.table.keys() if seen.table else None
         return read(ctx, seen.record_dirs, live, self.dead, self.scan_state, self.earlier,
                     seen.table)
 
 
-def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: frozenset | None = None,
+def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: AbstractSet[int] | None = None,
          dead: dict | None = None, scan_state: ScanState | None = None,
          earlier: dict | None = None, table=None) -> HeartbeatObs:
     """Every record in ctx.heartbeat_dir and the directories the ranks `named`,

@@ -263,3 +263,25 @@ def test_every_field_of_a_process_counts_as_a_change():
             f.name
     assert proctable._unchanged(base, dataclasses.replace(base, cmdline=("python3", "t.py"),
                                                           env={"RANK": "0"}))
+
+
+def test_a_read_that_changed_nothing_gives_the_table_given_before(tmp_path):
+    """Beside a steady job most reads change nothing: the table given before is
+    given again, not a copy of every process's entry (TableReader._table); any
+    change, a process gone or new or read differently, gives a new one and
+    leaves the old as it was."""
+    proc, clock = node(tmp_path), Clock()
+    reader = proctable.TableReader(proc.root, clock)
+    first = reader.read()
+    clock.now += 1
+    assert reader.read() is first and reader.reads == 2  # read, nothing changed
+    proc.exec(50, ["/usr/bin/python3", "train.py"], "/usr/bin/python3.11", RANK_ENV)
+    clock.now += 1
+    execd = reader.read()
+    assert execd is not first and execd[50].python and not first[50].python
+    proc.remove(200)
+    clock.now += 1
+    gone = reader.read()
+    assert gone is not execd and 200 not in gone and 200 in execd
+    clock.now += 1
+    assert reader.read() is gone
