@@ -150,6 +150,8 @@ class Daemon:
         self.evidence.reconfigure(config)
         self.sampler.reconfigure(self._probe_context(config), config.probe_on,
                                  config.stacks_min_interval_s)
+        for watched in self.watched.values():
+            watched.looked = None  # judged by the old rules: the next tick looks again
 
     def close(self) -> None:
         self.sampler.close()

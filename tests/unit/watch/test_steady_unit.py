@@ -98,3 +98,21 @@ def test_calm_needs_a_reading_of_every_rank_and_none_stopped(tmp_path):
     clock.now += 1.0
     between.read_due()
     assert between.calm(key, pids)
+
+
+def test_new_rules_make_every_job_looked_at_again(tmp_path):
+    """A look kept across a SIGHUP would show the old rules' verdicts for up to
+    steady_s: a reload forgets every job's last look (Daemon.reconfigure)."""
+    from ddpwatch.config import Config
+    from ddpwatch.daemon import Daemon
+    from ddpwatch.judge import rules as rules_mod
+    config = Config(state_dir=str(tmp_path))
+    daemon = Daemon(config, rules_mod.load_default(None))
+    try:
+        w = daemon._watched("u0.p10.s1")
+        w.looked, w.verdict, w.progress = Looked(judged(), object(), 100.0, JOB), "healthy", BEFORE
+        assert w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
+        daemon.reconfigure(config, rules_mod.load_default(None))
+        assert w.looked is None and not w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
+    finally:
+        daemon.close()
