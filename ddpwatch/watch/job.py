@@ -20,6 +20,7 @@ from ..judge.overtime import Pause, Slow, compile_as_pause, escalate, hold_slow
 from ..judge.pausekind import describe
 from ..observe.sampler import KeptStacks
 from ..observe.window.duty import merge as merge_duties
+from .look import suspicious
 from .pauses import PauseTracker
 from .slow import SlowTracker
 from .timebook import TimeBook
@@ -75,8 +76,9 @@ class WatchedJob:
 
     def steady(self, job, progress: dict, calm: bool, now: float, steady_s: float) -> bool:
         """Whether this tick may keep the last look's judgement rather than look
-        again (docs/architecture.md "Steady jobs"): the job was judged healthy
-        less than `steady_s` ago, its processes are those looked at, every rank's
+        again (docs/architecture.md "Steady jobs"): the job was judged healthy,
+        nothing in it worth a stack dump (look.suspicious: a young job's rank
+        starved as a straggler would be), less than `steady_s` ago, its processes are those looked at, every rank's
         record moved on since the last tick (`progress`: pid -> (collective seq,
         step) of its live record) and the readings since that look saw every
         rank and none stopped (`calm`: observe/window/between.py). A hang stops
@@ -88,7 +90,8 @@ class WatchedJob:
         looked = self.looked
         if (steady_s <= 0 or looked is None or not calm or not job.rank_pids
                 or now - looked.at >= steady_s or self.verdict != "healthy"
-                or looked.judgement.job.verdict != "healthy" or looked.job != job):
+                or looked.judgement.job.verdict != "healthy" or looked.job != job
+                or suspicious(looked.judgement, looked.at - self.first_seen)):
             return False
         before = self.progress
         for pid in job.rank_pids:

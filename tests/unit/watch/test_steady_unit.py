@@ -19,14 +19,15 @@ BEFORE = {11: (40, 3), 12: (40, 3)}
 MOVED = {11: (42, 3), 12: (41, 3)}
 
 
-def judged(verdict: str = "healthy"):
-    return SimpleNamespace(job=SimpleNamespace(verdict=verdict))
+def judged(verdict: str = "healthy", starting: bool = False):
+    rank = SimpleNamespace(signals={"slow_while_starting": starting})
+    return SimpleNamespace(job=SimpleNamespace(verdict=verdict), ranks=(rank,))
 
 
 def watched(verdict: str = "healthy", looked_verdict: str = "healthy", at: float = 100.0,
-            job: Job = JOB) -> WatchedJob:
+            job: Job = JOB, starting: bool = False) -> WatchedJob:
     w = WatchedJob("u0.p10.s1", 90.0)
-    w.looked = Looked(judged(looked_verdict), object(), at, job)
+    w.looked = Looked(judged(looked_verdict, starting), object(), at, job)
     w.verdict = verdict
     w.progress = dict(BEFORE)
     return w
@@ -46,6 +47,8 @@ def test_a_healthy_job_whose_every_rank_moved_on_keeps_its_look():
     ("steady_s 0: every tick looks", dict(steady_s=0.0)),
     ("judged over time as something else (a pause)", dict(w=dict(verdict="paused"))),
     ("the look's own verdict was not healthy", dict(w=dict(looked_verdict="slowing"))),
+    ("a young job's rank starved as a straggler would be: its stacks are wanted",
+     dict(w=dict(starting=True))),
     ("the job changed: a departed rank",
      dict(job=dataclasses.replace(JOB, departed_pids=(13,), departed_ranks=(2,)))),
     ("the job changed: another rank", dict(job=dataclasses.replace(JOB, rank_pids=(11, 14)))),
