@@ -303,7 +303,9 @@ class Daemon:
         if not requested and watched.steady(job, progress, self.between.calm(key, job.rank_pids),
                                             now, self.config.steady_s):
             # a steady job keeps its last look (watch/job.py steady): no probe
-            # runs for it and the readings go on into the next look's window
+            # runs for it and the readings go on into the next look's window;
+            # its ranks' ends are still kept for the next surveys (exits probe)
+            self.sampler.watch_ends(job)
             watched.progress = progress
             self.looks_kept += 1
             return self._published(watched, watched.looked.judgement, watched.looked.last,

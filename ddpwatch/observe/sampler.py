@@ -218,12 +218,7 @@ class Sampler:
         """A snapshot of `job` looked at as closely as `look` asks (Look.STACKS:
         through `look_closer`, see there for `kept` and `force_stacks`). Which job
         probes run is their registration's policy (probes/__init__.py ProbeSpec)."""
-        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
-        # departed ranks too: a held job's rank may still be ending (Lightning's rank
-        # 0 alone is no job to discovery, and may end seconds after its peer's
-        # death); an end not seen leaves the job's first death unknown
-        # (judge/signals/exits.py link)
-        self._sampled.update(pids + job.departed_pids)
+        self.watch_ends(job)
         seen = self._pass(survey, look)
         # An orphan rank's finding needs its listening sockets, and a job without
         # heartbeats has nothing but what the probes see: such jobs are "silent"
@@ -246,6 +241,18 @@ class Sampler:
             probes=tuple(status_of(r) for r in results), **_node_for_job(survey, job, data),
             **data)
         return self.look_closer(snap, survey, kept, force_stacks) if look >= Look.STACKS else snap
+
+    def watch_ends(self, job: Job) -> None:
+        """Keep the ends of `job`'s processes that the next surveys see (the
+        exits probe keeps those of the pids sampled in the last two passes):
+        `sample` does, and so must a tick that keeps a steady job's last look
+        (daemon.py), or a rank killed then is never known to have died."""
+        pids = job.rank_pids + ((job.launcher_pid,) if job.launcher_pid > 0 else ())
+        # departed ranks too: a held job's rank may still be ending (Lightning's rank
+        # 0 alone is no job to discovery, and may end seconds after its peer's
+        # death); an end not seen leaves the job's first death unknown
+        # (judge/signals/exits.py link)
+        self._sampled.update(pids + job.departed_pids)
 
     def look_closer(self, snap: Snapshot, survey: Survey, kept: KeptStacks | None = None,
                     force_stacks: bool = False) -> Snapshot:

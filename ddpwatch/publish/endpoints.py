@@ -65,8 +65,10 @@ def dumps(doc, **kw) -> bytes:
 def status_document(view) -> dict:
     """The same `job` and `ranks[]` as `diagnose --json` (for the most severe job),
     every job under `jobs`, and the incidents."""
-    jobs = [dict(key=j.key, **report.as_json(j.judgement, j.last), **report.over_time_json(j.over_time))
-            for j in view.jobs]
+    # looked_at: when the look this judgement is of was taken (a steady job's
+    # tick keeps its last look: docs/architecture.md "Steady jobs")
+    jobs = [dict(key=j.key, looked_at=j.last.wall_time, **report.as_json(j.judgement, j.last),
+                 **report.over_time_json(j.over_time)) for j in view.jobs]
     first = jobs[0] if jobs else {"job": {"verdict": "healthy", "culprits": [],
                                           "summary": "No DDP job on this node."}, "ranks": []}
     return {"node": view.node, "tick": view.tick, "wall_time": view.wall_time,

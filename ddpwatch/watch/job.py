@@ -78,7 +78,8 @@ class WatchedJob:
         """Whether this tick may keep the last look's judgement rather than look
         again (docs/architecture.md "Steady jobs"): the job was judged healthy,
         nothing in it worth a stack dump (look.suspicious: a young job's rank
-        starved as a straggler would be), less than `steady_s` ago, its processes are those looked at, every rank's
+        starved as a straggler would be), no pause or spell of slowness open
+        (`unsettled`), less than `steady_s` ago, its processes are those looked at, every rank's
         record moved on since the last tick (`progress`: pid -> (collective seq,
         step) of its live record) and the readings since that look saw every
         rank and none stopped (`calm`: observe/window/between.py). A hang stops
@@ -91,7 +92,8 @@ class WatchedJob:
         if (steady_s <= 0 or looked is None or not calm or not job.rank_pids
                 or now - looked.at >= steady_s or self.verdict != "healthy"
                 or looked.judgement.job.verdict != "healthy" or looked.job != job
-                or suspicious(looked.judgement, looked.at - self.first_seen)):
+                or suspicious(looked.judgement, looked.at - self.first_seen)
+                or self.unsettled()):
             return False
         before = self.progress
         for pid in job.rank_pids:
@@ -133,6 +135,15 @@ class WatchedJob:
 
     def replace_last(self, snap) -> None:
         self.history[-1] = snap
+
+    def unsettled(self) -> bool:
+        """A pause or a spell of slowness is in progress (as the last tick left
+        them): each is judged by the share of its ticks that saw it, so every
+        one of its ticks must look (a kept healthy look would count as a calm
+        tick again and again: a straggler slow in half its windows never
+        confirmed)."""
+        over = self.view.over_time if self.view is not None else None
+        return over is None or over.pause is not None or over.slow is not None
 
     def over_time(self, judgement, now: float, wall: float, config):
         """(the judgement to publish and page, OverTime): a pause past what is

@@ -72,6 +72,38 @@ def test_stall_is_an_incident_with_signed_webhook_and_sigcont_resolves_it(
     assert our_status(daemon, trainer)["job"]["verdict"] in ("healthy", "warming_up", "slowing")
 
 
+def test_a_rank_killed_while_its_job_is_steady_is_the_dead_culprit(start_job, tmp_path, hb_dir):
+    """A steady job's ticks keep its last look and sample none of its processes
+    (docs/architecture.md "Steady jobs"), while the exits probe keeps the ends of
+    the pids sampled in the last two surveys only: the kernel's word that a rank
+    died must still be kept for such a job (Sampler.watch_ends). Rank 1 killed
+    in the second kept tick in a row, two surveys after the last look, is the
+    dead culprit of the job held after torchrun ends the rest."""
+    need(os.geteuid() == 0, "the kernel's process events need root (CAP_NET_ADMIN)")
+    daemon = DaemonRun(start_job, tmp_path, hb_dir, {"resolve_after_s": 600})
+    trainer = trainer_job(start_job)
+    healthy = wait_until(lambda: (lambda s: s if with_heartbeats(s) and s["job"]["verdict"] ==
+                                  "healthy" else None)(our_status(daemon, trainer)), 180,
+                         what="healthy job with heartbeats")
+    key, victim = healthy["key"], rank_pid(healthy, 1)
+
+    def job(status):
+        return next((j for j in status["jobs"] if j["key"] == key), None)
+
+    def second_kept_tick():
+        status = daemon.status()
+        j = job(status)
+        return j is not None and status["wall_time"] - j["looked_at"] >= 1.5
+    wait_until(second_kept_tick, 60, interval=0.02,
+               what="a tick that kept the job's look of two ticks before")
+    os.kill(victim, signal.SIGKILL)
+    dead = wait_until(lambda: (lambda j: j if j and j["job"]["culprits"] == [1] else None)(
+        job(daemon.status())), 60, what="the killed rank named the culprit")
+    assert dead["job"]["verdict"] == "dead", dead["job"]
+    culprit = next(r for r in dead["ranks"] if r["rank"] == 1)
+    assert culprit["pid"] == victim and "SIGKILL" in culprit["evidence"], culprit
+
+
 def kept_looks(daemon) -> float:
     """ddpwatch_looks_kept_total from the daemon's /metrics."""
     for line in daemon.metrics().splitlines():

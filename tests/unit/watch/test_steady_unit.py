@@ -25,9 +25,13 @@ def judged(verdict: str = "healthy", starting: bool = False):
 
 
 def watched(verdict: str = "healthy", looked_verdict: str = "healthy", at: float = 100.0,
-            job: Job = JOB, starting: bool = False) -> WatchedJob:
+            job: Job = JOB, starting: bool = False, pause=None, slow=None,
+            published: bool = True) -> WatchedJob:
     w = WatchedJob("u0.p10.s1", 90.0)
     w.looked = Looked(judged(looked_verdict, starting), object(), at, job)
+    # the last tick's view, judged over time (watch/job.py OverTime)
+    w.view = SimpleNamespace(over_time=SimpleNamespace(pause=pause, slow=slow)) \
+        if published else None
     w.verdict = verdict
     w.progress = dict(BEFORE)
     return w
@@ -49,6 +53,11 @@ def test_a_healthy_job_whose_every_rank_moved_on_keeps_its_look():
     ("the look's own verdict was not healthy", dict(w=dict(looked_verdict="slowing"))),
     ("a young job's rank starved as a straggler would be: its stacks are wanted",
      dict(w=dict(starting=True))),
+    ("a pause in progress (in its end grace the job is healthy again)",
+     dict(w=dict(pause=object()))),
+    ("a spell of slowness open: a straggler slow in half its windows must count each",
+     dict(w=dict(slow=object()))),
+    ("nothing published of the job yet", dict(w=dict(published=False))),
     ("the job changed: a departed rank",
      dict(job=dataclasses.replace(JOB, departed_pids=(13,), departed_ranks=(2,)))),
     ("the job changed: another rank", dict(job=dataclasses.replace(JOB, rank_pids=(11, 14)))),
@@ -114,6 +123,7 @@ def test_new_rules_make_every_job_looked_at_again(tmp_path):
     try:
         w = daemon._watched("u0.p10.s1")
         w.looked, w.verdict, w.progress = Looked(judged(), object(), 100.0, JOB), "healthy", BEFORE
+        w.view = SimpleNamespace(over_time=SimpleNamespace(pause=None, slow=None))
         assert w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
         daemon.reconfigure(config, rules_mod.load_default(None))
         assert w.looked is None and not w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
