@@ -98,7 +98,9 @@ class WatchedJob:
         before = self.progress
         for pid in job.rank_pids:
             moved, was = progress.get(pid), before.get(pid)
-            if moved is None or was is None or moved == was:
+            # on, not back: a record gone back is another writer's (a rank
+            # restarted under that pid), not progress
+            if moved is None or was is None or moved <= was:
                 return False
         return True
 

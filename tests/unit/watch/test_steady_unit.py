@@ -44,6 +44,8 @@ def test_a_healthy_job_whose_every_rank_moved_on_keeps_its_look():
 @pytest.mark.parametrize("why, change", [
     ("a rank's record did not move (a hang stops it)",
      dict(progress={11: (42, 3), 12: (40, 3)})),
+    ("a record gone back is another writer's, not progress",
+     dict(progress={11: (42, 3), 12: (2, 4)})),
     ("a rank has no live record (its writer died, or it never wrote one)",
      dict(progress={11: (42, 3)})),
     ("the readings saw a rank stopped, or none were taken", dict(calm=False)),
