@@ -8,7 +8,9 @@
 5. tick time and CPU with 8 ranks beside 100, 1 000 and 5 000 idle processes -
    target: the last <= 1.2x the first
 
-    python benchmarks/daemon.py [--quick] [--only NAME] [--profile] [--save FILE]
+    python benchmarks/daemon.py [--quick] [--only NAME[,NAME...]] [--profile] [--save FILE]
+
+The daemon's own cost, its tick and its flatness in one run: `--only cost,tick,flat`.
 
 `--save FILE` (with --only tick) keeps the 256-rank job's last history as a
 snapshot file, so the judgement alone can be timed and profiled without 256
@@ -358,12 +360,17 @@ def flat(env, hb_dir, ticks, counts=(100, 1000, 5000)) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("overhead", "stall", "cost", "tick", "flat"))
+    names = ("overhead", "stall", "cost", "tick", "flat")
+    parser.add_argument("--only", metavar="NAME[,NAME]",
+                        help=f"only these, comma-separated: {', '.join(names)}")
     parser.add_argument("--profile", action="store_true",
                         help="with --only tick: where the tick's time goes (cProfile)")
     parser.add_argument("--save", metavar="FILE",
                         help="with --only tick: the job's last history, as a snapshot file")
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else set(names)
+    if not only <= set(names):
+        parser.error(f"--only: no such figure: {', '.join(sorted(only - set(names)))}")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where records live in production
     with tempfile.TemporaryDirectory(dir=shm) as hb_dir, tempfile.TemporaryDirectory() as state:
         env = dict(os.environ, DDPWATCH_DIR=hb_dir, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
@@ -378,7 +385,7 @@ def main() -> None:
             "flat": lambda: flat(env, hb_dir, 5 if args.quick else 40),
         }
         for name, run in runs.items():
-            if args.only in (None, name):
+            if name in only:
                 print(run(), flush=True)
 
 

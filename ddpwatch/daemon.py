@@ -174,6 +174,7 @@ class Daemon:
     def tick(self) -> DaemonView:
         started = self.clock()
         statuses = []
+        self._kept_probes: list = []  # the kept looks' probe runs (DaemonView.kept_probes)
         jobs = self._guard("discovery", lambda: self._discover(statuses), [])
         with self._requests_lock:
             requested, self.stacks_requested = self.stacks_requested, frozenset()
@@ -220,6 +221,7 @@ class Daemon:
             node=self.node, tick=self._tick, wall_time=time.time(),
             tick_duration_s=round(self.clock() - started, 4), jobs=tuple(views),
             incidents=self.incidents.all(), probes=tuple(statuses),
+            kept_probes=tuple(self._kept_probes),
             incidents_opened_total=dict(self.incidents.opened_total), ready=True,
             limits={"incidents_limited": dict(self.incidents.limited_total),
                     "bundles_limited": self.evidence.limited,
@@ -308,6 +310,7 @@ class Daemon:
             self.sampler.watch_ends(job)
             watched.progress = progress
             self.looks_kept += 1
+            self._kept_probes.extend(watched.looked.last.probes)
             return self._published(watched, watched.looked.judgement, watched.looked.last,
                                    key, label, requested)
         # the peer view: this job's ranks on other nodes, as their daemons see them:

@@ -77,7 +77,7 @@ def status_document(view) -> dict:
             "peers": [to_json(p) for p in view.peers],
             # why the daemon may be blind or behind: failed stages, probe errors
             "stage_failures": dict(view.stage_failures or {}),
-            "probe_errors": {p.name: p.error for p in view.probes if not p.ok}}
+            "probe_errors": {p.name: p.error for p in view.published_probes if not p.ok}}
 
 
 STALE_AFTER_S = 60.0  # a tick with every py-spy dump timing out takes ~20 s

@@ -57,13 +57,14 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_tick_duration_seconds": ("gauge", (), "Duration of the last tick."),
     "ddpwatch_last_tick_timestamp_seconds": ("gauge", (), "Unix time of the last tick."),
     "ddpwatch_probe_success": ("gauge", ("probe",), (
-        "1 if every run of the probe in the last tick succeeded, else 0. Probes appear only "
-        "in ticks that ran them: stacks on suspicion, the job probes in ticks that looked at "
-        "a job (ddpwatch_looks_kept_total).")),
+        "1 if every run of the probe that the last tick stands on succeeded (its own runs, "
+        "and those of the looks it kept for steady jobs: ddpwatch_looks_kept_total), else 0. "
+        "Probes run only on suspicion (stacks) appear only in ticks that ran them.")),
     "ddpwatch_probe_duration_seconds": ("gauge", ("probe",), (
-        "Time the probe took in the last tick (summed over its runs).")),
+        "Time the probe took in the runs the last tick stands on (summed).")),
     "ddpwatch_probe_error_info": ("gauge", ("probe", "reason"), (
-        "Why the probe failed in the last tick (its error with numbers as N, cut to 120 "
+        "Why the probe failed in the runs the last tick stands on (its error with numbers as "
+        "N, cut to 120 "
         "characters), for each "
         "probe with ddpwatch_probe_success 0; the value is always 1.")),
     "ddpwatch_stage_failures_total": ("counter", ("stage",), (
@@ -272,7 +273,7 @@ def _daemon_rows(view: DaemonView) -> list[Row]:
         ("ddpwatch_last_tick_timestamp_seconds", (), _num(view.wall_time)),
     ]
     probes: dict[str, list] = {}
-    for p in view.probes:
+    for p in view.published_probes:
         probes.setdefault(p.name, []).append(p)
     for name, runs in sorted(probes.items()):
         rows.append(("ddpwatch_probe_success", (name,), float(all(p.ok for p in runs))))

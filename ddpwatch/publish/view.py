@@ -80,6 +80,16 @@ class DaemonView:
     # looks at jobs kept by steady ticks, since start (-1: not counted, an old view;
     # docs/architecture.md "Steady jobs")
     looks_kept: int = -1
+    # the probe runs of the looks this tick's steady jobs kept, not run this tick:
+    # what those jobs' published judgements stand on (`published_probes`)
+    kept_probes: tuple[ProbeStatus, ...] = ()
+
+    @property
+    def published_probes(self) -> tuple[ProbeStatus, ...]:
+        """The probe runs what this view publishes stands on: this tick's and
+        those of the looks it kept (ddpwatch_probe_success, /status probe_errors):
+        a probe's series must not come and go with a steady job's ticks."""
+        return self.probes + self.kept_probes
     # what floods were held to (publish/limits.py), since start: incidents_limited
     # {why: jobs}, bundles_limited (incidents), bundles_pruned {age|size: bundles}
     limits: dict | None = None

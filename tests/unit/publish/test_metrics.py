@@ -86,6 +86,24 @@ def test_a_pause_and_where_the_time_went():
         .get("ddpwatch_job_pause_seconds", ())}
 
 
+def test_a_probe_stands_in_the_series_while_the_look_that_ran_it_is_kept():
+    """A steady job's tick runs none of its job probes (docs/architecture.md
+    "Steady jobs"): the runs of the look it kept stand for them, or the
+    process probe's series would come and go with the ticks, and a failure of
+    the look's would vanish from /metrics and /status for steady_s."""
+    from ddpwatch.observe.snapshot import ProbeStatus
+    from ddpwatch.publish.endpoints import status_document
+    kept = dataclasses.replace(golden_view(), probes=(ProbeStatus("heartbeats", True, 0.001),),
+                               kept_probes=(ProbeStatus("process", False, 0.004, "EACCES 13"),
+                                            ProbeStatus("process", True, 0.003)))
+    m = scrape(lambda: kept)
+    assert value(m, "ddpwatch_probe_success", probe="process") == 0.0
+    assert value(m, "ddpwatch_probe_duration_seconds", probe="process") == 0.007
+    assert value(m, "ddpwatch_probe_error_info", probe="process", reason="EACCES N") == 1.0
+    assert value(m, "ddpwatch_probe_success", probe="heartbeats") == 1.0
+    assert status_document(kept)["probe_errors"] == {"process": "EACCES 13"}
+
+
 def test_families_and_labels():
     m = scrape(golden_view)
     assert value(m, "ddpwatch_up") == 1 and value(m, "ddpwatch_ready") == 1
