@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import http.client
 import json
 import os
@@ -355,7 +356,16 @@ def resolved_since(soak: Soak, name: str, since: float) -> bool:
                    for t, m in soak.receiver.messages)
 
 
-def faults(soak: Soak, timeout: float = 300.0) -> dict[str, dict]:
+def long_factor(output: str, floor_s: float, margin_s: float = 15.0) -> int:
+    """How many times its usual length the long evaluation takes: 10, or enough
+    for it to outlast `floor_s` by `margin_s`, by the job's evaluations so far
+    (nanogpt_ddp.py prints each one's seconds)."""
+    took = sorted(float(s) for s in re.findall(r"val loss [\d.]+ \(([\d.]+)s\)", output))
+    usual = took[len(took) // 2] if took else 0.0
+    return max(10, math.ceil((floor_s + margin_s) / usual)) if usual > 0 else 10
+
+
+def faults(soak: Soak, timeout: float = 300.0, floor_s: float = 20.0) -> dict[str, dict]:
     """Faults mid-run, two at a time (one per job): a stopped rank and a 10x
     evaluation, then a rank waiting on a lock and one busy-looping where no pause
     ran before. Per fault: seconds to its first page, and pages of the incident."""
@@ -379,9 +389,11 @@ def faults(soak: Soak, timeout: float = 300.0) -> dict[str, dict]:
         got["verdicts"] = [m.get("verdict") for _, m in firing
                            if m.get("incident_id") == got["incident"]]
 
-    # 1. rank 1 of the checkpoint job stopped; rank 0's next evaluation 10x as long
+    # 1. rank 1 of the checkpoint job stopped; rank 0's next evaluation 10x as long,
+    # or longer where evaluations are fast: it must outlast the floor by a margin,
+    # or it ends a tick after it became a hang and opens no incident
     stop_pid = rank_pids(soak.jobs["checkpoint"])[1]
-    soak.fault("eval", "longeval:10")
+    soak.fault("eval", f"longeval:{long_factor(soak.jobs['eval'].output(), floor_s)}")
     long_began = wait_for(lambda: "long eval started" in soak.jobs["eval"].output() and
                           time.monotonic(), timeout, "the long evaluation")
     os.kill(stop_pid, signal.SIGSTOP)
@@ -450,7 +462,7 @@ def main() -> int:
                 if args.fault_floor != args.floor:
                     soak.reconfigure(pause_floor_s=args.fault_floor)
                     print(f"faults with pause_floor_s {args.fault_floor:g} (reloaded)")
-                for fault, got in faults(soak).items():
+                for fault, got in faults(soak, floor_s=args.fault_floor).items():
                     print(f"fault {fault} ({got['job']} job): first page after "
                           f"{got['to_page_s']}s, {got['pages']} firing message(s) for the "
                           f"incident ({', '.join(got['verdicts'])}), other incidents' "

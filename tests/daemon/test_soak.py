@@ -97,7 +97,7 @@ FAULTS: dict = {}  # what test_faults_mid_run... measured, for the page test aft
 
 
 def test_faults_mid_run_page_once_each_in_time(watched):
-    got = soak.faults(watched)
+    got = soak.faults(watched, floor_s=FLOOR_S)
     FAULTS.update(got)
     for fault in ("stopped", "lock", "long-eval", "spin"):
         assert got[fault]["pages"] == 1, (fault, got)
