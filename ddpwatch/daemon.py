@@ -31,7 +31,7 @@ from .publish import incident_store
 from .publish.incidents import IncidentBook
 from .observe.jobs.departures import Departures
 from .observe.probes import ProbeContext
-from .observe.sampler import Sampler
+from .observe.sampler import Sampler, progress_of
 from .publish.page_list import incident_path
 from .publish.view import DaemonView, JobView
 from .watch import look
@@ -179,7 +179,8 @@ class Daemon:
         with self._requests_lock:
             requested, self.stacks_requested = self.stacks_requested, frozenset()
         self._requested = requested
-        self._progress = self._guard("discovery", self._records_progress, {})
+        # how far each rank had got by its record (watch/job.py steady)
+        self._progress = progress_of(self._survey.heartbeats if self._survey else None)
         # Jobs are who owns them (uid, launcher); a run id is only their label
         # (two users' jobs may claim one: tests/unit/publish/test_hostile_unit.py)
         table = self._survey.table if self._survey is not None else {}
@@ -351,15 +352,6 @@ class Daemon:
         view = JobView(label, judgement, last, over, owner=key, run_id=watched.run_id or label)
         watched.view = view
         return view
-
-    def _records_progress(self) -> dict:
-        """pid -> (collective seq, step) of each live record this tick read: how
-        far each rank had got (watch/job.py steady)."""
-        records = self._survey.heartbeats if self._survey is not None else None
-        if records is None:
-            return {}
-        return {r.pid: (r.collective_seq, r.step)
-                for r, alive in zip(records.records, records.alive) if alive}
 
     def _judge(self, key: str, history, remote: tuple) -> tuple:
         """(judgement, the remote signals it used). A peer's answer that breaks the
