@@ -100,10 +100,12 @@ def choose(listing: Listing, live: AbstractSet[int] | None, limit: int) -> tuple
 
 def scan(directories, state: ScanState | None = None, live: AbstractSet[int] | None = None,
          reader=read_file, per_dir: int = MAX_FILES_PER_DIR,
-         reads: int = MAX_READS_PER_TICK):
+         reads: int = MAX_READS_PER_TICK, identities: dict | None = None):
     """Yield (path, Record | Skipped) for the files worth reading in
     `directories`, within the caps. `reader(path)` reads one file (the caller's
-    caches of gone writers' records go in front of it)."""
+    caches of gone writers' records go in front of it). `identities` (with a
+    `state`): gets each file's identity as taken before `reader` is called, so
+    the reader need not stat the file again (observe/probes/heartbeats.py)."""
     seen_paths = set()
     budget = reads
     for directory in directories:
@@ -125,6 +127,8 @@ def scan(directories, state: ScanState | None = None, live: AbstractSet[int] | N
                 if cached is not None and cached[0] == ident:
                     yield path, cached[1]
                     continue
+                if identities is not None:
+                    identities[path] = ident
             budget -= 1
             try:
                 result = reader(path)

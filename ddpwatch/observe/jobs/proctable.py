@@ -131,9 +131,13 @@ def read_table(procfs: str = "/proc", cache: dict | None = None) -> ProcTable:
 
 
 def _read_one(procfs: str, pid: int, uptime: float, cache: dict | None,
-              budget: list[int]) -> tuple[ProcInfo, tuple | None] | None:
+              budget: list[int], before: ProcInfo | None = None
+              ) -> tuple[ProcInfo, tuple | None] | None:
     """One process, its (cmdline, env) from `cache` when it is old enough to
-    have exec'd for good; `budget` ([bytes cached]) is updated. None: gone."""
+    have exec'd for good; `budget` ([bytes cached]) is updated. None: gone.
+    `before`: what was read of the pid last time, given back as it is when
+    nothing of it changed (no new ProcInfo built to be found equal: a tick
+    reads every Python process of the node again)."""
     try:
         # the descriptor itself, not open()'s text stream: every Python process
         # of the node is read so each tick
@@ -157,11 +161,15 @@ def _read_one(procfs: str, pid: int, uptime: float, cache: dict | None,
                 budget[0] += _cost((cmdline, env))
     except (OSError, IndexError, ValueError):
         return None
-    return ProcInfo(pid, stat_fields.ppid, cmdline, env,
-                    start=round(stat_fields.start_time_s * CLK_TCK), uid=uid,
-                    foreground=stat_fields.tty_nr != 0
-                    and stat_fields.tpgid == stat_fields.pgrp > 0,
-                    exe_python=exe_python, exe=exe), key
+    start = round(stat_fields.start_time_s * CLK_TCK)
+    foreground = stat_fields.tty_nr != 0 and stat_fields.tpgid == stat_fields.pgrp > 0
+    if (before is not None and before.cmdline is cmdline and before.env is env
+            and before.start == start and before.ppid == stat_fields.ppid
+            and before.uid == uid and before.foreground == foreground and before.exe == exe
+            and before.exe_python == exe_python and before.pid == pid):
+        return before, key  # every field as it was (_unchanged, the same test in full)
+    return ProcInfo(pid, stat_fields.ppid, cmdline, env, start=start, uid=uid,
+                    foreground=foreground, exe_python=exe_python, exe=exe), key
 
 
 # A process becomes something else only by exec. Those that exec into a job
@@ -276,13 +284,13 @@ class TableReader:
 
     def _read(self, pid: int, uptime: float, now: float) -> ProcInfo | None:
         self.reads += 1
-        read = _read_one(self.procfs, pid, uptime, self._cache, self._budget)
+        before = self._infos.get(pid)
+        read = _read_one(self.procfs, pid, uptime, self._cache, self._budget, before)
         if read is None:
             self._forget(pid)
             return None
         info, key = read
-        before = self._infos.get(pid)
-        if before is not None and _unchanged(before, info):
+        if before is not None and (info is before or _unchanged(before, info)):
             # The object read before stays, with what was worked out of it
             # (`python`, `launcher`: a launcher_of per hot process per tick was
             # a tenth of an 8-rank job's tick; benchmarks/README.md "The 8-rank

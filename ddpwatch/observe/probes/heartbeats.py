@@ -82,7 +82,10 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: AbstractSet[int] 
     deadline = time.monotonic() + BUSY_BUDGET_S
 
     def reader(path):
-        identity = identities[path] = _file_identity(path) if dead is not None else None
+        # the scan's stat of the file, just taken (scan_state given), else one here
+        identity = (None if dead is None else identities[path] if path in identities
+                    else _file_identity(path))
+        identities[path] = identity
         cached = dead.get(path) if dead is not None else None
         if cached is not None and cached[2] and identity is not None and cached[0] == identity:
             cached_dead[path] = True
@@ -91,7 +94,7 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: AbstractSet[int] 
                          earlier.get(path) if earlier is not None else None)
 
     paths = []
-    for path, result in scan(dirs, scan_state, live, reader):
+    for path, result in scan(dirs, scan_state, live, reader, identities=identities):
         if isinstance(result, Skipped):
             skipped.append(result)
             continue

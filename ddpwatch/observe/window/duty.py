@@ -219,11 +219,14 @@ class DutyWatch:
         """Each rank's cgroup and its cpu.stat as the window's readings begin."""
         if self.cgroups is None:
             cgroups = {}
+            first_stat: dict[str, Throttle | None] = {}  # once per cgroup, as in freeze
             for pid in self.pids:
                 directory, quota, first = self.known.get(pid) or read_cgroup(
                     self.procfs, self.cgroot, pid)
                 if first is None and directory:
-                    first = _cpu_stat(directory)
+                    if directory not in first_stat:
+                        first_stat[directory] = _cpu_stat(directory)
+                    first = first_stat[directory]
                 cgroups[pid] = (directory, quota, first)
             self.cgroups = cgroups
         return self.cgroups
@@ -269,11 +272,17 @@ class DutyWatch:
         ranks = []
         cgroups = self._start()
         last_cgroups = {}  # pid -> (directory, quota, cpu.stat now): the next window's
+        # each cgroup's cpu.stat read once: a job's ranks mostly share one (a
+        # 256-rank job's look read the same file 256 times: benchmarks/daemon.py
+        # --only tick)
+        now_stat: dict[str, Throttle | None] = {}
         for pid in self.pids:
             directory, quota, first = cgroups[pid]
             # the same cgroup's cpu.stat at the window's end (which cgroup and its
             # quota were read once, when the rank was first watched)
-            last = _cpu_stat(directory) if directory else None
+            if directory and directory not in now_stat:
+                now_stat[directory] = _cpu_stat(directory)
+            last = now_stat.get(directory) if directory else None
             last_cgroups[pid] = (directory, quota, last)
             samples, stopped, running, asleep, switches = self.counts[pid]
             ranks.append(RankDuty(pid, samples, stopped, running, asleep, cgroup=directory,

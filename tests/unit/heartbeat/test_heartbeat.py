@@ -52,6 +52,23 @@ def test_round_trip_identity_progress_and_ring(tmp_path):
     w.close()
 
 
+def test_a_decoded_record_is_the_one_its_dataclass_makes(tmp_path):
+    """layout.decode builds a Record without its __init__ (layout._record): it
+    must hold every field, no other, and equal, hash and print as Record(**its
+    fields) does; a field added to Record and not decoded fails here."""
+    w = open_writer(str(tmp_path), rank=2, world_size=4, run_id="r")
+    w.exit(w.enter(OP_CODE["all_reduce"], 8))
+    w.step(tokens=3)
+    rec = read_file(w.path)
+    names = [f.name for f in dataclasses.fields(layout.Record)]
+    assert sorted(vars(rec)) == sorted(names)
+    made = layout.Record(**{n: getattr(rec, n) for n in names})
+    assert rec == made and hash(rec) == hash(made) and repr(rec) == repr(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.step = 9
+    w.close()
+
+
 def test_a_reread_keeps_the_ring_entries_it_decoded_and_only_of_the_same_writer(tmp_path):
     """layout.decode(buf, earlier): the daemon reads every record each second and
     a collective changes one slot; what is kept must equal a decode from scratch."""
@@ -294,6 +311,9 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     reads = []
     real_read = probe.read_file
     monkeypatch.setattr(probe, "read_file", lambda p, *rest: reads.append(p) or real_read(p, *rest))
+    # the file's identity is the scan's stat of it (scan.py `identities`), not a second one
+    stats = []
+    monkeypatch.setattr(probe, "_file_identity", lambda p: stats.append(p))
     ctx = ProbeContext(heartbeat_dir=str(tmp_path))
     hb = probe.HeartbeatsProbe()
     for _ in range(4):
@@ -306,6 +326,7 @@ def test_gone_writers_records_are_read_once_final(tmp_path, monkeypatch):
     assert len(reads) == 3
     os.unlink(path)
     assert hb.run(ctx, Pass(), ()).records == () and hb.dead == {}
+    assert stats == []
 
 
 def _age_record(path: str, seconds: float) -> None:

@@ -263,6 +263,10 @@ def test_every_field_of_a_process_counts_as_a_change():
             f.name
     assert proctable._unchanged(base, dataclasses.replace(base, cmdline=("python3", "t.py"),
                                                           env={"RANK": "0"}))
+    # _read_one gives the reading before back when the fields it compares one
+    # by one are as they were: a field added must be added there too
+    assert {f.name for f in dataclasses.fields(proctable.ProcInfo)} == {
+        "pid", "ppid", "cmdline", "env", "start", "uid", "foreground", "exe_python", "exe"}
 
 
 def test_a_read_that_changed_nothing_gives_the_table_given_before(tmp_path):

@@ -193,3 +193,28 @@ def test_orphan_is_a_leftover_only():
     assert orphan_signals(alone) == {"parent_gone": True, "progressing": False, "orphan": True}
     assert orphan_signals({"orphan": True, "cpu_ratio": 0.0})["orphan"] is True  # no peers known
     assert orphan_signals({"orphan": False})["orphan"] is False
+
+
+def test_ranks_of_one_cgroup_read_its_cpu_stat_once_a_window_end(tmp_path, monkeypatch):
+    """A job's ranks mostly share one cgroup: DutyWatch.freeze reads each
+    cgroup's cpu.stat once for all of them (256 ranks, one file), and ranks of
+    another cgroup still get their own."""
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    for pid, group in ((7, "a"), (8, "a"), (9, "b")):
+        (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) S 1")
+        (proc / str(pid) / "task" / str(pid) / "stat").write_text(f"{pid} (python) S 1")
+        (proc / str(pid) / "cgroup").write_text(f"3:cpu:/{group}\n")
+    for group, periods in (("a", 10), ("b", 70)):
+        (cg / "cpu" / group).mkdir(parents=True)
+        (cg / "cpu" / group / "cpu.stat").write_text(
+            f"nr_periods {periods}\nnr_throttled 1\nthrottled_time 0\n")
+    clock = iter(range(100)).__next__
+    watch = D.DutyWatch((7, 8, 9), clock, str(proc), str(cg))
+    watch.read()
+    reads = []
+    real = D._cpu_stat
+    monkeypatch.setattr(D, "_cpu_stat", lambda d: reads.append(d) or real(d))
+    duty = watch.freeze()
+    assert sorted(reads) == sorted({os.path.normpath(f"{cg}/cpu/{g}") for g in "ab"})
+    assert [r.throttle_last.periods for r in duty.ranks] == [10, 10, 70]
