@@ -269,10 +269,11 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
         from ddpwatch.heartbeat import read_dir
         wait(lambda: len(read_dir(hb_dir)[0]) >= ranks, 300)
         from ddpwatch.config import load
-        from ddpwatch.daemon import Daemon, load_rules
+        from ddpwatch.daemon import Daemon, collect_less, load_rules
         os.environ["DDPWATCH_DIR"] = hb_dir
         cfg = load(None, {"state_dir": tempfile.mkdtemp()})
         daemon = Daemon(cfg, load_rules(cfg))
+        collect_less()  # as `ddpwatch run` does (commands/run.py)
         stop = threading.Event()
         daemon.between.start(stop, lambda: None)  # the readings between ticks
         for _ in range(3):  # the first ticks learn the node; measured: the steady state

@@ -11,7 +11,7 @@ import threading
 import time
 
 from .. import config as config_mod, errors
-from ..daemon import Daemon, load_rules
+from ..daemon import Daemon, collect_less, load_rules
 from ..publish.endpoints import STALE_AFTER_S, Server
 from ..publish.bounded_server import same_address
 from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
@@ -80,6 +80,7 @@ def main(args) -> int:
     dispatcher = build_dispatcher(cfg)
     poller = build_poller(cfg)
     daemon = Daemon(cfg, rules, dispatcher, peers=poller)
+    collect_less()
     from ..publish.metrics import make_registry, render
     # `server` is bound below and rebound by a reload that moves the listener
     registry = make_registry(lambda: daemon.view, lambda: server.httpd.stats)
