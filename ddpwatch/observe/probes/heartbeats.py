@@ -14,7 +14,7 @@ from typing import AbstractSet
 
 from ...heartbeat import Record, Skipped, read_file
 from ...heartbeat.reader import BUSY_PATIENCE_S
-from ...heartbeat.scan import ScanState, scan
+from ...heartbeat.scan import ScanState, identity, scan
 from ...heartbeat.liveness import record_alive
 from ...heartbeat.paths import record_dirs
 from . import Pass, Probe, ProbeContext, register
@@ -135,9 +135,9 @@ def _known(table, pid: int) -> tuple[float, int] | None:
 
 
 def _file_identity(path: str) -> tuple | None:
-    """What changes when a record file is rewritten or replaced."""
+    """What changes when a record file is rewritten or replaced: the scan's
+    identity of it (heartbeat/scan.py), whose stat the probe mostly takes."""
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return identity(os.stat(path, follow_symlinks=False))
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

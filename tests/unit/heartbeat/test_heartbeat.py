@@ -62,6 +62,12 @@ def test_a_decoded_record_is_the_one_its_dataclass_makes(tmp_path):
     rec = read_file(w.path)
     names = [f.name for f in dataclasses.fields(layout.Record)]
     assert sorted(vars(rec)) == sorted(names)
+    # decode adds the header's fields to the progress fields' dict: a name in
+    # both would be overwritten silently, where Record(**...) refused it
+    header = {"pid", "rank", "local_rank", "world_size", "uid", "started_at", "started_wall",
+              "run_id", "hostname", "torch_version", "backend", "device_type",
+              "compute_dtype", "data_fingerprint", "data_batches", "data_shards", "seq"}
+    assert header.isdisjoint(layout._PROGRESS_NAMES)
     made = layout.Record(**{n: getattr(rec, n) for n in names})
     assert rec == made and hash(rec) == hash(made) and repr(rec) == repr(made)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -269,6 +269,27 @@ def test_every_field_of_a_process_counts_as_a_change():
         "pid", "ppid", "cmdline", "env", "start", "uid", "foreground", "exe_python", "exe"}
 
 
+def test_a_process_read_again_is_given_back_only_when_every_field_is_as_it_was(tmp_path):
+    """_read_one's shortcut (no new ProcInfo when nothing changed) compares each
+    field it reads: a reading before that differs in any one of them (a set-uid
+    exec keeps the command line, only the owner tells) gives a new ProcInfo,
+    equal to a fresh read."""
+    import dataclasses
+    proc = node(tmp_path)
+    cache, budget = {}, [0]
+    info, _ = proctable._read_one(proc.root, 200, UPTIME, cache, budget)
+    again, _ = proctable._read_one(proc.root, 200, UPTIME, cache, budget, info)
+    assert again is info  # the exec cache's command line and environment, all else equal
+    other = {"ppid": 77, "start": info.start + 1, "uid": info.uid + 1,
+             "foreground": not info.foreground, "exe": "/usr/bin/other",
+             "exe_python": not info.exe_python, "pid": 201}
+    assert set(other) | {"cmdline", "env"} == {f.name for f in dataclasses.fields(info)}
+    for name, value in other.items():
+        before = dataclasses.replace(info, **{name: value})  # the same cmdline and env objects
+        read, _ = proctable._read_one(proc.root, 200, UPTIME, cache, budget, before)
+        assert read is not before and read == info, name
+
+
 def test_a_read_that_changed_nothing_gives_the_table_given_before(tmp_path):
     """Beside a steady job most reads change nothing: the table given before is
     given again, not a copy of every process's entry (TableReader._table); any

@@ -216,5 +216,14 @@ def test_ranks_of_one_cgroup_read_its_cpu_stat_once_a_window_end(tmp_path, monke
     real = D._cpu_stat
     monkeypatch.setattr(D, "_cpu_stat", lambda d: reads.append(d) or real(d))
     duty = watch.freeze()
-    assert sorted(reads) == sorted({os.path.normpath(f"{cg}/cpu/{g}") for g in "ab"})
+    both = sorted({os.path.normpath(f"{cg}/cpu/{g}") for g in "ab"})
+    assert sorted(reads) == both
     assert [r.throttle_last.periods for r in duty.ranks] == [10, 10, 70]
+    # a window handed on without a cpu.stat (its last had no readings) reads
+    # them at its first reading, once per cgroup too (DutyWatch._start)
+    idle = D.DutyWatch((7, 8, 9), clock, str(proc), str(cg), watch.handed_on())
+    later = D.DutyWatch((7, 8, 9), clock, str(proc), str(cg), idle.handed_on())
+    reads.clear()
+    later.read()
+    assert sorted(reads) == both
+    assert [r.throttle_first.periods for r in later.freeze().ranks] == [10, 10, 70]
