@@ -25,8 +25,12 @@ different traces:
   Intel MPI).
 
 Order matters. A rank's number comes from the first set of variables in table
-order that it carries: a torchrun worker inside an srun step carries RANK and
-SLURM_PROCID, and RANK is what torch's env:// rendezvous reads. Of the ranks no
+order that it carries, and a launcher started inside another passes the outer
+one's variables on: a torchrun worker inside an srun step carries RANK and
+SLURM_PROCID, and RANK is what torch's env:// rendezvous reads; an MPI rank of
+an mpirun inside a SLURM job carries OMPI_COMM_WORLD_RANK (or PMI_RANK) and the
+SLURM_PROCID of the step mpirun runs in, the same for all its ranks on a node
+(tests/thirdparty/test_thirdparty_jobs.py runs one). Of the ranks no
 variable numbers, mp.spawn's are recognised before Lightning's; of the ranks
 without a launcher process, srun's step groups before a shared MASTER_ADDR:PORT.
 
@@ -228,12 +232,14 @@ TABLE: tuple[Launcher, ...] = (
     Launcher("deepspeed", "workers", Argv(programs=("deepspeed",),
                                           words=(("-m", "deepspeed.launcher.launch"),)),
              env=(TORCH,), rank_flags=("--local_rank", "--local-rank"), node_flag="--node_rank"),
-    Launcher("slurm", "peers", env=(SLURM,), peers=("SLURM_JOB_ID", "SLURM_STEP_ID"),
-             needs=("SLURM_JOB_ID", "SLURM_PROCID")),
     # mpirun and the daemons that start an MPI job's ranks on each node
     Launcher("mpirun", "claimants", Argv(programs=(
         "mpirun", "mpiexec", "orterun", "prterun", "orted", "prted", "hydra_pmi_proxy",
         "mpiexec.hydra")), env=(OPEN_MPI, PMI)),
+    # after mpirun: an mpirun inside a batch script or an srun step passes the
+    # step's SLURM_PROCID (0, or the node's index) on to every rank it starts
+    Launcher("slurm", "peers", env=(SLURM,), peers=("SLURM_JOB_ID", "SLURM_STEP_ID"),
+             needs=("SLURM_JOB_ID", "SLURM_PROCID")),
     # a user's script that starts its ranks itself is often rank 0: `claimed`
     Launcher("spawn", "spawned", launcher_rank="claimed", rank_argv=is_spawn_child,
              adopts=True),

@@ -12,9 +12,10 @@ reads too: docs/architecture.md "Which processes are ranks"):
   (torchrun inside), DeepSpeed, and env:// rendezvous by hand;
 * the index torch.multiprocessing.spawn gave this child (`_wrap(fn, i, ...)`): its
   local rank, and its rank where no node-level launcher says the job spans nodes;
-* the other launchers' variables, in the table's order: SLURM_PROCID /
-  SLURM_LOCALID / SLURM_NTASKS (srun), OMPI_COMM_WORLD_* (mpirun), PMI_RANK /
-  PMI_SIZE / MPI_LOCALRANKID (MPICH, Intel MPI);
+* the other launchers' variables, in the table's order: OMPI_COMM_WORLD_*
+  (mpirun), PMI_RANK / PMI_SIZE / MPI_LOCALRANKID (MPICH, Intel MPI), then
+  SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS (srun; an mpirun inside a SLURM
+  job passes its step's on to every rank);
 * Lightning's NODE_RANK / LOCAL_RANK / WORLD_SIZE: its rank 0 is the user's own
   process, which sets them after exec and re-executes the script for the other
   ranks with LOCAL_RANK=i; "the main process has LOCAL_RANK=0" where unset.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from ..launchers import ENVS, LIGHTNING, TORCH
 
 UNKNOWN = -1
-# The launchers' own variables beside torch's, in the table's order: srun's, mpirun's
+# The launchers' own variables beside torch's, in the table's order: mpirun's, srun's
 # (Lightning's are torch's names and a NODE_RANK: no rank of their own)
 _OTHERS = tuple(e for e in ENVS if e.rank and e != TORCH)
 

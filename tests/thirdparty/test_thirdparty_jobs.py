@@ -117,6 +117,38 @@ def test_launcher_workers_are_one_job_with_their_launcher(launcher, tmp_path, re
         job.kill()
 
 
+def test_mpirun_inside_a_slurm_step_is_numbered_as_mpi_numbers_it(tmp_path, slurm_cluster,
+                                                                   need_py_spy):
+    """An mpirun run by srun (as in a batch script) passes the step's
+    SLURM_PROCID, 0, on to both ranks it starts: they are mpirun's job, numbered
+    by OMPI_COMM_WORLD_RANK as the script numbers itself, not both rank 0
+    (launchers.py TABLE: MPI's variables before SLURM's)."""
+    need(shutil.which("mpirun") is not None,
+         "needs Open MPI's mpirun (Debian package openmpi-bin)")
+    port = free_port()
+    env = dict(slurm_cluster.env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MASTER_PORT=str(port))
+    env.pop("DDPWATCH_DIR", None)
+    job = Job(["srun", "-n", "1"] + LAUNCH["mpirun"](port, os.path.join(
+        THIRDPARTY, "mpirun_ddp.py")), env, str(tmp_path / "srun-mpirun.log"))
+    try:
+        pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
+            {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
+            240, interval=0.5, what="mpirun's 2 ranks in the srun step")
+        for pid in pids.values():  # what made both rank 0 before
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                assert b"\0SLURM_PROCID=0\0" in b"\0" + f.read()
+        tp = ThirdParty("mpirun", job, pids, str(tmp_path))
+        report = tp.until("healthy", HEALTHY)
+        _ranks_are_the_scripts_own(report, tp)
+        assert {r["signals"]["rank_source"] for r in report["ranks"]} == {"launch"}
+        assert report["job"]["launcher_kind"] == "mpirun"
+        assert psutil.Process(report["job"]["launcher_pid"]).name() == "mpirun"
+    finally:
+        job.kill()
+        slurm_cluster.cancel_all()
+
+
 # opens no incident (judge/vocabulary.py `calm`: fine, or could not be judged yet,
 # e.g. a child spawned a moment ago, idle, with no stack) or waits for its peers
 ALARM_FREE = {v.name for v in VERDICTS if v.calm} | {"rendezvous_wait"}

@@ -128,6 +128,21 @@ def test_mpirun_open_mpi_and_mpich():
     assert D.find_job(402, t).ranks == (0, 1)
 
 
+def test_mpirun_inside_a_slurm_job_numbers_by_mpi_not_the_step():
+    """An mpirun in a batch script (or an srun step) passes the step's
+    variables on to every rank it starts: SLURM_PROCID is the same for all of
+    them on a node, and the job is mpirun's, numbered as MPI numbers it."""
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0", "SLURM_NTASKS": "1"}
+    ompi = lambda i: {**step, "OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_SIZE": "2"}
+    t = torchrun_like(("mpirun", "-np", "2", PY, "train.py"), worker_env=ompi)
+    job = D.find_job(402, t)
+    assert (job.launcher_kind, job.ranks, job.world_size) == ("mpirun", (0, 1), 2)
+    pmi = lambda i: {**step, "SLURM_PROCID": "3", "PMI_RANK": str(4 + i), "PMI_SIZE": "8"}
+    t = torchrun_like(("/usr/bin/hydra_pmi_proxy", "--control-port", "x:1"), worker_env=pmi)
+    assert D.find_job(402, t).ranks == (4, 5) and D.find_job(402, t).world_size == 8
+
+
 def test_torchrun_keeps_every_child_as_a_worker():
     t = torchrun_like(("/venv/bin/torchrun", "--nproc-per-node=2", "train.py"))
     job = D.find_job(401, t)

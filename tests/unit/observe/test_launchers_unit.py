@@ -97,8 +97,10 @@ RANKED = [(e, names) for e in T.TABLE for names in e.env if names.rank]
 
 def test_envs_are_the_tables_in_order_of_precedence():
     assert T.ENVS[0] == T.TORCH  # what torch's env:// reads comes first
+    # MPI's before SLURM's: an mpirun inside a SLURM job passes the step's
+    # SLURM_PROCID on to all its ranks
     assert [n.rank for n in T.ENVS if n.rank] == [
-        "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+        "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
 
 
 @pytest.mark.parametrize("names", [n for n in T.ENVS if n.rank], ids=lambda n: n.rank)

@@ -38,6 +38,10 @@ def ident(rank, local, world):
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
       "OMPI_COMM_WORLD_SIZE": "4"}, {}, ident(2, 0, 4)),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, {}, ident(1, 1, 2)),
+    # ... inside a SLURM job: the step's variables, passed on to every rank, lose
+    ({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+      "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_SIZE": "4"}, {}, ident(3, 1, 4)),
     # Lightning: the re-executed rank has LOCAL_RANK, NODE_RANK and WORLD_SIZE
     ({"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2"}, dict(lightning=True),
      ident(1, 1, 2)),
