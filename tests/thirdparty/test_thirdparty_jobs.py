@@ -129,8 +129,14 @@ def test_mpirun_inside_a_slurm_step_is_numbered_as_mpi_numbers_it(tmp_path, slur
     env = dict(slurm_cluster.env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                MASTER_PORT=str(port))
     env.pop("DDPWATCH_DIR", None)
-    job = Job(["srun", "-n", "1"] + LAUNCH["mpirun"](port, os.path.join(
-        THIRDPARTY, "mpirun_ddp.py")), env, str(tmp_path / "srun-mpirun.log"))
+    # The suite's SLURM node is named dwnode, not this host's name, so Open MPI
+    # would start its daemon "there" by an srun inside the step, which waits
+    # for the CPU the step holds. Told not to use SLURM's allocation, mpirun
+    # starts both ranks here, as it does on a cluster whose nodes are its hosts;
+    # they inherit the step's variables all the same.
+    mpirun = LAUNCH["mpirun"](port, os.path.join(THIRDPARTY, "mpirun_ddp.py"))
+    mpirun[1:1] = ["--mca", "ras", "^slurm", "--mca", "plm", "^slurm"]
+    job = Job(["srun", "-n", "1"] + mpirun, env, str(tmp_path / "srun-mpirun.log"))
     try:
         pids = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(
             {int(r): int(p) for r, _, p in ANNOUNCE.findall(job.output())}),
