@@ -98,6 +98,12 @@ EXPECTED = {
     # no heartbeats: rank 1's death leaves nothing but its absence from an all-local job
     "plain_dead_same_host": ({0: ("blocked_in_collective", "victim", "survivor-of-dead-peer"),
                               1: ("dead", "culprit", "missing-rank")}, [1], {}),
+    # ... read as rank 0 tears down after Gloo's "Connection reset": its last
+    # reading's environ is empty (its memory released), its first one's stands
+    # (judge/signals/process.py measure)
+    "plain_dead_same_host_teardown": (
+        {0: ("blocked_in_collective", "victim", "survivor-of-dead-peer"),
+         1: ("dead", "culprit", "missing-rank")}, [1], {}),
     "plain_hang": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit", "hung-outside-idle")},
                    [1], {}),
     "plain_slow": ({0: ("waiting_on_peer", "victim", "waiting-on-peer-cpu"),

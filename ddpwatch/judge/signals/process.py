@@ -43,6 +43,12 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
     if now is None:
         return s
     env = now.env
+    if (not env and before is not None and before.env
+            and before.start_time_s == now.start_time_s):
+        # An exiting process's environ reads empty once its memory is released
+        # (a rank tearing down after a peer died), and an environment does not
+        # change but by exec: the same process's earlier reading stands.
+        env = before.env
     s["state"] = now.state
     s["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
     s["world_size"] = int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else -1
