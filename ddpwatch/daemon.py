@@ -41,8 +41,9 @@ log = logging.getLogger("ddpwatch")
 # The tick makes a second's worth of short-lived objects (records, signals,
 # verdicts) and keeps few: at CPython's default (700 allocations) the cycle
 # collector ran ~3.5 times a tick, 2 ms of a 256-rank job's 36 ms kept tick,
-# each time walking what the tick still held (benchmarks/README.md "Steady
-# jobs, A/B"). Reference counting frees nearly all of it either way.
+# each time walking what the tick still held (benchmarks/README.md "The
+# 256-record tick trimmed, A/B"). Reference counting frees nearly all of it
+# either way.
 GC_GEN0 = 20_000
 
 

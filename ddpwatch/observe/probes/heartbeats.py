@@ -83,11 +83,11 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: AbstractSet[int] 
 
     def reader(path):
         # the scan's stat of the file, just taken (scan_state given), else one here
-        identity = (None if dead is None else identities[path] if path in identities
-                    else _file_identity(path))
-        identities[path] = identity
+        ident = (None if dead is None else identities[path] if path in identities
+                 else _file_identity(path))
+        identities[path] = ident
         cached = dead.get(path) if dead is not None else None
-        if cached is not None and cached[2] and identity is not None and cached[0] == identity:
+        if cached is not None and cached[2] and ident is not None and cached[0] == ident:
             cached_dead[path] = True
             return cached[1]
         return read_file(path, None, max(0.0, min(BUSY_PATIENCE_S, deadline - time.monotonic())),
@@ -107,14 +107,14 @@ def read(ctx: ProbeContext, named: tuple[str, ...] = (), live: AbstractSet[int] 
         records.append(result)
         alive.append(is_alive)
         if dead is not None:
-            identity = identities.get(path)
-            if is_alive or identity is None:
+            ident = identities.get(path)
+            if is_alive or ident is None:
                 dead.pop(path, None)
             else:
                 # Reused only once read with its writer already gone a tick
                 # before: a read that raced the writer's last publish (EXITED,
                 # at exit) is not final, and mmap stores leave mtime alone.
-                dead[path] = (identity, result, path in dead)
+                dead[path] = (ident, result, path in dead)
     if dead is not None:
         for path in set(dead) - set(paths):  # files removed since
             del dead[path]
