@@ -60,9 +60,10 @@ VAL = os.path.join(args.dir, "val.bin")
 CKPT = os.path.join(args.dir, f"ckpt-rank{rank}.pt")
 for path in (DATA, VAL):
     if not os.path.exists(path):
-        with open(path + ".tmp", "wb") as f:
+        tmp = f"{path}.{rank}.tmp"  # val.bin is every rank's: each writes its own
+        with open(tmp, "wb") as f:
             f.write(os.urandom(64 * 1024))
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
 
 
 class Shards(Dataset):
