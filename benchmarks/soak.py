@@ -1,10 +1,13 @@
 """Judgement over time: real healthy jobs watched by a real `ddpwatch run` with a
 webhook receiver, for minutes. Prints false pages per hour of healthy training,
 the pauses /status named (by kind), and, with --faults, the time from each fault
-to its page.
+to its page; with --pauses, the time from each hang at a pause site (a
+DataLoader's workers blocked, a rank blocked in its evaluation, its checkpoint,
+its logging call) to its page.
 
     python benchmarks/soak.py --minutes 30            # healthy jobs only (all five)
     python benchmarks/soak.py --minutes 3 --faults    # then faults mid-run
+    python benchmarks/soak.py --minutes 3 --pauses    # then hangs at pause sites
 
 Each job is a real job: torchrun jobs of tests/jobs/thirdparty/nanogpt_ddp.py
 (rank 0 alone evaluates every few seconds; in another it evaluates and saves a
@@ -159,11 +162,13 @@ class Proc:
 # one rank's line can land in the middle of the other's (a Lightning job's two
 # announcements once came out as one line, and the second rank was never seen).
 ANNOUNCE = re.compile(r"thirdparty: rank=(\d+) local_rank=\d+ world=\d+ pid=(\d+)")
+READY = re.compile(r"rank (\d+) pid (\d+) ready")  # tests/jobs/pausesites.py's
 
 
 def rank_pids(job: Proc) -> dict[int, int]:
     """rank -> pid, from the lines the job's ranks print once their group is up."""
-    return {int(rank): int(pid) for rank, pid in ANNOUNCE.findall(job.output())}
+    out = job.output()
+    return {int(rank): int(pid) for rank, pid in ANNOUNCE.findall(out) + READY.findall(out)}
 
 
 class Soak:
@@ -415,6 +420,85 @@ def faults(soak: Soak, timeout: float = 300.0, floor_s: float = 20.0) -> dict[st
     return out
 
 
+# Hangs where pauses usually are (docs/judgement-over-time.md "Is anybody working?"),
+# in tests/jobs/pausesites.py: a FIFO put where a file was (an open() that waits
+# forever: a mount that stalled, a pipe whose other end died), or a metrics server
+# that stops answering. name -> (the job's flags, the path blocked, the culprit)
+PAUSE_HANGS = {
+    "loader-persistent": (["--workers", "2", "--persistent"], "data-rank1.bin", 1),
+    "loader-forked": (["--workers", "2"], "data-rank1.bin", 1),
+    "evaluation": (["--workers", "0", "--eval-every", "6"], "val.bin", 0),
+    "checkpoint": (["--workers", "0", "--ckpt-every", "6"], "ckpt-rank0.pt", 0),
+    "logging": (["--workers", "0", "--log-every", "4"], "", 0),
+}
+
+
+def pause_hangs(soak: Soak, timeout: float = 180.0) -> dict[str, dict]:
+    """Each hang class in a job of its own, one after another, beside the soak's
+    jobs: seconds from the fault to the first page, the rank it names and by
+    which rule, and the incident's firing messages after 10 s more."""
+    out = {}
+    for name, (flags, blocked, culprit) in PAUSE_HANGS.items():
+        data = os.path.join(soak.workdir, name)
+        server = silent = None
+        if not blocked:  # a metrics server that answers, then stops answering
+            server, silent = _metrics_server()
+            flags = flags + ["--log-to", f"127.0.0.1:{server.getsockname()[1]}"]
+        port = free_port()
+        job = soak.jobs[name] = soak._start(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+             "--master_addr=127.0.0.1", f"--master_port={port}",
+             os.path.join(REPO, "tests", "jobs", "pausesites.py"), "--dir", data, *flags],
+            {}, name)
+        try:
+            wait_for(lambda: "rank 1 step 3\n" in job.output() and soak.label_of(name),
+                     timeout, f"{name}: past step 3 and watched")
+            if blocked:
+                os.mkfifo(os.path.join(data, "fifo"))
+                os.replace(os.path.join(data, "fifo"), os.path.join(data, blocked))
+            else:
+                silent.set()
+            began = time.monotonic()
+            first = wait_for(lambda: pages_since(soak, name, began), timeout, f"{name}'s page")
+            entry = soak.job_status().get(name, {})
+            rule = next((r.get("rule") for r in entry.get("ranks", ())
+                         if r.get("rank") == culprit), "?")
+            time.sleep(10)  # then count: one incident, one page
+            firing = pages_since(soak, name, began)
+            out[name] = {"to_page_s": round(first[0][0] - began, 1),
+                         "culprits": first[0][1].get("culprits"), "expected": [culprit],
+                         "verdict": first[0][1].get("verdict"), "rule": rule,
+                         "pages": len(firing)}
+        finally:
+            job.close()
+            if server is not None:
+                server.close()
+    return out
+
+
+def _metrics_server():
+    """A line server on loopback that answers each line until `silent` is set."""
+    import socket
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    silent = threading.Event()
+
+    def serve():
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with conn:
+            f = conn.makefile("rb")
+            while f.readline():
+                if silent.is_set():
+                    silent.wait(86400)
+                conn.sendall(b"ok\n")
+    threading.Thread(target=serve, daemon=True).start()
+    return server, silent
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0,
@@ -427,6 +511,9 @@ def main() -> int:
     parser.add_argument("--fault-floor", type=float, default=20.0,
                         help="pause_floor_s for the faults, set by a reload (SIGHUP) before "
                              "them, so that the busy loop pages within the run (default 20)")
+    parser.add_argument("--pauses", action="store_true",
+                        help="then each hang at a pause site (tests/jobs/pausesites.py), "
+                             "timed to its page")
     parser.add_argument("--jobs", choices=("all", "faulted", "more"), default="all",
                         help="all five jobs; the three the faults are given to (eval, "
                              "checkpoint, lightning); or the DataLoader and compile jobs")
@@ -467,6 +554,12 @@ def main() -> int:
                           f"{got['to_page_s']}s, {got['pages']} firing message(s) for the "
                           f"incident ({', '.join(got['verdicts'])}), other incidents' "
                           f"{got['other'] or 'none'}; {got['summary'][:160]}")
+            if args.pauses:
+                for name, got in pause_hangs(soak).items():
+                    right = "right" if got["culprits"] == got["expected"] else "WRONG"
+                    print(f"pause hang {name}: first page after {got['to_page_s']}s naming "
+                          f"rank(s) {got['culprits']} ({right}; {got['verdict']}, rule "
+                          f"{got['rule']}), {got['pages']} firing message(s)")
         finally:
             soak.close()
     return 0

@@ -31,6 +31,9 @@ TOTAL = {"netns": 32, "helper_runs": 16}   # root's included
 TABLE_MAX_AGE_S = 5.0
 MAX_FDS = 4096       # a rank's open files looked at for sockets (Gloo: a few hundred)
 MAX_THREADS = 128    # a rank's threads read a pass (a rank has tens; see duty.py)
+# a rank's children read a pass (probes/process.py WorkerObs): a DataLoader has
+# num_workers of them, a few to tens
+MAX_WORKERS = 16
 # a process with more is not dumped: py-spy reads every thread (4 000 took it 3 s),
 # and a big box's torch rank has a few hundred (intra- and inter-op pools)
 MAX_DUMP_THREADS = 1024

@@ -35,7 +35,7 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
-LEFT_OUT = ("fds", "helper_runs", "jobs", "netns", "threads")  # observe/budget.py
+LEFT_OUT = ("fds", "helper_runs", "jobs", "netns", "threads", "workers")  # observe/budget.py
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
@@ -83,7 +83,8 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "processes make its ticks long (observe/budget.py): jobs (a user's jobs past 8 but "
         "root's), netns (a user's network "
         "namespaces past 8 a pass), helper_runs (ss/ip runs past 4 per user), fds (a "
-        "rank's open files past 4096), threads (a rank's threads past 512).")),
+        "rank's open files past 4096), threads (a rank's threads past 512), workers (a "
+        "rank's child processes past 16).")),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
         "started: busy_503 (every worker of the request's class busy), evicted (too many "

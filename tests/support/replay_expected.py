@@ -40,6 +40,19 @@ EXPECTED = {
     # both ranks wait for their DataLoader's new workers at an epoch's start
     "thirdparty_loader_epoch_start": ({0: ("paused", N, "paused-for-data"),
                                        1: ("paused", N, "paused-for-data")}, [], {}),
+    # nobody works at a pause site (tests/jobs/pausesites.py, a FIFO where a file was):
+    # a hang, whatever the stack's place (docs/judgement-over-time.md "Is anybody working?")
+    "pause_data_hung": ({0: BLOCKED, 1: ("hung_outside_collective", "culprit",
+                                         "hung-waiting-for-data")}, [1], {}),
+    "pause_eval_hung": ({0: ("hung_outside_collective", "culprit", "hung-in-pause"),
+                         1: BLOCKED}, [0], {}),
+    "pause_ckpt_hung": ({0: ("hung_outside_collective", "culprit", "hung-in-pause"),
+                         1: BLOCKED}, [0], {}),
+    "pause_log_hung": ({0: ("hung_outside_collective", "culprit", "hung-in-pause"),
+                        1: BLOCKED}, [0], {}),
+    # the same checkpoint drained slowly: 1% CPU, its bytes moving, a pause
+    "pause_ckpt_slow": ({0: ("paused", N, "paused-working"),
+                         1: ("paused", N, "waits-for-paused-peer")}, [], {}),
     "trainer_busy_hang": ({0: ("paused", N, "waits-for-paused-peer"),
                            1: ("paused", N, "paused-working")}, [], {}),
     "trainer_bf16": ({0: OK, 1: OK}, [], {}),  # this CPU has avx512_bf16

@@ -12,6 +12,7 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     interfaces  where the rank's Gloo listens against where it reaches the master
     inbound     peers' connects this node drops (the traffic probe)
     window      shares of a sampled window: stopped, running, asleep, throttled
+    work        whether it, or a worker of its, works: CPU, disk, I/O, sockets
     launch      its place in the job when its environment does not say it
     exits       how its process ended (signal, exit code) and when, next to its peers'
     host        the node: cores, bf16, hostname resolution, crowding
@@ -29,12 +30,12 @@ from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
 from . import (exits, heartbeat, host, inbound, interfaces, launch, peers, process, sockets,
-               stack, state, window)
+               stack, state, window, work)
 from .spec import Signal
 
 # measured per rank from the history, in this order (later families read earlier ones)
 PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound, window)
-FAMILIES = PER_RANK + (launch, host, state, exits, peers)
+FAMILIES = PER_RANK + (work, launch, host, state, exits, peers)
 SIGNALS: dict[str, Signal] = {}
 FAMILY: dict[str, str] = {}  # signal name -> the family (module) that declares it
 for _family in FAMILIES:
@@ -66,6 +67,7 @@ def local(history: tuple[Snapshot, ...]) -> list[dict]:
         s: dict = {}
         for family in PER_RANK:
             s.update(family.measure(history, pid))
+        s.update(work.measure(history, pid, s))  # reads the process family's CPU
         s.update(launch.measure(history, pid, s))  # from the families above
         if s.get("rank", -1) in (-1, None) and s.get("hb_rank") is not None:
             s["rank"], s["world_size"] = s["hb_rank"], s["hb_world_size"]

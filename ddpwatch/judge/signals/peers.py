@@ -17,14 +17,14 @@ SIGNALS = declare(
     ("peers_compiling", int, "other ranks, alive and not stopped, that compile (warming up "
                              "with dynamo/inductor frames on their stacks)", "count"),
     ("peers_alive", int, "other ranks that are alive", "count"),
-    ("pausing", bool, "works outside the collectives while a peer waits in one past its "
-                      "bound: busy (CPU >= 5% wanted), in disk I/O (state D), or at a pause "
-                      "its stack names (pause_kind other than unknown: a DataLoader's wait "
-                      "is idle); or waits for its DataLoader's workers (pause_kind data), "
-                      "whatever its peers do: every rank waits for its workers at an "
-                      "epoch's start; not stopped, compiling at start-up or meeting its peers. "
-                      "A pause, not yet a hang: the daemon pages it only past what is "
-                      "normal for the job (judge/overtime.py)"),
+    ("pausing", bool, "works outside the collectives (signal working: CPU, disk, I/O, "
+                      "sockets, or its workers) while a peer waits in one, or while it "
+                      "waits for its DataLoader (pause_kind data) whatever its peers do: "
+                      "every rank waits for its workers at an epoch's start; not stopped, "
+                      "compiling at start-up or meeting its peers. Where its stack stands "
+                      "(pause_kind) never makes it pausing: idle there is a hang. A pause, "
+                      "not yet a hang: the daemon pages it only past what is normal for "
+                      "the job (judge/overtime.py)"),
     ("peers_paused", int, "other ranks that are pausing", "count"),
     ("paused_peer", str, "who pauses and what it does (\"rank 0 evaluation at estimate_loss "
                          "<- train.py:260\"), for a waiting rank's evidence"),
@@ -243,14 +243,16 @@ def link_pauses(ranks: list[dict]) -> None:
     pause, nobody is a hang. After
     stack.link_start (ddp_starting) and window.link (cpu_wanted)."""
     for s in ranks:
-        busy = (cpu_wanted(s) or 0.0) >= IDLE_CPU or s.get("state") == "D"
-        named = s.get("pause_kind") not in (None, "unknown")
+        # Work is measured (work.py), never read from where a stack stands: idle
+        # in estimate_loss, torch.save or a DataLoader's wait is how the hangs
+        # people meet look (tests/daemon/test_pause_hangs.py).
+        working = bool(s.get("working")) or (cpu_wanted(s) or 0.0) >= IDLE_CPU
         # its workers work for it: ranks whose loaders refork at each epoch's start
         # all wait for them at once, nobody in a collective (tests/daemon/test_soak.py)
         data = s.get("pause_kind") == "data"
         s["pausing"] = bool(
-            s.get("alive") and not _is_stopped(s) and not s.get("in_collective")
-            and ((s.get("peers_blocked") or 0) >= 1 and (busy or named) or data)
+            s.get("alive") and not _is_stopped(s) and not s.get("in_collective") and working
+            and ((s.get("peers_blocked") or 0) >= 1 or data)
             and s.get("stack") not in ("rendezvous", "agent")
             and not s.get("ddp_starting") and not (s.get("warming_up")
                                                    and s.get("stack") == "compile"))
@@ -258,7 +260,8 @@ def link_pauses(ranks: list[dict]) -> None:
     # named once; a rank's evidence names the first PAUSED_SHOWN of the others
     # (a DataLoader's refork at an epoch's start pauses every rank of the job)
     first = [(p, f"{rank_name(p)} ({p.get('pause_kind') or 'unknown'}"
-              + (f" at {p['pause_site']}" if p.get("pause_site") else "") + ")")
+              + (f" at {p['pause_site']}" if p.get("pause_site") else "")
+              + (f": {p['work_evidence']}" if p.get("work_evidence") else "") + ")")
              for p in pausing[:PAUSED_SHOWN + 1]]
     for s in ranks:
         others = len(pausing) - s["pausing"]

@@ -11,13 +11,14 @@ Unknown numbers are -1 (never 0: a blind watcher must not look idle or healthy).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ... import codec
 from ...launchers import ENV_VARS as LAUNCHER_ENV, torchrun_args
-from ..budget import MAX_THREADS
+from ..budget import MAX_THREADS, MAX_WORKERS
 from . import Look, Pass, ProbeContext, failure, register
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -72,6 +73,34 @@ class ThreadObs:
 
 
 @dataclass(frozen=True)
+class IoCounters:
+    """/proc/PID/io, cumulative: bytes passed to read()/write() and their kin
+    (rchar, wchar: files, pipes, terminals; not send/recv on sockets, which the
+    sockets probe counts) and bytes it made storage fetch or take (read_bytes,
+    write_bytes). Whether a rank that waits outside the collectives still works:
+    a checkpoint written, a DataLoader's batches read from its workers' pipes
+    (docs/judgement-over-time.md "Is anybody working?"). Its owner's or root's
+    to read."""
+    rchar: int
+    wchar: int
+    read_bytes: int
+    write_bytes: int
+
+
+@dataclass(frozen=True)
+class WorkerObs:
+    """A child process of a rank, one that may work for it while it waits: a
+    DataLoader's worker, torch.compile's, a subprocess it runs. Cumulative
+    counters, as a rank's; -1 unknown."""
+    pid: int
+    state: str = ""
+    start_time_s: float = -1.0
+    cpu_seconds: float = -1.0
+    runqueue_wait_s: float = -1.0  # its main thread's (/proc/PID/schedstat)
+    io: IoCounters | None = None
+
+
+@dataclass(frozen=True)
 class ProcessObs:
     """One pid. `error` is "" when observed, else what `failure` made of it
     ("gone", "denied: ...": see `outcome`) and the other fields keep their defaults."""
@@ -94,6 +123,10 @@ class ProcessObs:
     env: dict[str, str] = field(default_factory=dict)  # allow-listed ENV_ALLOW only
     env_source: str = ""  # "environ" | "cmdline" (environ unreadable/empty) | "none"
     torchrun: dict[str, str] = field(default_factory=dict)  # launcher flags, if a launcher
+    io: IoCounters | None = None  # None: unreadable (another user's, without root)
+    # its children but the job's own processes (MAX_WORKERS at most): who may
+    # work for it while it waits (judge/signals/work.py)
+    workers: tuple[WorkerObs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,6 +190,20 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         lo, _, hi = part.partition("-")
         cpus.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(cpus)
+
+
+def parse_io(text: str) -> IoCounters:
+    """/proc/PID/io ('rchar: 123' lines); ValueError when a field is missing."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    try:
+        return IoCounters(int(fields["rchar"]), int(fields["wchar"]),
+                          int(fields["read_bytes"]), int(fields["write_bytes"]))
+    except KeyError as err:
+        raise ValueError(f"/proc/PID/io without {err}") from None
 
 
 def parse_schedstat(text: str) -> SchedStat:
@@ -325,6 +372,27 @@ def _read_thread(procfs: str, pid: int, tid: int, detail: bool = True) -> Thread
                      st.cpu_seconds, st.processor, sched)
 
 
+def read_io(procfs: str, pid: int) -> IoCounters | None:
+    try:
+        return parse_io(_read(f"{procfs}/{pid}/io"))
+    except (OSError, ValueError):
+        return None  # gone, or another user's (ptrace access is asked)
+
+
+def read_worker(procfs: str, pid: int) -> WorkerObs | None:
+    """A rank's child, three small files; None once it is gone."""
+    try:
+        st = parse_stat(_read(f"{procfs}/{pid}/stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        wait_s = parse_schedstat(_read(f"{procfs}/{pid}/schedstat")).runqueue_wait_s
+    except (OSError, ValueError):
+        wait_s = -1.0
+    return WorkerObs(pid, st.state, st.start_time_s, st.cpu_seconds, wait_s,
+                     read_io(procfs, pid))
+
+
 def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
                  exec_info: tuple | None = None, thread_detail: bool = True,
                  budget=None) -> ProcessObs:
@@ -375,7 +443,7 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
         num_threads=st.num_threads, rss_bytes=int(rss_kb[0]) * 1024 if rss_kb else 0,
         cpus_allowed=parse_cpu_list(status.get("Cpus_allowed_list", "")),
         threads=threads, children=children, env=env, env_source=source,
-        torchrun=torchrun_args(cmdline))
+        torchrun=torchrun_args(cmdline), io=read_io(procfs, pid))
 
 
 @register("process", switchable=False, field="processes", with_launcher=True, help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
@@ -403,7 +471,20 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Processes:
                                _exec_info(known.get(pid)), seen.look >= Look.DETAIL,
                                seen.budget)
                   for pid in pids)
+    own = set(pids)
+    procs = tuple(dataclasses.replace(p, workers=_workers(ctx.procfs, p, own, seen.budget))
+                  if p.children and not p.error else p for p in procs)
     return Processes(taken_at, uptime, CLK_TCK, procs)
+
+
+def _workers(procfs: str, p: ProcessObs, own: set, budget) -> tuple[WorkerObs, ...]:
+    """The children that may work for rank `p`, not the job's own processes (a
+    launcher's children are its ranks). Any user may fork thousands: past
+    MAX_WORKERS they are counted, not read."""
+    kids = [c for c in p.children if c not in own]
+    if len(kids) > MAX_WORKERS and budget is not None:
+        budget.count("workers", len(kids) - MAX_WORKERS)
+    return tuple(w for w in (read_worker(procfs, c) for c in kids[:MAX_WORKERS]) if w)
 
 
 def _exec_info(info) -> tuple | None:

@@ -20,6 +20,7 @@ What py-spy 0.4.3 does, measured on this project's fixtures (tests/fixtures/pysp
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -70,6 +71,10 @@ class PidStacks:
     # unknown. A main thread that waits runs none: once it has run since, the
     # dump no longer says where it waits (judge/signals/stack.py `measure`).
     main_run_s: float = -1.0
+    # a worker's dump: the rank (pid) it works for, 0 for a rank's own. A rank
+    # waiting for its DataLoader is judged by whether its workers work; where an
+    # idle one waits is the evidence (judge/signals/work.py idle_worker)
+    worker_of: int = 0
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,34 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...], native: bool = Fal
         raise FileNotFoundError("py-spy not found next to the interpreter or on PATH "
                                 "(pip install py-spy)")
     taken_at = ctx.clock()
-    return Stacks(taken_at, py_spy, run_dumps(ctx, py_spy, pids, native, seen.budget))
+    dumps = run_dumps(ctx, py_spy, pids, native, seen.budget)
+    return Stacks(taken_at, py_spy, dumps + _worker_dumps(ctx, py_spy, seen, pids, dumps))
+
+
+# A rank whose main thread waits in here waits for its DataLoader's workers
+# (judge/pausekind.py names the same file a pause of kind data)
+DATALOADER_FILE = "torch/utils/data/dataloader.py"
+WORKERS_DUMPED = 2  # per rank: where the first idle ones wait is the evidence
+
+
+def _worker_dumps(ctx: ProbeContext, py_spy: str, seen: Pass, pids: tuple[int, ...],
+                  dumps: tuple[PidStacks, ...]) -> tuple[PidStacks, ...]:
+    """The dumps of the children of ranks that wait for their DataLoader: a
+    worker blocked on a read that never returns shows where (its __getitem__)."""
+    table = seen.table
+    if table is None or not hasattr(table, "children_of"):
+        return ()
+    own, wanted = set(pids), {}
+    for d in dumps:
+        if d.status == "ok" and any(f.filename.replace("\\", "/").endswith(DATALOADER_FILE)
+                                    for t in d.threads for f in t.frames):
+            kids = sorted(c.pid for c in table.children_of(d.pid) if c.pid not in own)
+            for kid in kids[:WORKERS_DUMPED]:
+                wanted[kid] = d.pid
+    if not wanted:
+        return ()
+    return tuple(dataclasses.replace(w, worker_of=wanted[w.pid])
+                 for w in run_dumps(ctx, py_spy, tuple(wanted), False, seen.budget))
 
 
 def from_json(obj) -> Stacks:

@@ -22,9 +22,18 @@ def test_the_median_of_a_ranks_peers_is_the_median_of_the_others_values():
             assert median.of_peers(s) == expected
 
 
-def _pausing(n: int) -> list[dict]:
-    return [{"alive": True, "rank": r, "state": "S", "pause_kind": "data",
+def _pausing(n: int, working: bool = True) -> list[dict]:
+    # each waits for its DataLoader while its workers work (judge/signals/work.py)
+    return [{"alive": True, "rank": r, "state": "S", "pause_kind": "data", "working": working,
              "pause_site": f"__next__ <- train.py:{r}"} for r in range(n)]
+
+
+def test_ranks_waiting_for_idle_workers_are_not_pausing():
+    """Where the stack stands names the pause; only measured work makes one."""
+    ranks = _pausing(3, working=False)
+    peers.link_pauses(ranks)
+    assert [s["pausing"] for s in ranks] == [False] * 3
+    assert [s["peers_paused"] for s in ranks] == [0] * 3
 
 
 def test_every_pausing_peer_is_counted_and_the_first_three_named():

@@ -33,7 +33,8 @@ BEFORE_STAGES = [
 
 
 # verdict rules shipped since the stages: no priority, placed by their stage alone
-SINCE_STAGES = ["collective-moving"]  # before healthy-cpu: in a collective, not computing
+SINCE_STAGES = ["hung-waiting-for-data", "hung-in-pause",  # before the pauses: nobody works
+                "collective-moving"]  # before healthy-cpu: in a collective, not computing
 
 
 def old_order(rows):
@@ -57,6 +58,8 @@ def test_the_stages_try_the_shipped_rules_as_their_priorities_did():
     assert [r for r in everything if r in SINCE_STAGES] == SINCE_STAGES
     at = everything.index("collective-moving")
     assert everything[at - 1:at + 2] == ["healthy-heartbeat", "collective-moving", "healthy-cpu"]
+    at = everything.index("paused-for-data")
+    assert everything[at - 2:at] == ["hung-waiting-for-data", "hung-in-pause"]
     assert not set(SINCE_STAGES) & set(legacy.PRIORITY)
 
 
