@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import REPO, Receiver, need_py_spy, torchrun, wait_until
+from conftest import REPO, Receiver, torchrun, wait_until
 from daemons import DaemonRun, ours
 from diag import diagnose
 
@@ -30,10 +30,14 @@ LIGHTNING = os.path.join(REPO, "tests", "jobs", "thirdparty", "pausesites_lightn
 HUNG = "hung_outside_collective"
 
 
+@pytest.fixture(autouse=True)
+def _py_spy(need_py_spy):
+    """The stacks say where each rank stopped (and where its idle worker waits)."""
+
+
 @pytest.fixture(scope="module")
 def watch(start_module_job, tmp_path_factory):
     """One daemon for the module's jobs, its webhooks to one receiver."""
-    need_py_spy()
     hook = Receiver()
     daemon = DaemonRun(start_module_job, tmp_path_factory.mktemp("daemon"), "",
                        {"webhooks": [{"type": "generic", "url": hook.url}]})
@@ -42,9 +46,9 @@ def watch(start_module_job, tmp_path_factory):
     hook.stop()
 
 
-def _start(start, tmp_path_factory, script_argv, name):
+def _start(start, tmp_path_factory, script_argv, name, env=None):
     data = str(tmp_path_factory.mktemp(name))
-    job = start([*script_argv, "--dir", data], name=name)
+    job = start([*script_argv, "--dir", data], env=env, name=name)
     wait_until(lambda: "rank 1 step 3\n" in job.output() and "rank 0 step 3\n" in job.output(),
                240, what=f"{name}: both ranks past step 3")
     pids = {int(w[1]): int(w[3]) for w in (line.split() for line in job.output().splitlines())
@@ -89,12 +93,19 @@ def _ticks(daemon) -> float:
     return float(line.split()[-1])
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "forked-each-epoch"])
+@pytest.mark.parametrize("persistent", [True, False],
+                         ids=["persistent-heartbeats", "forked-each-epoch"])
 def test_dataloader_workers_blocked_on_a_read_page_their_rank(
         watch, start_module_job, tmp_path_factory, persistent):
+    """Persistent workers in a job with heartbeats (what `ddpwatch exec` sets), workers
+    forked at each epoch's start in one without."""
     flags = ["--workers", "2"] + (["--persistent"] if persistent else [])
     job, pids, data = _start(start_module_job, tmp_path_factory, torchrun(2, PLAIN, *flags),
-                             "loader")
+                             "loader", {"DDPWATCH_AUTO": "1"} if persistent else None)
+    if persistent:
+        wait_until(lambda: (lambda ranks: len(ranks) == 2 and all(
+            r["signals"].get("hb_step") is not None for r in ranks))(
+                ours(watch.status(), job)["ranks"]), 60, what="heartbeats read")
     try:
         block(os.path.join(data, "data-rank1.bin"))
         culprit = _pages_once_naming(watch, job, pids, 1, "hung-waiting-for-data", time.monotonic())
@@ -125,6 +136,7 @@ def test_a_rank_blocked_in_its_evaluation_is_the_culprit(
     job, pids, data = _start(start_module_job, tmp_path_factory, argv, "eval")
     try:
         block(os.path.join(data, blocked))
+        # estimate_loss computes a second, then blocks: a pause that stopped working
         culprit = _pages_once_naming(watch, job, pids, 0, "hung-in-pause", time.monotonic())
         assert culprit["signals"]["pause_kind"] == "evaluation"
     finally:

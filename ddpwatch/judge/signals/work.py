@@ -19,7 +19,7 @@ What counts as work, each over the window (first to last snapshot):
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
-from ..stackmatch import main_thread
+from ..stackmatch import is_library, main_thread
 from .lookup import Window, proc_of, sockets_of, stacks_of
 from .process import IDLE_CPU
 from .sockets import _far_end_rank
@@ -83,29 +83,33 @@ def measure(history: tuple[Snapshot, ...], pid: int, known: dict) -> dict:
 
 
 def _idle_worker(history: tuple[Snapshot, ...], workers) -> str:
-    """The first of its workers whose dump shows where it waits (the stacks
-    probe dumps a DataLoader-waiting rank's workers), else the first."""
-    for w in workers:
-        top = _where(stacks_of(history, w.pid))
-        if top:
-            return f"worker pid {w.pid} idle at {top}"
-    return f"worker pid {workers[0].pid} idle"
+    """The idle worker that says most: one stopped in the user's code (a
+    Dataset's __getitem__ blocked on a read), before one that only waits for
+    its next indices (a DataLoader's other workers, once the blocked one holds
+    up the batches in order); without dumps, the first."""
+    found = [(w, _main_frames(stacks_of(history, w.pid))) for w in workers]
+    dumped = [(w, frames) for w, frames in found if frames]
+    if not dumped:
+        return f"worker pid {workers[0].pid} idle"
+    w, frames = next(((w, f) for w, f in dumped if any(not is_library(x) for x in f)),
+                     dumped[0])
+    user = next((i for i, x in enumerate(frames) if not is_library(x)), 0)
+    shown = frames[user:user + WORKER_FRAMES]
+    return f"worker pid {w.pid} idle at " + " <- ".join(
+        f"{x.name} ({x.short_filename}:{x.line})" for x in shown)
 
 
-def _where(dumps) -> str:
-    """The innermost frames of the dump's busiest-looking thread: where the
-    worker's Python code waits (a read in __getitem__)."""
-    for dump in reversed(dumps):  # the newest dump first
-        if dump.status != "ok" or not dump.threads:
-            continue
-        thread = main_thread(dump)  # a DataLoader worker runs its loop there
-        frames = thread.frames[:WORKER_FRAMES] if thread is not None else ()
-        if frames:
-            return " <- ".join(f"{f.name} ({f.short_filename}:{f.line})" for f in frames)
-    return ""
+def _main_frames(dumps) -> tuple:
+    """The newest dump's main-thread frames, innermost first; () without one."""
+    for dump in reversed(dumps):
+        if dump.status == "ok" and dump.threads:
+            thread = main_thread(dump)  # a DataLoader worker runs its loop there
+            if thread is not None and thread.frames:
+                return thread.frames
+    return ()
 
 
-WORKER_FRAMES = 3
+WORKER_FRAMES = 2
 
 
 def _mb(rate: float | None) -> float | None:

@@ -256,7 +256,8 @@ def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...], native: bool = Fal
 # A rank whose main thread waits in here waits for its DataLoader's workers
 # (judge/pausekind.py names the same file a pause of kind data)
 DATALOADER_FILE = "torch/utils/data/dataloader.py"
-WORKERS_DUMPED = 2  # per rank: where the first idle ones wait is the evidence
+WORKERS_DUMPED = 4  # per rank: where an idle one waits is the evidence (one blocked,
+# the others waiting for indices it holds up: the evidence picks the blocked one)
 
 
 def _worker_dumps(ctx: ProbeContext, py_spy: str, seen: Pass, pids: tuple[int, ...],

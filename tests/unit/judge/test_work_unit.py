@@ -42,6 +42,29 @@ def test_a_checkpoint_to_a_pipe_nobody_reads_is_idle():
     assert rank0["work_evidence"] is None and rank0["pausing"] is False
 
 
+def test_the_worker_shown_is_the_one_stopped_in_user_code():
+    """With its batches in order, a DataLoader's other workers wait for indices
+    while one is blocked in __getitem__: the blocked one is the evidence."""
+    from ddpwatch.observe.probes.stacks import Frame, PidStacks, Stacks, ThreadStack
+
+    def dump(pid, *frames):
+        thread = ThreadStack(1, pid, "MainThread", False, False, tuple(
+            Frame(name, path, "", path.rpartition("/")[2], 10) for name, path in frames))
+        return PidStacks(pid, "ok", "S", threads=(thread,), worker_of=1)
+    waiting = dump(11, ("select", "/usr/lib/python3.11/selectors.py"),
+                   ("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py"))
+    blocked = dump(12, ("__getitem__", "/home/u/data.py"),
+                   ("fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py"))
+    snap = snapshot.load(os.path.join(SNAPSHOTS, "pause_data_hung.json"))[-1]
+    import dataclasses
+    snap = dataclasses.replace(snap, stacks=Stacks(snap.taken_at, "py-spy", (waiting, blocked)),
+                               window_stacks=())
+    shown = work._idle_worker((snap,), (_worker(11), _worker(12)))
+    assert shown == "worker pid 12 idle at __getitem__ (data.py:10) <- fetch (fetch.py:10)"
+    assert work._idle_worker((snap,), (_worker(11),)).startswith("worker pid 11 idle at select")
+    assert work._idle_worker((snap,), (_worker(13),)) == "worker pid 13 idle"
+
+
 def test_parse_io_reads_proc_pid_io_and_refuses_a_short_file():
     text = ("rchar: 4096\nwchar: 512\nsyscr: 3\nsyscw: 2\nread_bytes: 8192\n"
             "write_bytes: 0\ncancelled_write_bytes: 0\n")
