@@ -1,6 +1,9 @@
 """The env-driven fault knob the third-party jobs share (README.md). Kept apart
 so the scripts read like their tutorials; imports nothing of ddpwatch or torch."""
 import os
+import signal
+import sys
+import threading
 import time
 
 STEPS = int(os.environ.get("DDPWATCH_TEST_STEPS", "0"))  # 0: until killed
@@ -79,3 +82,59 @@ def announce(rank, local_rank, world_size):
     # line back in Ray's log deduplication until the job ended.
     print(f"thirdparty: rank={rank} local_rank={local_rank} world={world_size} "
           f"pid={os.getpid()}", flush=True)
+
+
+# DDPWATCH_TEST_ON_SIGUSR2=ACTION: a fault that happens when the rank is sent SIGUSR2,
+# so that a harness outside the job picks the moment (benchmarks/faults.py) and the
+# script stays as its tutorial wrote it. Python runs the handler in the main thread
+# at its next bytecode: in the middle of the training loop, wherever that is. The
+# actions follow NVRx's fault injector (nvidia-resiliency-ext, fault_injector.py):
+#   raise        an exception in the loop (the rank exits with a traceback)
+#   async-raise  a thread raises it in the main thread (PyThreadState_SetAsyncExc)
+#   gil          a C call that holds the GIL for ever (libc pause() through ctypes.PyDLL)
+#   sleep        a sleep for ever outside any collective
+#   spin         a busy loop for ever at a place no step went before
+ON_SIGNAL = os.environ.get("DDPWATCH_TEST_ON_SIGUSR2", "")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _say(action):
+    print(f"thirdparty: fault {action} pid={os.getpid()} at={time.time():.3f}", flush=True)
+
+
+def _spin_for_ever():
+    x = 0
+    while True:
+        x = (x * 31 + 7) % 1000003
+
+
+def _on_signal(signum, frame):
+    _say(ON_SIGNAL)
+    if ON_SIGNAL == "raise":
+        raise InjectedFault("injected: an exception in the training loop")
+    if ON_SIGNAL == "async-raise":
+        import ctypes
+        main = threading.main_thread().ident
+
+        def throw():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main),
+                                                       ctypes.py_object(InjectedFault))
+        threading.Thread(target=throw, name="injector").start()
+        return
+    if ON_SIGNAL == "gil":
+        import ctypes
+        ctypes.PyDLL(None).pause()  # PyDLL keeps the GIL across the call
+    if ON_SIGNAL == "sleep":
+        while True:
+            time.sleep(3600)
+    if ON_SIGNAL == "spin":
+        _spin_for_ever()
+
+
+if ON_SIGNAL and threading.current_thread() is threading.main_thread():
+    if ON_SIGNAL not in ("raise", "async-raise", "gil", "sleep", "spin"):
+        sys.exit(f"{__file__}: unknown DDPWATCH_TEST_ON_SIGUSR2={ON_SIGNAL!r}")
+    signal.signal(signal.SIGUSR2, _on_signal)

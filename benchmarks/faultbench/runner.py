@@ -1,0 +1,164 @@
+"""One run of one scenario: start the real job, wait until the daemon judges it
+training, inject the fault (checked reached), run the diagnoser at the stall,
+watch the daemon's /status and pages until the ground truth's deadline, undo,
+kill the job. Returns what was seen; score.py judges it."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+from .catalogue import Run
+from .inject import gone, inject, job_env
+from .jobs import REPO, Job, expand, missing
+from .waiting import NotReached, free_port, wait_for
+
+DIAGNOSE = f"{shlex.quote(sys.executable)} -m ddpwatch diagnose --json {{pid}}"
+SETTLE_S = 2.0     # after the state is reached, before the diagnoser looks
+LINGER_S = 5.0     # after the first page: later pages of the same incident are counted
+DURING_LEAD_S = 0.5  # "during": the diagnoser's window opens this long before the fault
+
+
+def diagnose(template: str, pid: int, hb_dir: str, extra: str = "") -> dict:
+    """The diagnoser's judgement: its command (a template with {pid}) prints JSON with
+    job.verdict and job.culprits (and ranks: rank, verdict, role), ddpwatch's shape."""
+    cmd = shlex.split(template.format(pid=pid)) + shlex.split(extra)
+    began = time.monotonic()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=REPO, DDPWATCH_DIR=hb_dir))
+    except subprocess.TimeoutExpired:
+        return {"exit": None, "error": "timed out after 120 s"}
+    out = {"exit": done.returncode, "seconds": round(time.monotonic() - began, 2)}
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        out["error"] = (done.stderr or done.stdout)[-300:].strip()
+        return out
+    job = doc.get("job", {})
+    out.update(verdict=job.get("verdict"), culprits=sorted(job.get("culprits") or []),
+               summary=(job.get("summary") or "")[:300],
+               ranks={str(r.get("rank")): [r.get("verdict"), r.get("role")]
+                      for r in doc.get("ranks", ())},
+               findings=sorted({f.get("id") for r in doc.get("ranks", ())
+                                for f in r.get("findings", ())}))
+    return out
+
+
+def _trains(watch, job, nranks: int):
+    """The daemon's entry for the job once it judges every rank healthy."""
+    ranks = job.ranks()
+    if len(ranks) < nranks:
+        return None
+    found = watch.job_of(ranks.values())
+    if not found:
+        return None
+    _, entry = found
+    if entry["job"].get("verdict") == "healthy" and len(entry.get("ranks", ())) >= nranks \
+            and all(r.get("verdict") == "healthy" for r in entry["ranks"]):
+        return entry
+    return None
+
+
+def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
+        diagnose_extra: str = "") -> dict:
+    result = {"name": spec.name, "scenario": spec.scenario, "class": spec.klass,
+              "framework": spec.framework, "heartbeats": spec.heartbeats,
+              "fault": spec.fault, "expected": spec.expect.as_json(), "where": spec.where,
+              "known": spec.known}
+    why = missing(spec.needs)
+    if why:
+        result["skipped"] = why
+        return result
+    watch.configure(spec.daemon)
+    rundir = os.path.join(workdir, spec.name.replace("/", "_").replace("+", "_"))
+    os.makedirs(rundir, exist_ok=True)
+
+    def start(name):
+        argv, env = expand(spec.argv, spec.env, free_port(), rundir)
+        return Job(argv, {**env, **job_env(spec.fault)}, os.path.join(rundir, f"{name}.log"),
+                   spec.announce, spec.heartbeats, watch.hb_dir)
+    job = start("job")
+    injection = None
+    began = time.monotonic()
+    try:
+        nranks = int(spec.fault.get("ranks", 2))
+        entry = wait_for(lambda: _trains(watch, job, nranks), 240,
+                         "the job's ranks judged healthy by the daemon (training)", job.output)
+        key, ranks = entry["key"], job.ranks()
+        result["trained_after_s"] = round(time.monotonic() - began, 1)
+        during = {}
+        if spec.diagnose == "during":
+            target = ranks[0]
+
+            def look():
+                during.update(diagnose(diagnoser, target, watch.hb_dir,
+                                       diagnose_extra or "--window 3"))
+            looker = threading.Thread(target=look, daemon=True)
+            looker.start()
+            time.sleep(DURING_LEAD_S)  # the diagnoser's window is open: the fault falls in it
+        injection = inject(spec.fault, job, ranks, lambda: start("twin"))
+        t0 = injection.at
+        result["injected"] = injection.what
+        if spec.diagnose == "during":
+            looker.join(timeout=130)
+            result["diagnose"] = dict(during, when="during")
+        else:
+            time.sleep(max(0.0, t0 + SETTLE_S - time.monotonic()))  # the stall settles
+            live = [p for _, p in sorted(ranks.items()) if not gone(p)]
+            target = live[0] if live else job.launcher_pid
+            result["diagnose"] = dict(diagnose(diagnoser, target, watch.hb_dir,
+                                               diagnose_extra), when="after")
+        result["daemon"] = _daemon_view(spec, watch, key, t0)
+        result["watched_s"] = round(time.monotonic() - t0, 1)
+    except NotReached as err:
+        result["error"] = f"{spec.where}: {err}"
+    finally:
+        if injection:
+            injection.undo()
+        job.close()
+    return result
+
+
+def _daemon_view(spec: Run, watch, key: str, t0: float) -> dict:
+    """What the daemon said from the fault on: for a fault, until its first page
+    (then LINGER_S more) or the deadline; for a negative, over watch_s."""
+    if spec.expect.page:
+        want = set(spec.expect.culprits)
+
+        def paged():
+            return watch.receiver.firing(key, t0)
+        try:
+            wait_for(paged, spec.within_s, "a page")
+            time.sleep(LINGER_S)  # a second page of the same incident, if any, is counted
+        except NotReached:
+            pass
+    else:
+        time.sleep(spec.watch_s)  # a negative: the time watched is the measurement
+        want = set()
+    firing = watch.receiver.firing(key, t0)
+    entries = watch.entries(key, t0)
+    view = {"key": key, "pages": len(firing)}
+    if firing:
+        t, first = firing[0]
+        view.update(time_to_page_s=round(t - t0, 2), verdict=first.get("verdict"),
+                    culprits=sorted(first.get("culprits") or []),
+                    summary=(first.get("summary") or "")[:300],
+                    incidents=len({m.get("incident_id") for _, m in firing}),
+                    pages_first_incident=sum(m.get("incident_id") == first.get("incident_id")
+                                             for _, m in firing))
+    named = next((t for t, e in entries if want and set(e["job"].get("culprits") or []) == want),
+                 None)
+    if named is not None:
+        view["time_to_culprit_s"] = round(named - t0, 2)
+    if entries:
+        last = entries[-1][1]
+        view["status_verdict"] = last["job"].get("verdict")
+        view["status_culprits"] = sorted(last["job"].get("culprits") or [])
+        view["status_roles"] = {str(r.get("rank")): [r.get("verdict"), r.get("role")]
+                                for r in last.get("ranks", ())}
+    return view
