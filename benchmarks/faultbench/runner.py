@@ -9,7 +9,6 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 
 from .catalogue import Run
@@ -20,33 +19,74 @@ from .waiting import NotReached, free_port, wait_for
 DIAGNOSE = f"{shlex.quote(sys.executable)} -m ddpwatch diagnose --json {{pid}}"
 SETTLE_S = 2.0     # after the state is reached, before the diagnoser looks
 LINGER_S = 5.0     # after the first page: later pages of the same incident are counted
-DURING_LEAD_S = 0.5  # "during": the diagnoser's window opens this long before the fault
+DURING_WINDOW_S = 4.0  # "during": the diagnoser's window, the fault in it
+DURING_LEAD_S = 2.0  # "during", a diagnoser that runs no py-spy: its start to the fault
 
 
-def diagnose(template: str, pid: int, hb_dir: str, extra: str = "") -> dict:
-    """The diagnoser's judgement: its command (a template with {pid}) prints JSON with
-    job.verdict and job.culprits (and ranks: rank, verdict, role), ddpwatch's shape."""
-    cmd = shlex.split(template.format(pid=pid)) + shlex.split(extra)
-    began = time.monotonic()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO,
-                              env=dict(os.environ, PYTHONPATH=REPO, DDPWATCH_DIR=hb_dir))
-    except subprocess.TimeoutExpired:
-        return {"exit": None, "error": "timed out after 120 s"}
-    out = {"exit": done.returncode, "seconds": round(time.monotonic() - began, 2)}
-    try:
-        doc = json.loads(done.stdout)
-    except ValueError:
-        out["error"] = (done.stderr or done.stdout)[-300:].strip()
+class Diagnosis:
+    """The diagnoser run on a pid of the job: its command (a template with {pid})
+    prints JSON with job.verdict and job.culprits (and ranks: rank, verdict, role),
+    ddpwatch's shape (README "ddpwatch diagnose <pid>")."""
+
+    def __init__(self, template: str, pid: int, hb_dir: str, extra: str = ""):
+        cmd = shlex.split(template.format(pid=pid)) + shlex.split(extra)
+        self.began = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=REPO, start_new_session=True,
+                                     env=dict(os.environ, PYTHONPATH=REPO, DDPWATCH_DIR=hb_dir))
+
+    def sampling(self) -> bool:
+        """Whether its window is open: ddpwatch diagnose runs py-spy at the window's
+        first end (README "ddpwatch diagnose <pid>"), a child of its process."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            return False
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/cmdline", "rb") as f:
+                    if b"py-spy" in f.read():
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def result(self) -> dict:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {"exit": None, "error": "timed out after 120 s"}
+        out = {"exit": self.proc.returncode, "seconds": round(time.monotonic() - self.began, 2)}
+        try:
+            doc = json.loads(stdout)
+        except ValueError:
+            out["error"] = (stderr or stdout)[-300:].strip()
+            return out
+        job = doc.get("job", {})
+        out.update(verdict=job.get("verdict"), culprits=sorted(job.get("culprits") or []),
+                   summary=(job.get("summary") or "")[:300],
+                   ranks={str(r.get("rank")): [r.get("verdict"), r.get("role")]
+                          for r in doc.get("ranks", ())},
+                   findings=sorted({f.get("id") for r in doc.get("ranks", ())
+                                    for f in r.get("findings", ())}))
         return out
-    job = doc.get("job", {})
-    out.update(verdict=job.get("verdict"), culprits=sorted(job.get("culprits") or []),
-               summary=(job.get("summary") or "")[:300],
-               ranks={str(r.get("rank")): [r.get("verdict"), r.get("role")]
-                      for r in doc.get("ranks", ())},
-               findings=sorted({f.get("id") for r in doc.get("ranks", ())
-                                for f in r.get("findings", ())}))
-    return out
+
+
+def _window_open(looker: Diagnosis) -> None:
+    """Until the diagnoser's window is open (its first py-spy), so that the fault
+    falls inside it; a diagnoser that runs no py-spy is given DURING_LEAD_S.
+    Python's start on a loaded 2-core machine took longer than 0.5 s: a SIGKILL
+    given then was over before ddpwatch diagnose first looked, and it named the
+    victim that died next."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and looker.proc.poll() is None:
+        if looker.sampling():
+            return
+        time.sleep(0.02)
+    time.sleep(max(0.0, looker.began + DURING_LEAD_S - time.monotonic()))
 
 
 def _trains(watch, job, nranks: int):
@@ -91,28 +131,21 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
                          "the job's ranks judged healthy by the daemon (training)", job.output)
         key, ranks = entry["key"], job.ranks()
         result["trained_after_s"] = round(time.monotonic() - began, 1)
-        during = {}
+        looker = None
         if spec.diagnose == "during":
-            target = ranks[0]
-
-            def look():
-                during.update(diagnose(diagnoser, target, watch.hb_dir,
-                                       diagnose_extra or "--window 3"))
-            looker = threading.Thread(target=look, daemon=True)
-            looker.start()
-            time.sleep(DURING_LEAD_S)  # the diagnoser's window is open: the fault falls in it
+            # the launcher's pid: a death tears the ranks down in a second
+            looker = Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
+                               diagnose_extra or f"--window {DURING_WINDOW_S:g}")
+            _window_open(looker)
         injection = inject(spec.fault, job, ranks, lambda: start("twin"))
         t0 = injection.at
         result["injected"] = injection.what
-        if spec.diagnose == "during":
-            looker.join(timeout=130)
-            result["diagnose"] = dict(during, when="during")
-        else:
+        if looker is None:
             time.sleep(max(0.0, t0 + SETTLE_S - time.monotonic()))  # the stall settles
             live = [p for _, p in sorted(ranks.items()) if not gone(p)]
-            target = live[0] if live else job.launcher_pid
-            result["diagnose"] = dict(diagnose(diagnoser, target, watch.hb_dir,
-                                               diagnose_extra), when="after")
+            looker = Diagnosis(diagnoser, live[0] if live else job.launcher_pid,
+                               watch.hb_dir, diagnose_extra)
+        result["diagnose"] = dict(looker.result(), when=spec.diagnose)
         result["daemon"] = _daemon_view(spec, watch, key, t0)
         result["watched_s"] = round(time.monotonic() - t0, 1)
     except NotReached as err:
