@@ -22,19 +22,25 @@ SCENARIO_KEYS = {"name", "class", "frameworks", "heartbeats", "quick", "fault", 
                  "within_s", "watch_s", "daemon", "env", "args", "needs", "known",
                  "note", "diagnose"}
 EXPECT_KEYS = {"verdict", "culprits", "victims"}
+FINDING_KEYS = {"page", "finding", "unless_cpu"}
 NO_PAGE = "no page"
 
 
 @dataclass(frozen=True)
 class Expect:
     """Ground truth: the job's verdict (any of `verdicts`), its culprit ranks and
-    victims; `page` False for a negative (nothing may page)."""
+    victims; `page` False for a negative (nothing may page). `finding`: a finding
+    that must be on some rank (`present`) or on none, in diagnose and /status."""
     page: bool
     verdicts: tuple[str, ...] = ()
     culprits: tuple[int, ...] = ()
     victims: tuple[int, ...] = ()
+    finding: str = ""
+    present: bool = False
 
     def as_json(self):
+        if self.finding:
+            return {"page": False, "finding": self.finding, "present": self.present}
         if not self.page:
             return NO_PAGE
         return {"verdict": list(self.verdicts), "culprits": list(self.culprits),
@@ -86,12 +92,31 @@ def _expect(value, where: str) -> Expect:
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expect must be {NO_PAGE!r} or a mapping with "
                           f"verdict and culprits")
+    if "finding" in value:
+        _check_keys(value, FINDING_KEYS, where, "expect")
+        if value.get("page", False):
+            raise ConfigError(f"{where}: a finding's scenario expects no page (page: false)")
+        has = cpu_flags() & set(value.get("unless_cpu", ()))
+        return Expect(page=False, finding=value["finding"], present=not has)
     _check_keys(value, EXPECT_KEYS, where, "expect")
     if "verdict" not in value or "culprits" not in value:
         raise ConfigError(f"{where}: expect needs verdict and culprits")
     verdicts = value["verdict"] if isinstance(value["verdict"], list) else [value["verdict"]]
     return Expect(True, tuple(verdicts), tuple(int(r) for r in value["culprits"]),
                   tuple(int(r) for r in value.get("victims", ())))
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's flags (the first processor's), for expectations that depend on
+    them (bf16 on a CPU without avx512_bf16 or amx_bf16)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _shown(path: str) -> str:

@@ -11,6 +11,11 @@ A fault is `kind` plus options (benchmarks/faults.yaml):
   compete  {rank: R, busy: N}: the rank pinned to the last CPU, N busy processes there
   duty     {rank: R, stop_s: S, run_s: S}: SIGSTOP and SIGCONT, over and over
   flag     {line: REGEX}: the job's own fault flag (args/env), seen when it prints the line
+  fifo     {path: NAME, rank: R}: the file NAME of the job's directory replaced by a
+           FIFO (an open() there waits for ever, as on a dead mount); reached
+           when a process of the job waits in the kernel's wait_for_partner
+  mute     {rank: R}: the job's metrics server (faultbench/logserver.py) stops
+           answering; reached when a line went unanswered
   twin     {}: a second identical job started beside the first (a negative)
   none     {}: nothing (a negative: healthy training, the job's own pauses)
 Each returns an Injection: `at` (monotonic time of the fault), `what` (said in the
@@ -67,11 +72,20 @@ def gone(pid: int) -> bool:
     return state(pid) in ("", "Z", "X")
 
 
-def inject(fault: dict, job, ranks: dict[int, int], start_twin=None) -> Injection:
+@dataclass
+class Context:
+    """What some faults need besides the job: a second job, its directory, its
+    metrics server."""
+    start_twin: object = None
+    workdir: str = ""
+    logserver: object = None
+
+
+def inject(fault: dict, job, ranks: dict[int, int], ctx: Context) -> Injection:
     kind = fault["kind"]
     if kind not in KINDS:
         raise ValueError(f"fault kind {kind!r} (known: {', '.join(KINDS)})")
-    return KINDS[kind](fault, job, ranks, start_twin)
+    return KINDS[kind](fault, job, ranks, ctx)
 
 
 def _signal(fault, job, ranks, _):
@@ -274,8 +288,45 @@ def _flag(fault, job, ranks, _):
     return Injection(time.monotonic(), f"the job's fault flag ({fault['line']})")
 
 
-def _twin(fault, job, ranks, start_twin):
-    twin = start_twin()
+def _waiting_on_fifo(pids) -> bool:
+    """A thread of any of `pids` waits in open() of a FIFO for its other end."""
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if f.read().strip() == "wait_for_partner":
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def _fifo(fault, job, ranks, ctx):
+    path = os.path.join(ctx.workdir, fault["path"])
+    tmp = f"{path}.fifo"
+    os.mkfifo(tmp)
+    os.replace(tmp, path)  # atomically: a reader opens the file or the FIFO, never nothing
+    at = time.monotonic()
+    inj = Injection(at, f"{fault['path']} replaced by a FIFO (open() blocks)")
+    wait_for(lambda: _waiting_on_fifo(job.pids()), float(fault.get("reach_s", 60)),
+             f"a process of the job blocked opening {fault['path']}", job.output)
+    return inj
+
+
+def _mute(fault, job, ranks, ctx):
+    ctx.logserver.mute()
+    at = time.monotonic()
+    wait_for(lambda: ctx.logserver.unanswered > 0, 60,
+             "a line the muted metrics server left unanswered", job.output)
+    return Injection(at, "the metrics server stopped answering")
+
+
+def _twin(fault, job, ranks, ctx):
+    twin = ctx.start_twin()
     wait_for(lambda: len(twin.ranks()) >= len(ranks), 240, "the twin job's ranks",
              twin.output)
     inj = Injection(time.monotonic(), "a second identical job beside it")
@@ -290,4 +341,5 @@ def _none(fault, job, ranks, _):
 
 
 KINDS = {"signal": _signal, "handler": _handler, "quota": _quota, "compete": _compete,
-         "duty": _duty, "flag": _flag, "twin": _twin, "none": _none}
+         "duty": _duty, "flag": _flag, "fifo": _fifo, "mute": _mute, "twin": _twin,
+         "none": _none}

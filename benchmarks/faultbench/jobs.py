@@ -58,10 +58,12 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def expand(argv, env: dict, port: int, workdir: str) -> tuple[list[str], dict]:
-    """The catalogue's placeholders filled in: {python} {bin} {repo} {port} {dir}."""
+def expand(argv, env: dict, port: int, workdir: str, logport: int = 0
+           ) -> tuple[list[str], dict]:
+    """The catalogue's placeholders filled in: {python} {bin} {repo} {port} {dir}
+    {logport} (the run's metrics server, faultbench/logserver.py)."""
     values = {"python": sys.executable, "bin": os.path.dirname(sys.executable),
-              "repo": REPO, "port": str(port), "dir": workdir}
+              "repo": REPO, "port": str(port), "dir": workdir, "logport": str(logport)}
 
     def fill(text):
         return str(text).format(**values)

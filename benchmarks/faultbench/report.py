@@ -23,14 +23,16 @@ def _said(view: dict | None, page: bool) -> str:
             return f"no page (/status: {view.get('status_verdict', '-')} "\
                    f"{view.get('status_culprits', '-')})"
         return f"{view.get('verdict')} {view.get('culprits')} after {view.get('time_to_page_s')} s"
-    return f"{view.get('pages', 0)} page(s)"
+    return f"{view.get('pages', 0)} page(s)" + (
+        f", findings {view['findings']}" if view.get("findings") else "")
 
 
 def _diag(view: dict | None) -> str:
     view = view or {}
     if "verdict" not in view:
         return f"exit {view.get('exit')} {view.get('error', '')[:60]}".strip()
-    return f"{view['verdict']} {view.get('culprits')}"
+    return f"{view['verdict']} {view.get('culprits')}" + (
+        f", findings {view['findings']}" if view.get("findings") else "")
 
 
 def _mark(ok) -> str:
@@ -41,8 +43,10 @@ def rows(results: list[dict]) -> list[list[str]]:
     out = []
     for r in results:
         exp = r["expected"]
-        page = isinstance(exp, dict)
+        page = isinstance(exp, dict) and exp.get("page", True)
         expected = f"{'/'.join(exp['verdict'])} {exp['culprits']}" if page else "no page"
+        if isinstance(exp, dict) and exp.get("finding"):
+            expected += f", {exp['finding']} {'on a rank' if exp['present'] else 'on none'}"
         if "skipped" in r:
             out.append([r["name"], r["class"], expected, "skipped: " + r["skipped"], "", "-"])
         elif "error" in r:

@@ -12,8 +12,9 @@ import sys
 import time
 
 from .catalogue import Run
-from .inject import gone, inject, job_env
+from .inject import Context, gone, inject, job_env
 from .jobs import REPO, Job, expand, missing
+from .logserver import LogServer
 from .waiting import NotReached, free_port, wait_for
 
 DIAGNOSE = f"{shlex.quote(sys.executable)} -m ddpwatch diagnose --json {{pid}}"
@@ -118,8 +119,11 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
     rundir = os.path.join(workdir, spec.name.replace("/", "_").replace("+", "_"))
     os.makedirs(rundir, exist_ok=True)
 
+    logserver = LogServer() if any("{logport}" in a for a in spec.argv) else None
+
     def start(name):
-        argv, env = expand(spec.argv, spec.env, free_port(), rundir)
+        argv, env = expand(spec.argv, spec.env, free_port(), rundir,
+                           logserver.port if logserver else 0)
         return Job(argv, {**env, **job_env(spec.fault)}, os.path.join(rundir, f"{name}.log"),
                    spec.announce, spec.heartbeats, watch.hb_dir)
     job = start("job")
@@ -137,7 +141,8 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
             looker = Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
                                diagnose_extra or f"--window {DURING_WINDOW_S:g}")
             _window_open(looker)
-        injection = inject(spec.fault, job, ranks, lambda: start("twin"))
+        injection = inject(spec.fault, job, ranks,
+                           Context(lambda: start("twin"), rundir, logserver))
         t0 = injection.at
         result["injected"] = injection.what
         if looker is None:
@@ -154,6 +159,8 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
         if injection:
             injection.undo()
         job.close()
+        if logserver:
+            logserver.close()
     return result
 
 
@@ -194,4 +201,7 @@ def _daemon_view(spec: Run, watch, key: str, t0: float) -> dict:
         view["status_culprits"] = sorted(last["job"].get("culprits") or [])
         view["status_roles"] = {str(r.get("rank")): [r.get("verdict"), r.get("role")]
                                 for r in last.get("ranks", ())}
+        # every finding /status showed on any rank since the fault
+        view["findings"] = sorted({f.get("id") for _, e in entries for r in e.get("ranks", ())
+                                   for f in r.get("findings", ()) if isinstance(f, dict)})
     return view

@@ -26,13 +26,20 @@ def percentile(values, q: float) -> float | None:
 
 
 def _page_expected(expected) -> bool:
-    return isinstance(expected, dict)
+    return isinstance(expected, dict) and expected.get("page", True)
+
+
+def _finding_ok(expected, found) -> bool:
+    """A finding the ground truth names is there exactly when it should be."""
+    if not isinstance(expected, dict) or not expected.get("finding"):
+        return True
+    return (expected["finding"] in (found or ())) == expected["present"]
 
 
 def daemon_ok(result: dict) -> bool:
     expected, seen = result["expected"], result.get("daemon") or {}
     if not _page_expected(expected):
-        return seen.get("pages", 0) == 0
+        return seen.get("pages", 0) == 0 and _finding_ok(expected, seen.get("findings"))
     return (seen.get("pages", 0) > 0 and seen.get("verdict") in expected["verdict"]
             and seen.get("culprits") == sorted(expected["culprits"]))
 
@@ -42,7 +49,7 @@ def diagnose_ok(result: dict) -> bool | None:
     if seen.get("exit") == GONE_EXIT or "verdict" not in seen:
         return None if seen.get("exit") == GONE_EXIT else False
     if not _page_expected(expected):
-        return not seen.get("culprits")
+        return not seen.get("culprits") and _finding_ok(expected, seen.get("findings"))
     return seen.get("verdict") in expected["verdict"] and \
         seen.get("culprits") == sorted(expected["culprits"])
 

@@ -151,3 +151,23 @@ def test_report_is_self_contained_html_with_svg_charts():
     md = report.markdown(doc)
     assert "| a/torchrun | stopped | stopped [1] | stopped [1] after 2.0 s |" in md
     assert "BROKEN" in md
+
+
+def test_a_finding_is_expected_from_the_cpus_flags(tmp_path, monkeypatch):
+    text = FRAMEWORKS + """scenarios:
+  - {name: a, class: bf16, frameworks: [torchrun], fault: {kind: none},
+     expect: {page: false, finding: bf16_on_cpu, unless_cpu: [amx_bf16]}}
+"""
+    monkeypatch.setattr(catalogue, "cpu_flags", lambda: {"avx2"})
+    [run] = catalogue.expand(*_load(tmp_path, text))
+    assert run.expect.as_json() == {"page": False, "finding": "bf16_on_cpu", "present": True}
+    monkeypatch.setattr(catalogue, "cpu_flags", lambda: {"avx2", "amx_bf16"})
+    [run] = catalogue.expand(*_load(tmp_path, text))
+    assert run.expect.present is False
+    expected = {"page": False, "finding": "bf16_on_cpu", "present": True}
+    found = score.score_run(_result("a", expected, {"pages": 0, "findings": ["bf16_on_cpu"]},
+                                    {"exit": 1, "verdict": "healthy", "culprits": [],
+                                     "findings": ["bf16_on_cpu"]}))
+    missed = score.score_run(_result("b", expected, {"pages": 0, "findings": []},
+                                     {"exit": 0, "verdict": "healthy", "culprits": []}))
+    assert found["ok"] is True and (missed["daemon_ok"], missed["diagnose_ok"]) == (False, False)
