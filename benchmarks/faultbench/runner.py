@@ -19,7 +19,7 @@ from .waiting import NotReached, free_port, wait_for
 
 DIAGNOSE = f"{shlex.quote(sys.executable)} -m ddpwatch diagnose --json {{pid}}"
 SETTLE_S = 2.0     # after the state is reached, before the diagnoser looks
-LINGER_S = 5.0     # after the first page: later pages of the same incident are counted
+LINGER_S = 3.0     # after the first page: later pages of the same incident are counted
 DURING_WINDOW_S = 4.0  # "during": the diagnoser's window, the fault in it
 DURING_LEAD_S = 2.0  # "during", a diagnoser that runs no py-spy: its start to the fault
 
