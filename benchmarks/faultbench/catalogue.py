@@ -20,7 +20,7 @@ DEFAULT_PATH = os.path.join(HERE, "faults.yaml")
 FRAMEWORK_KEYS = {"argv", "env", "needs", "announce", "note"}
 SCENARIO_KEYS = {"name", "class", "frameworks", "heartbeats", "quick", "fault", "expect",
                  "within_s", "watch_s", "daemon", "env", "args", "needs", "known",
-                 "note", "diagnose"}
+                 "note", "diagnose", "trains"}
 EXPECT_KEYS = {"verdict", "culprits", "victims"}
 FINDING_KEYS = {"page", "finding", "unless_cpu"}
 NO_PAGE = "no page"
@@ -67,6 +67,8 @@ class Run:
     known: str
     where: str           # file:line of the scenario
     diagnose: str        # "after" (at the stall) or "during" (a window over the fault)
+    trains: bool = True  # False: the job never trains (a rank missing at rendezvous):
+                         # the fault is its start, and the daemon need only see it
     notes: tuple[str, ...] = field(default=())
 
 
@@ -210,4 +212,5 @@ def _run(sc: dict, fw_name: str, hb: bool, fw: dict) -> Run:
         within_s=float(sc.get("within_s", 60)), watch_s=float(sc.get("watch_s", 20)),
         daemon=dict(sc.get("daemon", {})), needs=needs, known=sc.get("known", ""),
         where=sc["_where"], diagnose=sc.get("diagnose", "after"),
+        trains=bool(sc.get("trains", True)),
         notes=tuple(filter(None, (fw.get("note"), sc.get("note")))))

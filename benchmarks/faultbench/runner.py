@@ -12,7 +12,7 @@ import sys
 import time
 
 from .catalogue import Run
-from .inject import Context, gone, inject, job_env
+from .inject import Context, Injection, gone, inject, job_env
 from .jobs import REPO, Job, expand, missing
 from .logserver import LogServer
 from .waiting import NotReached, free_port, wait_for
@@ -131,6 +131,17 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
     began = time.monotonic()
     try:
         nranks = int(spec.fault.get("ranks", 2))
+        if not spec.trains:  # the fault is the job's start: a rank that never comes
+            injection = Injection(job.started, "a rank that never came to the rendezvous")
+            entry = wait_for(lambda: (watch.job_of(job.pids()) or (0, None))[1], 120,
+                             "the daemon to see the job", job.output)
+            result.update(key=entry["key"], injected=injection.what)
+            time.sleep(max(0.0, injection.at + SETTLE_S - time.monotonic()))
+            result["diagnose"] = dict(Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
+                                                diagnose_extra).result(), when="after")
+            result["daemon"] = _daemon_view(spec, watch, entry["key"], injection.at)
+            result["watched_s"] = round(time.monotonic() - injection.at, 1)
+            return result
         entry = wait_for(lambda: _trains(watch, job, nranks), 240,
                          "the job's ranks judged healthy by the daemon (training)", job.output)
         key, ranks = entry["key"], job.ranks()
