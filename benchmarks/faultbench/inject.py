@@ -79,16 +79,27 @@ class Context:
     start_twin: object = None
     workdir: str = ""
     logserver: object = None
+    undo: list = field(default_factory=list)  # what the fault being given must undo
 
 
 def inject(fault: dict, job, ranks: dict[int, int], ctx: Context) -> Injection:
+    """The fault given; its undo steps are registered as it goes, so that one whose
+    state is never reached is undone before NotReached leaves (a busy process, a
+    cgroup or a stop/resume thread must not outlive the run)."""
     kind = fault["kind"]
     if kind not in KINDS:
         raise ValueError(f"fault kind {kind!r} (known: {', '.join(KINDS)})")
-    return KINDS[kind](fault, job, ranks, ctx)
+    ctx.undo = []
+    try:
+        inj = KINDS[kind](fault, job, ranks, ctx)
+    except BaseException:
+        Injection(0.0, "", ctx.undo).undo()
+        raise
+    inj.undo_steps = ctx.undo + inj.undo_steps
+    return inj
 
 
-def _signal(fault, job, ranks, _):
+def _signal(fault, job, ranks, ctx):
     sig = getattr(signal, fault["signal"])
     if fault.get("to") == "launcher":
         pid = job.launcher_pid
@@ -103,7 +114,7 @@ def _signal(fault, job, ranks, _):
     at = time.monotonic()
     inj = Injection(at, f"{fault['signal']} to rank {fault['rank']} (pid {pid})")
     if sig == signal.SIGSTOP:
-        inj.undo_steps.append(lambda: os.kill(pid, signal.SIGCONT))
+        ctx.undo.append(lambda: os.kill(pid, signal.SIGCONT))
         wait_for(lambda: state(pid) == "T", 5, f"rank {fault['rank']} stopped (state T)")
     else:
         wait_for(lambda: gone(pid), 30, f"rank {fault['rank']} gone after {fault['signal']}",
@@ -114,7 +125,7 @@ def _signal(fault, job, ranks, _):
 FAULT_LINE = re.compile(r"thirdparty: fault (\S+) pid=(\d+) at=([\d.]+)")
 
 
-def _handler(fault, job, ranks, _):
+def _handler(fault, job, ranks, ctx):
     pid = ranks[fault["rank"]]
     os.kill(pid, signal.SIGUSR2)
     sent = time.monotonic()
@@ -168,7 +179,7 @@ def _throttled(group: str) -> int:
         return int(dict(line.split() for line in f)["nr_throttled"])
 
 
-def _quota(fault, job, ranks, _):
+def _quota(fault, job, ranks, ctx):
     version, root = _cpu_cgroup()
     pid = ranks[fault["rank"]]
     group = os.path.join(root, f"ddpwatch-faultbench-{os.getpid()}-{pid}")
@@ -182,7 +193,7 @@ def _quota(fault, job, ranks, _):
         except OSError:
             pass  # gone with its job
         wait_for(lambda: _rmdir(group), 30, f"{group} removed")
-    inj.undo_steps.append(remove)
+    ctx.undo.append(remove)
     quota = int(fault["percent"]) * 1000
     if version == "v2":
         _write(os.path.join(root, "cgroup.subtree_control"), "+cpu")
@@ -219,7 +230,7 @@ def _schedstat(pid: int) -> tuple[float, float]:
     return run, wait
 
 
-def _compete(fault, job, ranks, _):
+def _compete(fault, job, ranks, ctx):
     """Busy processes on the rank's CPU, each in a session of its own: with autogroup
     scheduling, loops started from one session take at most half of a core from a
     job in another (README "A rank starved of CPU")."""
@@ -243,7 +254,7 @@ def _compete(fault, job, ranks, _):
             p.kill()
         for p in busy:
             p.wait(timeout=30)
-    inj.undo_steps.append(stop)
+    ctx.undo.append(stop)
 
     def starved():
         r0, w0 = _schedstat(pid)
@@ -254,7 +265,7 @@ def _compete(fault, job, ranks, _):
     return inj
 
 
-def _duty(fault, job, ranks, _):
+def _duty(fault, job, ranks, ctx):
     pid = ranks[fault["rank"]]
     done = threading.Event()
     cycles = [0]
@@ -276,12 +287,12 @@ def _duty(fault, job, ranks, _):
         done.set()
         thread.join(timeout=5)
         os.kill(pid, signal.SIGCONT)
-    inj.undo_steps.append(stop)
+    ctx.undo.append(stop)
     wait_for(lambda: cycles[0] >= 3 and not gone(pid), 10, "three stop/resume cycles")
     return inj
 
 
-def _flag(fault, job, ranks, _):
+def _flag(fault, job, ranks, ctx):
     pattern = re.compile(fault["line"])
     wait_for(lambda: pattern.search(job.output()), float(fault.get("within_s", 120)),
              f"the job's own fault ({fault['line']!r} in its output)", job.output)
@@ -327,14 +338,13 @@ def _mute(fault, job, ranks, ctx):
 
 def _twin(fault, job, ranks, ctx):
     twin = ctx.start_twin()
+    ctx.undo.append(twin.close)
     wait_for(lambda: len(twin.ranks()) >= len(ranks), 240, "the twin job's ranks",
              twin.output)
-    inj = Injection(time.monotonic(), "a second identical job beside it")
-    inj.undo_steps.append(twin.close)
-    return inj
+    return Injection(time.monotonic(), "a second identical job beside it")
 
 
-def _none(fault, job, ranks, _):
+def _none(fault, job, ranks, ctx):
     if not all(not gone(p) for p in ranks.values()):
         raise NotReached("a rank of the healthy job is gone")
     return Injection(time.monotonic(), "nothing")

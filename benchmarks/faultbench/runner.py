@@ -127,7 +127,7 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
         return Job(argv, {**env, **job_env(spec.fault)}, os.path.join(rundir, f"{name}.log"),
                    spec.announce, spec.heartbeats, watch.hb_dir)
     job = start("job")
-    injection = None
+    injection = looker = None
     began = time.monotonic()
     try:
         nranks = int(spec.fault.get("ranks", 2))
@@ -146,7 +146,6 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
                          "the job's ranks judged healthy by the daemon (training)", job.output)
         key, ranks = entry["key"], job.ranks()
         result["trained_after_s"] = round(time.monotonic() - began, 1)
-        looker = None
         if spec.diagnose == "during":
             # the launcher's pid: a death tears the ranks down in a second
             looker = Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
@@ -167,6 +166,9 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
     except NotReached as err:
         result["error"] = f"{spec.where}: {err}"
     finally:
+        if looker and looker.proc.poll() is None:  # a fault never reached: not waited for
+            looker.proc.kill()
+            looker.proc.wait()
         if injection:
             injection.undo()
         job.close()
