@@ -69,7 +69,7 @@ class Diagnosis:
         job = doc.get("job", {})
         out.update(verdict=job.get("verdict"), culprits=sorted(job.get("culprits") or []),
                    summary=(job.get("summary") or "")[:300],
-                   ranks={str(r.get("rank")): [r.get("verdict"), r.get("role")]
+                   ranks={str(r.get("rank")): [r.get("verdict"), r.get("role"), r.get("rule")]
                           for r in doc.get("ranks", ())},
                    findings=sorted({f.get("id") for r in doc.get("ranks", ())
                                     for f in r.get("findings", ())}))
@@ -212,7 +212,8 @@ def _daemon_view(spec: Run, watch, key: str, t0: float) -> dict:
         last = entries[-1][1]
         view["status_verdict"] = last["job"].get("verdict")
         view["status_culprits"] = sorted(last["job"].get("culprits") or [])
-        view["status_roles"] = {str(r.get("rank")): [r.get("verdict"), r.get("role")]
+        view["status_roles"] = {str(r.get("rank")): [r.get("verdict"), r.get("role"),
+                                                     r.get("rule")]
                                 for r in last.get("ranks", ())}
         # every finding /status showed on any rank since the fault
         view["findings"] = sorted({f.get("id") for _, e in entries for r in e.get("ranks", ())
