@@ -27,6 +27,14 @@ ANNOUNCE = {
 }
 
 
+# what each kind of job prints once a rank has trained a step: rank
+TRAINS = {
+    "thirdparty": re.compile(r"thirdparty: rank=(\d+) step=\d+ trains"),
+    "ready": re.compile(r"rank (\d+) step \d+"),
+    "env": re.compile(r"\[rank (\d+)\] step \d+/"),  # trainer/train.py's step lines
+}
+
+
 def tagged(tag: str) -> list[int]:
     needle = f"{TAG}={tag}".encode()
     out = []
@@ -114,6 +122,11 @@ class Job:
                     os.path.basename(a) in ("torchrun", "accelerate") for a in cmd[:2]):
                 found[int(env["RANK"])] = pid
         return found
+
+    def trained(self, nranks: int) -> bool:
+        """Every rank printed that it trained a step."""
+        seen = {int(r) for r in TRAINS[self.announce].findall(self.output())}
+        return seen >= set(range(nranks))
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -90,12 +90,13 @@ def _window_open(looker: Diagnosis) -> None:
     time.sleep(max(0.0, looker.began + DURING_LEAD_S - time.monotonic()))
 
 
-def _trains(watch, job, nranks: int):
-    """The daemon's entry for the job once it judges every rank healthy."""
+def _trains(watch, job, nranks: int, since: float):
+    """The daemon's entry for the job once it judges every rank healthy (in a
+    reading since `since`)."""
     ranks = job.ranks()
     if len(ranks) < nranks:
         return None
-    found = watch.job_of(ranks.values())
+    found = watch.job_of(ranks.values(), since)
     if not found:
         return None
     _, entry = found
@@ -142,8 +143,14 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
             result["daemon"] = _daemon_view(spec, watch, entry["key"], injection.at)
             result["watched_s"] = round(time.monotonic() - injection.at, 1)
             return result
-        entry = wait_for(lambda: _trains(watch, job, nranks), 240,
-                         "the job's ranks judged healthy by the daemon (training)", job.output)
+        # training, by the job's own lines: the daemon said "healthy" of an mp.spawn
+        # job still in DDP's constructor, and a fault given then was scored against
+        # a job that had not started (diagnose: warming up, in
+        # _verify_param_shape_across_processes)
+        wait_for(lambda: job.trained(nranks), 240, "every rank's first step", job.output)
+        stepped = time.monotonic()
+        entry = wait_for(lambda: _trains(watch, job, nranks, stepped), 120,
+                         "the job's ranks judged healthy by the daemon", job.output)
         key, ranks = entry["key"], job.ranks()
         result["trained_after_s"] = round(time.monotonic() - began, 1)
         if spec.diagnose == "during":

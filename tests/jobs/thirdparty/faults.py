@@ -17,7 +17,12 @@ def _faults(kind):
 
 
 def maybe_hang(rank, step):
-    """hang:RANK:STEP - sleep for ever outside any collective."""
+    """hang:RANK:STEP - sleep for ever outside any collective. Says once that the
+    rank trains (its first step done): a harness that injects faults waits for
+    it (benchmarks/faultbench/jobs.py TRAINS), as a job still in DDP's set-up
+    is starting, not training."""
+    if step == 1:
+        print(f"thirdparty: rank={rank} step={step} trains", flush=True)
     for fault_rank, fault_step in _faults("hang"):
         if rank == fault_rank and step == fault_step:
             print(f"thirdparty: rank {rank} hangs at step {step}", flush=True)
