@@ -20,7 +20,7 @@ DEFAULT_PATH = os.path.join(HERE, "faults.yaml")
 FRAMEWORK_KEYS = {"argv", "env", "needs", "announce", "note"}
 SCENARIO_KEYS = {"name", "class", "frameworks", "heartbeats", "quick", "fault", "expect",
                  "within_s", "watch_s", "daemon", "env", "args", "needs", "known",
-                 "note", "diagnose", "trains"}
+                 "note", "diagnose", "trains", "expect_diagnose"}
 EXPECT_KEYS = {"verdict", "culprits", "victims"}
 FINDING_KEYS = {"page", "finding", "unless_cpu"}
 NO_PAGE = "no page"
@@ -67,6 +67,7 @@ class Run:
     known: str
     where: str           # file:line of the scenario
     diagnose: str        # "after" (at the stall) or "during" (a window over the fault)
+    expect_diagnose: Expect | None = None  # a one-shot judge's own ground truth
     trains: bool = True  # False: the job never trains (a rank missing at rendezvous):
                          # the fault is its start, and the daemon need only see it
     notes: tuple[str, ...] = field(default=())
@@ -165,6 +166,8 @@ def load(path: str = DEFAULT_PATH) -> tuple[dict, list[dict]]:
                                   f"frameworks (defined: {', '.join(frameworks)})")
         item = {**defaults, **item, "_where": where}
         item["_expect"] = _expect(item["expect"], where)
+        if "expect_diagnose" in item:
+            item["_expect_diagnose"] = _expect(item["expect_diagnose"], where)
         scenarios.append(item)
     return frameworks, scenarios
 
@@ -213,4 +216,5 @@ def _run(sc: dict, fw_name: str, hb: bool, fw: dict) -> Run:
         daemon=dict(sc.get("daemon", {})), needs=needs, known=sc.get("known", ""),
         where=sc["_where"], diagnose=sc.get("diagnose", "after"),
         trains=bool(sc.get("trains", True)),
+        expect_diagnose=sc.get("_expect_diagnose"),
         notes=tuple(filter(None, (fw.get("note"), sc.get("note")))))

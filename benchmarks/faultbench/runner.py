@@ -112,6 +112,8 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
               "framework": spec.framework, "heartbeats": spec.heartbeats,
               "fault": spec.fault, "expected": spec.expect.as_json(), "where": spec.where,
               "known": spec.known}
+    if spec.expect_diagnose:
+        result["expected_diagnose"] = spec.expect_diagnose.as_json()
     why = missing(spec.needs)
     if why:
         result["skipped"] = why

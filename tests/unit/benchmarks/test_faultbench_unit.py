@@ -171,3 +171,15 @@ def test_a_finding_is_expected_from_the_cpus_flags(tmp_path, monkeypatch):
     missed = score.score_run(_result("b", expected, {"pages": 0, "findings": []},
                                      {"exit": 0, "verdict": "healthy", "culprits": []}))
     assert found["ok"] is True and (missed["daemon_ok"], missed["diagnose_ok"]) == (False, False)
+
+
+def test_a_one_shot_judge_is_scored_against_its_own_ground_truth_where_given():
+    paused = {"verdict": ["paused"], "culprits": [], "victims": []}
+    hung = {"verdict": ["hung_outside_collective"], "culprits": [1], "victims": [0]}
+    r = score.score_run(_result("busy", hung, {"pages": 1, "verdict": "hung_outside_collective",
+                                               "culprits": [1]},
+                                {"exit": 1, "verdict": "paused", "culprits": []},
+                                expected_diagnose=paused))
+    assert (r["daemon_ok"], r["diagnose_ok"], r["ok"]) == (True, True, True)
+    s = score.summarize([r])
+    assert (s["diagnose_precision"], s["diagnose_recall"], s["recall"]) == (None, None, 1.0)
