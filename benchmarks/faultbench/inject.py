@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from .waiting import NotReached, wait_for
 
-ACTIONS = ("raise", "async-raise", "gil", "sleep", "spin")
+ACTIONS = ("raise", "async-raise", "gil", "sleep", "spin")  # "-now": in the handler
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Injection:
 def job_env(fault: dict) -> dict:
     """What the job's environment needs for `fault` (set at its start)."""
     if fault["kind"] == "handler":
-        if fault["action"] not in ACTIONS:
+        if fault["action"].removesuffix("-now") not in ACTIONS:
             raise ValueError(f"handler action {fault['action']!r} (known: {', '.join(ACTIONS)})")
         return {"DDPWATCH_TEST_ON_SIGUSR2": fault["action"]}
     return {}
@@ -140,11 +140,11 @@ def _handler(fault, job, ranks, ctx):
     # the handler ran at `wall` (its own clock): the fault's moment on ours
     at = min(time.monotonic(), max(sent, time.monotonic() - (time.time() - wall)))
     inj = Injection(at, f"{action} in rank {fault['rank']} (pid {pid}), at SIGUSR2")
-    if action in ("raise", "async-raise"):
+    if action.removesuffix("-now") in ("raise", "async-raise"):
         wait_for(lambda: gone(pid), 30, f"rank {fault['rank']} ended by its exception",
                  job.output)
     else:
-        want = "R" if action == "spin" else "S"
+        want = "R" if action.startswith("spin") else "S"
         wait_for(lambda: _mostly(pid, want), 15, f"rank {fault['rank']} in state {want}")
     return inj
 

@@ -23,6 +23,8 @@ def maybe_hang(rank, step):
     is starting, not training."""
     if step == 1:
         print(f"thirdparty: rank={rank} step={step} trains", flush=True)
+    if _pending:
+        _act(_pending.pop())
     for fault_rank, fault_step in _faults("hang"):
         if rank == fault_rank and step == fault_step:
             print(f"thirdparty: rank {rank} hangs at step {step}", flush=True)
@@ -91,15 +93,19 @@ def announce(rank, local_rank, world_size):
 
 # DDPWATCH_TEST_ON_SIGUSR2=ACTION: a fault that happens when the rank is sent SIGUSR2,
 # so that a harness outside the job picks the moment (benchmarks/faults.py) and the
-# script stays as its tutorial wrote it. Python runs the handler in the main thread
-# at its next bytecode: in the middle of the training loop, wherever that is. The
-# actions follow NVRx's fault injector (nvidia-resiliency-ext, fault_injector.py):
+# script stays as its tutorial wrote it. The action runs at the next step's start
+# (maybe_hang, outside any collective); ACTION-now runs it in the handler itself,
+# which Python calls in the main thread at its next bytecode: wherever the loop is,
+# inside backward() included. The actions follow NVRx's fault injector
+# (nvidia-resiliency-ext, fault_injector.py):
 #   raise        an exception in the loop (the rank exits with a traceback)
 #   async-raise  a thread raises it in the main thread (PyThreadState_SetAsyncExc)
 #   gil          a C call that holds the GIL for ever (libc pause() through ctypes.PyDLL)
 #   sleep        a sleep for ever outside any collective
 #   spin         a busy loop for ever at a place no step went before
 ON_SIGNAL = os.environ.get("DDPWATCH_TEST_ON_SIGUSR2", "")
+ACTION = ON_SIGNAL[:-len("-now")] if ON_SIGNAL.endswith("-now") else ON_SIGNAL
+_pending = []  # an action the signal asked for, done at the next step's start
 
 
 class InjectedFault(RuntimeError):
@@ -107,7 +113,7 @@ class InjectedFault(RuntimeError):
 
 
 def _say(action):
-    print(f"thirdparty: fault {action} pid={os.getpid()} at={time.time():.3f}", flush=True)
+    print(f"thirdparty: fault {ON_SIGNAL} pid={os.getpid()} at={time.time():.3f}", flush=True)
 
 
 def _spin_for_ever():
@@ -117,10 +123,17 @@ def _spin_for_ever():
 
 
 def _on_signal(signum, frame):
-    _say(ON_SIGNAL)
-    if ON_SIGNAL == "raise":
+    if ACTION == ON_SIGNAL:
+        _pending.append(ACTION)
+    else:
+        _act(ACTION)
+
+
+def _act(action):
+    _say(action)
+    if action == "raise":
         raise InjectedFault("injected: an exception in the training loop")
-    if ON_SIGNAL == "async-raise":
+    if action == "async-raise":
         import ctypes
         main = threading.main_thread().ident
 
@@ -129,17 +142,17 @@ def _on_signal(signum, frame):
                                                        ctypes.py_object(InjectedFault))
         threading.Thread(target=throw, name="injector").start()
         return
-    if ON_SIGNAL == "gil":
+    if action == "gil":
         import ctypes
         ctypes.PyDLL(None).pause()  # PyDLL keeps the GIL across the call
-    if ON_SIGNAL == "sleep":
+    if action == "sleep":
         while True:
             time.sleep(3600)
-    if ON_SIGNAL == "spin":
+    if action == "spin":
         _spin_for_ever()
 
 
 if ON_SIGNAL and threading.current_thread() is threading.main_thread():
-    if ON_SIGNAL not in ("raise", "async-raise", "gil", "sleep", "spin"):
+    if ACTION not in ("raise", "async-raise", "gil", "sleep", "spin"):
         sys.exit(f"{__file__}: unknown DDPWATCH_TEST_ON_SIGUSR2={ON_SIGNAL!r}")
     signal.signal(signal.SIGUSR2, _on_signal)
