@@ -107,8 +107,9 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def bars(title: str, items: list[tuple[str, float | None]], unit: str, top: float) -> str:
-    """A horizontal bar chart as inline SVG; a missing value is drawn as "-"."""
+def bars(title: str, items: list[tuple[str, float | None]], unit: str, top: float,
+         missing: str = "-") -> str:
+    """A horizontal bar chart as inline SVG; a missing value is written as `missing`."""
     row, width, label_w = 22, 560, 170
     height = 30 + row * max(1, len(items))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -119,7 +120,8 @@ def bars(title: str, items: list[tuple[str, float | None]], unit: str, top: floa
         y = 28 + i * row
         parts.append(f'<text x="0" y="{y + 14}" font-size="12">{html.escape(label)}</text>')
         if value is None:
-            parts.append(f'<text x="{label_w}" y="{y + 14}" font-size="12">-</text>')
+            parts.append(f'<text x="{label_w}" y="{y + 14}" font-size="12">'
+                         f'{html.escape(missing)}</text>')
             continue
         w = max(1.0, value * scale)
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="14" '
@@ -146,7 +148,7 @@ table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;pad
 <h1>Fault benchmark, {html.escape(doc['started'])}</h1>
 <p><code>{html.escape(doc['command'])}</code> on {html.escape(doc['host'])}</p>
 <ul>{summary}</ul>
-{bars("time to page, p50 per class", ttp, " s", top)}
+{bars("time to page, p50 per class", ttp, " s", top, "no page")}
 {bars("accuracy per framework", acc, "", 1.0)}
 <table><tr>{''.join(f'<th>{h}</th>' for h in HEAD)}</tr>{table}</table>
 </body></html>
