@@ -1,6 +1,9 @@
 """The env-driven fault knob the third-party jobs share (README.md). Kept apart
 so the scripts read like their tutorials; imports nothing of ddpwatch or torch."""
 import os
+import signal
+import sys
+import threading
 import time
 
 STEPS = int(os.environ.get("DDPWATCH_TEST_STEPS", "0"))  # 0: until killed
@@ -14,7 +17,14 @@ def _faults(kind):
 
 
 def maybe_hang(rank, step):
-    """hang:RANK:STEP - sleep for ever outside any collective."""
+    """hang:RANK:STEP - sleep for ever outside any collective. Says once that the
+    rank trains (its first step done): a harness that injects faults waits for
+    it (benchmarks/faultbench/jobs.py TRAINS), as a job still in DDP's set-up
+    is starting, not training."""
+    if step == 1:
+        print(f"thirdparty: rank={rank} step={step} trains", flush=True)
+    if _pending:
+        _act(_pending.pop())
     for fault_rank, fault_step in _faults("hang"):
         if rank == fault_rank and step == fault_step:
             print(f"thirdparty: rank {rank} hangs at step {step}", flush=True)
@@ -79,3 +89,70 @@ def announce(rank, local_rank, world_size):
     # line back in Ray's log deduplication until the job ended.
     print(f"thirdparty: rank={rank} local_rank={local_rank} world={world_size} "
           f"pid={os.getpid()}", flush=True)
+
+
+# DDPWATCH_TEST_ON_SIGUSR2=ACTION: a fault that happens when the rank is sent SIGUSR2,
+# so that a harness outside the job picks the moment (benchmarks/faults.py) and the
+# script stays as its tutorial wrote it. The action runs at the next step's start
+# (maybe_hang, outside any collective); ACTION-now runs it in the handler itself,
+# which Python calls in the main thread at its next bytecode: wherever the loop is,
+# inside backward() included. The actions follow NVRx's fault injector
+# (nvidia-resiliency-ext, fault_injector.py):
+#   raise        an exception in the loop (the rank exits with a traceback)
+#   async-raise  a thread raises it in the main thread (PyThreadState_SetAsyncExc)
+#   gil          a C call that holds the GIL for ever (libc pause() through ctypes.PyDLL)
+#   sleep        a sleep for ever outside any collective
+#   spin         a busy loop for ever at a place no step went before
+ON_SIGNAL = os.environ.get("DDPWATCH_TEST_ON_SIGUSR2", "")
+ACTION = ON_SIGNAL[:-len("-now")] if ON_SIGNAL.endswith("-now") else ON_SIGNAL
+_pending = []  # an action the signal asked for, done at the next step's start
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _say(action):
+    print(f"thirdparty: fault {ON_SIGNAL} pid={os.getpid()} at={time.time():.3f}", flush=True)
+
+
+def _spin_for_ever():
+    x = 0
+    while True:
+        x = (x * 31 + 7) % 1000003
+
+
+def _on_signal(signum, frame):
+    if ACTION == ON_SIGNAL:
+        _pending.append(ACTION)
+    else:
+        _act(ACTION)
+
+
+def _act(action):
+    _say(action)
+    if action == "raise":
+        raise InjectedFault("injected: an exception in the training loop")
+    if action == "async-raise":
+        import ctypes
+        main = threading.main_thread().ident
+
+        def throw():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main),
+                                                       ctypes.py_object(InjectedFault))
+        threading.Thread(target=throw, name="injector").start()
+        return
+    if action == "gil":
+        import ctypes
+        ctypes.PyDLL(None).pause()  # PyDLL keeps the GIL across the call
+    if action == "sleep":
+        while True:
+            time.sleep(3600)
+    if action == "spin":
+        _spin_for_ever()
+
+
+if ON_SIGNAL and threading.current_thread() is threading.main_thread():
+    if ACTION not in ("raise", "async-raise", "gil", "sleep", "spin"):
+        sys.exit(f"{__file__}: unknown DDPWATCH_TEST_ON_SIGUSR2={ON_SIGNAL!r}")
+    signal.signal(signal.SIGUSR2, _on_signal)
