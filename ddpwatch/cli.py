@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another node's daemon (http://HOST:PORT): judge with its ranks too, "
                    "as the daemon's peer view does (repeatable)")
     p.add_argument("--token", help="bearer token for --peer (default: $DDPWATCH_TOKEN)")
-    p.set_defaults(handler="diagnose")
+    p.set_defaults(handler="diagnose_node")  # with a pid: commands/diagnose.py
 
     p = sub.add_parser("run", help="the per-node daemon: watch every rank, serve /metrics "
                        "and /status, send alerts")

@@ -261,8 +261,7 @@ def main(args) -> int:
         judgement = classify.judge(history, rules, remote)
     else:
         if args.pid is None:
-            from . import diagnose_node  # the whole node: every job at once
-            return diagnose_node.main(args, rules)
+            raise errors.UsageError("give a pid, or --replay FILE")  # diagnose_node.main's
         ctx = ProbeContext(heartbeat_dir=args.dir)
         judgement, history, remote, refusal = collect(
             ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, args.native, rules,

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import errors
-from ..judge import classify
+from ..judge import classify, rules as rules_mod, stages
 from ..judge.vocabulary import BY_NAME, label
 from ..observe.jobs import discovery
 from ..observe.probes import ProbeContext
@@ -176,7 +176,14 @@ def as_json(result: NodeResult) -> dict:
     return doc
 
 
-def main(args, rules) -> int:
+def main(args) -> int:
+    """The `diagnose` command: one job's with a pid or --replay (diagnose.main),
+    else the node's."""
+    if args.pid is not None or args.replay:
+        return one.main(args)
+    rules = rules_mod.load_default(args.rules)
+    for note in stages.deprecations(rules):  # an old --rules file: what replaces it
+        print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)
     for flag in ("save_snapshot", "peer"):
         if getattr(args, flag):
             raise errors.UsageError(f"--{flag.replace('_', '-')} needs a pid: it is about one job")
