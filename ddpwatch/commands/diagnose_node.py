@@ -176,10 +176,20 @@ def as_json(result: NodeResult) -> dict:
     return doc
 
 
+def _one_job(ctx: ProbeContext, args, rules) -> dict:
+    """`diagnose <pid> --json` of the job, with its key: one look of --watch."""
+    judgement, history, _, refusal = one.collect(ctx, args.pid, args.window,
+                                                 not args.no_stacks, 0.0, args.native, rules)
+    return dict(one.job_json(judgement, history[-1], refusal),
+                key=discovery.job_key(history[-1].job))
+
+
 def main(args) -> int:
     """The `diagnose` command: one job's with a pid or --replay (diagnose.main),
     else the node's."""
-    if args.pid is not None or args.replay:
+    if args.watch and args.replay:
+        raise errors.UsageError("--watch looks at running jobs: not with --replay")
+    if (args.pid is not None and not args.watch) or args.replay:
         return one.main(args)
     rules = rules_mod.load_default(args.rules)
     for note in stages.deprecations(rules):  # an old --rules file: what replaces it
@@ -188,10 +198,12 @@ def main(args) -> int:
         if getattr(args, flag):
             raise errors.UsageError(f"--{flag.replace('_', '-')} needs a pid: it is about one job")
     ctx = ProbeContext(heartbeat_dir=args.dir)
-    if getattr(args, "watch", False):
+    if args.watch:
         from . import live
-        return live.diagnose_watch(args, lambda: collect(ctx, args.window, not args.no_stacks,
-                                                         rules))
+        if args.pid is not None:
+            return live.diagnose_watch(lambda: [_one_job(ctx, args, rules)])
+        return live.diagnose_watch(lambda: as_json(collect(ctx, args.window, not args.no_stacks,
+                                                           rules))["jobs"])
     result = collect(ctx, args.window if math.isfinite(args.window) else 1.0,
                      not args.no_stacks, rules, seen_all=args.all)
     if args.json:
