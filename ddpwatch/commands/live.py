@@ -6,6 +6,7 @@ blocks on a pipe. q or Ctrl-C ends it."""
 from __future__ import annotations
 
 import curses
+import os
 import sys
 import threading
 import time
@@ -90,6 +91,7 @@ def _screen(screen, feed: Feed, board: Board) -> None:
                 and key != curses.KEY_RESIZE:
             continue
         drawn, drawn_at = feed.version, time.monotonic()
+        _follow_size(screen)
         screen.erase()
         height, width = screen.getmaxyx()
         lines = _lines(feed, board)
@@ -102,6 +104,17 @@ def _screen(screen, feed: Feed, board: Board) -> None:
         screen.addnstr(height - 1, 0, f"{time.strftime('%H:%M:%S')}  q quits; changed "
                        f"lines are reversed and marked *", width - 1, curses.A_DIM)
         screen.refresh()
+
+
+def _follow_size(screen) -> None:
+    """The terminal's size now: one resized before curses began to listen for
+    SIGWINCH (tmux sizes a new pane after starting its program) sends none."""
+    try:
+        size = os.get_terminal_size(sys.__stdout__.fileno())
+    except OSError:
+        return
+    if (size.lines, size.columns) != screen.getmaxyx():
+        curses.resize_term(size.lines, size.columns)
 
 
 def status_watch(args, fetch_status) -> int:
