@@ -145,11 +145,12 @@ def as_text(result: NodeResult) -> str:
                           f"{one.job_text(entry.judgement, entry.last, None)}\n")
     if not result.jobs:
         blocks.append("no DDP job on this node" + (" of yours" if result.others_hidden else ""))
-    said = []
-    for entry in result.jobs:  # each missing evidence and its remedy, once
-        if entry.refusal is not None and entry.refusal.line() not in said:
-            said.append(entry.refusal.line())
-    blocks += said
+    by_remedy: dict[str, list[str]] = {}
+    for entry in result.jobs:  # the missing evidence, once a remedy for all jobs
+        if entry.refusal is not None:
+            by_remedy.setdefault(entry.refusal.remedy, []).append(entry.refusal.missing)
+    blocks += [ptrace.Refusal("; ".join(missing), remedy).line()
+               for remedy, missing in by_remedy.items()]
     if result.others_hidden:
         blocks.append(f"only your jobs (uid {os.geteuid()}) are shown: other users' jobs "
                       f"need root ({result.hidden_remedy})")
