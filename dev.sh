@@ -11,10 +11,11 @@ cd "$(dirname "$0")"
 # checked against what the probes really call (tests/hostile/test_hostile_surface.py);
 # openmpi-bin: a real mpirun job (tests/thirdparty/test_thirdparty_jobs.py); mmdebstrap, podman,
 # runc: the container image is built and run beside a real job (deploy/image,
-# tests/deploy/test_deploy.py; runc where crun refuses the host's cgroups). kubectl,
+# tests/deploy/test_deploy.py; runc where crun refuses the host's cgroups); tmux: the
+# live view driven in a real terminal (tests/diagnose/test_diagnose_live.py). kubectl,
 # which renders deploy/kubernetes, is no Debian package: these machines come with it
 DEBIAN_PACKAGES=(prometheus prometheus-alertmanager iptables iproute2 chromium systemd strace openmpi-bin slurm-wlm
-                 util-linux mmdebstrap podman runc)
+                 util-linux mmdebstrap podman runc tmux)
 VENV=.venv
 
 setup() {

@@ -22,10 +22,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include records of finished runs")
     p.set_defaults(handler="ranks")
 
-    p = sub.add_parser("diagnose", help="judge the job of a pid once: culprit, evidence, remedy")
+    p = sub.add_parser("diagnose", help="judge every job on this node once (or the job of a "
+                       "pid): culprit, evidence, remedy")
     p.add_argument("pid", nargs="?", type=int, help="any pid of the job: a rank, the torchrun "
-                   "agent, or a spawn parent")
-    p.add_argument("--json", action="store_true", help="print {job, ranks[]} as JSON")
+                   "agent, or a spawn parent (default: every job on this node)")
+    p.add_argument("--json", action="store_true", help="print {job, ranks[]} as JSON; "
+                   'without a pid {"jobs": [...]}')
+    p.add_argument("--all", action="store_true", help="without a pid: list the Python "
+                   "processes seen too, and why each is no rank")
+    p.add_argument("--watch", action="store_true", help="without a pid: a live view of the "
+                   "node's jobs, judged again each second (plain lines when not a terminal)")
     p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot history instead")
     p.add_argument("--save-snapshot", metavar="FILE", help="save what was observed as JSON")
     p.add_argument("--rules", metavar="FILE", action="append", help="add or override rules "
@@ -45,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another node's daemon (http://HOST:PORT): judge with its ranks too, "
                    "as the daemon's peer view does (repeatable)")
     p.add_argument("--token", help="bearer token for --peer (default: $DDPWATCH_TOKEN)")
-    p.set_defaults(handler="diagnose")
+    p.set_defaults(handler="diagnose_node")  # with a pid: commands/diagnose.py
 
     p = sub.add_parser("run", help="the per-node daemon: watch every rank, serve /metrics "
                        "and /status, send alerts")
@@ -59,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default="http://127.0.0.1:19500", help="daemon base URL")
     p.add_argument("--token", help="bearer token (default: $DDPWATCH_TOKEN)")
     p.add_argument("--json", action="store_true", help="print /status as it is")
+    p.add_argument("--watch", action="store_true", help="a live view, read again each second "
+                   "(plain lines when not a terminal)")
     p.set_defaults(handler="status")
 
     p = sub.add_parser("preflight", help="the network checklist before a multi-node launch: "

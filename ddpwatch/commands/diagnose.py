@@ -14,12 +14,13 @@ import time
 from ..judge import classify, rules as rules_mod, stages
 from ..observe.jobs import discovery
 from .. import errors
-from ..publish import report
+from ..publish import report, stackless
 from ..publish.terminal import printable_lines
 from ..judge import signals
 from ..judge.vocabulary import FINE
 from ..observe.window.duty import DutyWatch
 from ..observe.system.netns import net_ns
+from ..observe.system import ptrace
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.sampler import Sampler, Survey
 from ..observe.jobs.job import Job
@@ -100,10 +101,11 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
     samples' stacks with native frames (--native). `peers(last)`: the signals
     of the job's ranks on other nodes (main: the daemons of --peer, asked
     about `last`'s job)."""
-    enabled = (lambda name: True) if with_stacks else (lambda name: name != "stacks")
+    switch = StacksSwitch(with_stacks)
     # the capture watches the whole window (opened with the sampler)
-    with Sampler(ctx, enabled, options={"stacks": {"native": native}}) as sampler:
+    with Sampler(ctx, switch.enabled, options={"stacks": {"native": native}}) as sampler:
         job = find_job(ctx, sampler.survey(), pid)
+        switch.refusal = switch.check(ctx, job)
         if _all_elsewhere(ctx.procfs, job):  # ranks on a namespace node: its wire
             sampler.probe("traffic").capture_net_of(ctx, pid)
         first = sample(sampler, job)
@@ -116,7 +118,24 @@ def collect(ctx: ProbeContext, pid: int, window_s: float, with_stacks: bool,
         remote = peers(second)
         judgement, history = closest(sampler, survey, first, second,
                                      lambda h: classify.judge(h, rules, remote))
-        return judgement, history, remote
+        refusal = switch.refusal or (stackless.refused_dump(history[-1]) if with_stacks
+                                     else None)
+        return stackless.mark(judgement, refusal), history, remote, refusal
+
+
+class StacksSwitch:
+    """Whether the stacks probe runs for the job being looked at: off when asked
+    (--no-stacks) or when the kernel would refuse the attach (`check`); the
+    sampler asks `enabled` at each look, so one sampler serves a node's jobs."""
+
+    def __init__(self, wanted: bool):
+        self.wanted, self.refusal = wanted, None
+
+    def enabled(self, name: str) -> bool:
+        return name != "stacks" or (self.wanted and self.refusal is None)
+
+    def check(self, ctx: ProbeContext, job: Job) -> ptrace.Refusal | None:
+        return ptrace.job_refusal(ctx.procfs, job.rank_pids) if self.wanted else None
 
 
 def closest(sampler: Sampler, survey: Survey, first: Snapshot, second: Snapshot, judge):
@@ -151,23 +170,38 @@ def _all_elsewhere(procfs: str, job: Job) -> bool:
 
 def _watched(ctx: ProbeContext, sampler: Sampler, job: Job,
              deadline: float) -> tuple[Snapshot, Survey]:
-    """The second sample, in detail, and the survey it was taken in: the ranks'
-    states read every DUTY_INTERVAL_S until then (observe/window/duty.py) and
-    their stacks dumped in between (observe/window/window_stacks.py): the
-    window's evidence, not two points (`closest` adds the last stacks)."""
-    watch = DutyWatch(job.rank_pids, ctx.clock, ctx.procfs)
-    dumps = WindowStacks(ctx, job.rank_pids, dump_times(ctx.clock(), deadline)
-                         if sampler.enabled("stacks") else ())
-    watch.read()
+    """The second sample, in detail, and the survey it was taken in (`watched`
+    for one job)."""
+    (second,), survey = watched(ctx, sampler, (job,), deadline)
+    return second, survey
+
+
+def watched(ctx: ProbeContext, sampler: Sampler, jobs, deadline: float,
+            stacks=lambda job: True) -> tuple[tuple[Snapshot, ...], Survey]:
+    """The second sample of each of `jobs`, in detail, and the survey they were
+    taken in: the ranks' states read every DUTY_INTERVAL_S until `deadline`
+    (observe/window/duty.py) and their stacks dumped in between
+    (observe/window/window_stacks.py; only for the jobs `stacks(job)` allows):
+    the window's evidence, not two points (`closest` adds the last stacks).
+    All jobs share the one window: a node's jobs are judged together, not one
+    after the other."""
+    watches = [DutyWatch(job.rank_pids, ctx.clock, ctx.procfs) for job in jobs]
+    dumps = [WindowStacks(ctx, job.rank_pids, dump_times(ctx.clock(), deadline)
+                          if sampler.enabled("stacks") and stacks(job) else ())
+             for job in jobs]
+    for watch in watches:
+        watch.read()
     try:
         while ctx.clock() < deadline:
             time.sleep(min(DUTY_INTERVAL_S, max(deadline - ctx.clock(), 0)))
-            watch.read()
+            for watch in watches:
+                watch.read()
     finally:
-        middle = dumps.stop()
+        middles = [d.stop() for d in dumps]
     survey = sampler.survey()
-    return dataclasses.replace(sample(sampler, job, Look.DETAIL, survey), duty=watch.freeze(),
-                               window_stacks=middle), survey
+    return tuple(dataclasses.replace(sample(sampler, job, Look.DETAIL, survey),
+                                     duty=watch.freeze(), window_stacks=middle)
+                 for job, watch, middle in zip(jobs, watches, middles)), survey
 
 
 def _sleep_until(ctx: ProbeContext, deadline: float) -> None:
@@ -219,6 +253,7 @@ def main(args) -> int:
     rules = rules_mod.load_default(args.rules)
     for note in stages.deprecations(rules):  # an old --rules file: what replaces it
         print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)
+    refusal = None
     if args.replay:
         history = load(args.replay)
         # the peers asked now, else those the saved judgement was made with
@@ -226,16 +261,29 @@ def main(args) -> int:
         judgement = classify.judge(history, rules, remote)
     else:
         if args.pid is None:
-            raise errors.UsageError("give a pid, or --replay FILE")
+            raise errors.UsageError("give a pid, or --replay FILE")  # diagnose_node.main's
         ctx = ProbeContext(heartbeat_dir=args.dir)
-        judgement, history, remote = collect(
+        judgement, history, remote, refusal = collect(
             ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, args.native, rules,
             lambda last: peer_signals(args, last))
     if args.save_snapshot:
         save(history, args.save_snapshot, remote)
     if args.json:
-        print(json.dumps(report.as_json(judgement, history[-1]), indent=2))
+        print(json.dumps(job_json(judgement, history[-1], refusal), indent=2))
     else:
-        print(printable_lines(report.as_text(judgement, history[-1])))
+        print(printable_lines(job_text(judgement, history[-1], refusal)))
+    return exit_code(judgement)
+
+
+def job_json(judgement, last: Snapshot, refusal=None) -> dict:
+    return dict(report.as_json(judgement, last), stacks=stackless.as_json(refusal))
+
+
+def job_text(judgement, last: Snapshot, refusal=None) -> str:
+    text = report.as_text(judgement, last)
+    return text if refusal is None else f"{text}\n\n{refusal.line()}"
+
+
+def exit_code(judgement) -> int:
     return errors.OK if judgement.job.verdict in FINE and not any(
         f.severity != "info" for r in judgement.ranks for f in r.findings) else errors.PROBLEM_FOUND

@@ -75,6 +75,12 @@ def _lines(doc: dict) -> list[str]:
 
 
 def main(args) -> int:
-    doc = fetch(args.url, args.token or os.environ.get("DDPWATCH_TOKEN"))
+    token = args.token or os.environ.get("DDPWATCH_TOKEN")
+    if args.watch:
+        if args.json:
+            raise errors.UsageError("--watch draws a view: not with --json")
+        from . import live
+        return live.status_watch(args, lambda: fetch(args.url, token))
+    doc = fetch(args.url, token)
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return errors.OK

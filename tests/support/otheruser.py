@@ -27,6 +27,9 @@ NOBODY = 65534
 # distributions whose files the package imports or runs (setup.cfg's install_requires)
 DISTRIBUTIONS = ("psutil", "PyYAML", "prometheus-client", "py-spy")
 MINOR = f"python{sys.version_info.major}.{sys.version_info.minor}"
+# the system's interpreter of our minor version: one any user can run (jobs as
+# uid 65534 that exec it again, as mp.spawn does, tests/diagnose/test_diagnose_node.py)
+SYSTEM_PYTHON = f"/usr/bin/{MINOR}"
 # parts of a standard library no test runs (a third of its size)
 STDLIB_SKIP = ("site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo",
                "ensurepip", "lib2to3", "config-*")

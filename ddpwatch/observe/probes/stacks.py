@@ -282,3 +282,12 @@ def _worker_dumps(ctx: ProbeContext, py_spy: str, seen: Pass, pids: tuple[int, .
 
 def from_json(obj) -> Stacks:
     return codec.from_json(Stacks, obj)
+
+
+def refused(error: str) -> bool:
+    """Whether a failed dump's `error` is the kernel refusing the attach, not a
+    py-spy failure: py-spy 0.4.3 says "Permission Denied: Try running again with
+    elevated permissions" (measured as uid 65534 on its own process after
+    prctl(PR_SET_DUMPABLE, 0): tests/diagnose/test_diagnose_node.py)."""
+    text = error.lower()
+    return "permission denied" in text or "operation not permitted" in text
