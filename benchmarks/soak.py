@@ -471,6 +471,7 @@ def pause_hangs(soak: Soak, timeout: float = 180.0) -> dict[str, dict]:
                          "pages": len(firing)}
         finally:
             job.close()
+            del soak.jobs[name]  # its log is closed: the jobs looked up by pid are live ones
             if server is not None:
                 server.close()
     return out
