@@ -20,6 +20,7 @@ import time
 
 from .judge import classify, rules as rules_mod, stages, vocabulary
 from .observe.jobs import discovery
+from .observe.budget import MAX_JOBS_PER_UID
 from .observe.system import programs
 from .observe.window.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
@@ -55,7 +56,6 @@ def collect_less() -> None:
 
 
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
-MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
 
 
 def boot_time() -> float:

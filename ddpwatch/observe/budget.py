@@ -36,6 +36,29 @@ MAX_THREADS = 128    # a rank's threads read a pass (a rank has tens; see duty.p
 MAX_DUMP_THREADS = 1024
 MAX_ADDRESSES = 256  # addresses kept of one namespace's `ip addr`
 MAX_OUTPUT = 1 << 20  # bytes kept of a helper program's output
+MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
+
+
+def left_out_kinds() -> dict[str, str]:
+    """`what` -> what ddpwatch_left_out_total{what} counts, its limits read from
+    the constants the code applies, so the metric's help cannot name others
+    (tests/unit/publish/test_metrics.py)."""
+    return {
+        "jobs": f"a user's jobs past {MAX_JOBS_PER_UID} but root's, not watched",
+        "netns": (f"a user's network namespaces past {PER_UID['netns']} a pass "
+                  f"({TOTAL['netns']} in all) whose socket tables were not read"),
+        "helper_runs": (f"ss/ip runs past {PER_UID['helper_runs']} per user a pass "
+                        f"({TOTAL['helper_runs']} in all)"),
+        "fds": f"a rank's open files past {MAX_FDS}",
+        "threads": (f"a rank's threads past {MAX_THREADS} a pass, and those of a process "
+                    f"of more than {MAX_DUMP_THREADS} not dumped"),
+    }
+
+
+def left_out_help() -> str:
+    kinds = "; ".join(f"{what}: {meaning}" for what, meaning in left_out_kinds().items())
+    return ("What the daemon's per-pass budgets left unread since it started, so that no "
+            f"user's processes make its ticks long (observe/budget.py). {kinds}.")
 
 
 class PassBudget:

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..judge.signals.heartbeat import arrival_lateness
+from ..observe import budget
 from ..heartbeat import Record
 from ..judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from .view import DaemonView, IncidentState, JobView
@@ -35,7 +36,7 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
-LEFT_OUT = ("fds", "helper_runs", "jobs", "netns", "threads")  # observe/budget.py
+LEFT_OUT = tuple(sorted(budget.left_out_kinds()))
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
@@ -78,12 +79,7 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_stack_dumps_total": ("counter", (), (
         "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
         "is not dumped).")),
-    "ddpwatch_left_out_total": ("counter", ("what",), (
-        "What the daemon's per-pass budgets left unread since it started, so that no user's "
-        "processes make its ticks long (observe/budget.py): jobs (a user's jobs past 8 but "
-        "root's), netns (a user's network "
-        "namespaces past 8 a pass), helper_runs (ss/ip runs past 4 per user), fds (a "
-        "rank's open files past 4096), threads (a rank's threads past 512).")),
+    "ddpwatch_left_out_total": ("counter", ("what",), budget.left_out_help()),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
         "started: busy_503 (every worker of the request's class busy), evicted (too many "
