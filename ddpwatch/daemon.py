@@ -26,6 +26,7 @@ from .observe.window.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
 from .publish.evidence import Evidence
+from .publish.label_budget import LabelBudget
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
@@ -102,6 +103,7 @@ class Daemon:
         self.looks_kept = 0  # ticks that kept a steady job's last look (ddpwatch_looks_kept_total)
         # ranks seen ending, and jobs held after a rank's death took them away
         self.departures = Departures()
+        self.label_budget = LabelBudget()  # ddp_job values per user (publish/label_budget.py)
         self.sampler = self._make_sampler(config)
         self._tick = 0
         # Set from the HTTP threads (GET /status?stacks=1, `request_stacks`): the
@@ -205,8 +207,9 @@ class Daemon:
         live = []
         for job in jobs:
             owner, run_id = discovery.owner_key(job, table), discovery.job_key(job)
-            live.append((owner, self._watched(owner).name(labels.get(owner) or run_id, run_id),
-                         job))
+            label = self._watched(owner).name(labels.get(owner) or run_id, run_id)
+            # a user's label values are bounded (publish/label_budget.py)
+            live.append((owner, self.label_budget.label(owner, label, self.clock()), job))
         exits = self._survey.exits if self._survey is not None else None
         # only the jobs' ranks and launchers are asked about (departures.py)
         foreground = frozenset(pid for _, _, job in live
@@ -248,7 +251,8 @@ class Daemon:
             if self.dispatcher is not None else None,
             alerting_jobs=self._alerting(),
             webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
-            stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out(),
+            stack_dumps=self.sampler.stack_dumps,
+            left_out=self.sampler.left_out() | {"job_labels": self.label_budget.left_out},
             looks_kept=self.looks_kept)
         return self.view
 
@@ -395,6 +399,7 @@ class Daemon:
         for key in gone:
             del self.watched[key]
         self.between.forget(gone)
+        self.label_budget.forget(gone)
 
     def _incidents(self, by_key: dict) -> None:
         """by_key: owner key -> this tick's JobView."""

@@ -37,6 +37,10 @@ MAX_DUMP_THREADS = 1024
 MAX_ADDRESSES = 256  # addresses kept of one namespace's `ip addr`
 MAX_OUTPUT = 1 << 20  # bytes kept of a helper program's output
 MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
+# ddp_job label values per user but root: as many at once as jobs watched, one
+# more each LABEL_REFILL_S (publish/label_budget.py)
+MAX_LABELS_PER_UID = MAX_JOBS_PER_UID
+LABEL_REFILL_S = 60.0
 
 
 def left_out_kinds() -> dict[str, str]:
@@ -49,6 +53,9 @@ def left_out_kinds() -> dict[str, str]:
                   f"({TOTAL['netns']} in all) whose socket tables were not read"),
         "helper_runs": (f"ss/ip runs past {PER_UID['helper_runs']} per user a pass "
                         f"({TOTAL['helper_runs']} in all)"),
+        "job_labels": (f"jobs published as uid<N>-overflow: past their user's "
+                       f"{MAX_LABELS_PER_UID} ddp_job values, one more each "
+                       f"{LABEL_REFILL_S:g} s"),
         "fds": f"a rank's open files past {MAX_FDS}",
         "threads": (f"a rank's threads past {MAX_THREADS} a pass, and those of a process "
                     f"of more than {MAX_DUMP_THREADS} not dumped"),

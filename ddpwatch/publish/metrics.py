@@ -340,7 +340,14 @@ def families(view: DaemonView | None, errors: int = 0,
     rows.append(("ddpwatch_ready", (), float(ready)))
     if ready:
         rows += _daemon_rows(view)
+        exported = set()
         for jv in view.jobs:
+            # jobs past their user's label values share one (publish/label_budget.py):
+            # the first in the view's order (the most severe) speaks for it, or
+            # /metrics would hold two series alike
+            if jv.key in exported:
+                continue
+            exported.add(jv.key)
             try:
                 rows += _job_rows(jv)
             except Exception:  # one job must not break the scrape
