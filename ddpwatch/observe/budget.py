@@ -37,6 +37,10 @@ MAX_DUMP_THREADS = 1024
 MAX_ADDRESSES = 256  # addresses kept of one namespace's `ip addr`
 MAX_OUTPUT = 1 << 20  # bytes kept of a helper program's output
 MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
+# Python processes and launchers a user but root may have read each pass
+# (observe/jobs/proctable.py `set_aside`): 8 jobs of 64 ranks, each with a few
+# DataLoader workers, fit
+MAX_PYTHON_PER_UID = 512
 # ddp_job label values per user but root: as many at once as jobs watched, one
 # more each LABEL_REFILL_S (publish/label_budget.py)
 MAX_LABELS_PER_UID = MAX_JOBS_PER_UID
@@ -56,6 +60,8 @@ def left_out_kinds() -> dict[str, str]:
         "job_labels": (f"jobs published as uid<N>-overflow: past their user's "
                        f"{MAX_LABELS_PER_UID} ddp_job values, one more each "
                        f"{LABEL_REFILL_S:g} s"),
+        "processes": (f"a user's Python processes and launchers past {MAX_PYTHON_PER_UID}, "
+                      f"not read each pass (each counted once)"),
         "fds": f"a rank's open files past {MAX_FDS}",
         "threads": (f"a rank's threads past {MAX_THREADS} a pass, and those of a process "
                     f"of more than {MAX_DUMP_THREADS} not dumped"),

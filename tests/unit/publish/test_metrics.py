@@ -310,7 +310,7 @@ def test_left_out_help_names_the_limits_the_code_applies():
     applied = {budget.PER_UID["netns"], budget.TOTAL["netns"], budget.PER_UID["helper_runs"],
                budget.TOTAL["helper_runs"], budget.MAX_FDS, budget.MAX_THREADS,
                budget.MAX_DUMP_THREADS, budget.MAX_JOBS_PER_UID, budget.MAX_LABELS_PER_UID,
-               int(budget.LABEL_REFILL_S)}
+               int(budget.LABEL_REFILL_S), budget.MAX_PYTHON_PER_UID}
     numbers = {int(n) for n in re.findall(r"\b\d+\b", family.documentation)}
     assert numbers == applied, family.documentation
     assert f"namespaces past {budget.PER_UID['netns']} a pass" in family.documentation
