@@ -139,6 +139,11 @@ class Daemon:
     def _may_open(self, key: str, verdict: str) -> str:
         """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
         watched = self.watched.get(key)
+        # a job that only claims ranks (no record, no socket, never healthy);
+        # without the sockets probe nothing could show one, so nothing is held
+        if (watched is not None and not (watched.shown or watched.worked)
+                and self.config.probe_on("sockets")):
+            return "claims_only"
         if limits.too_young(verdict, limits.life_s(key, watched and watched.alive_at),
                             self.config.min_life_s, bool(watched and watched.worked)):
             return "young"
@@ -367,6 +372,7 @@ class Daemon:
         # a pause past what is normal for this job is a hang (judge/overtime.py)
         judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
         watched.worked |= judgement.job.verdict == "healthy"
+        watched.shown = watched.shown or limits.shows_a_job(last)
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy" or requested)
         view = JobView(label, judgement, last, over, owner=key, run_id=watched.run_id or label)

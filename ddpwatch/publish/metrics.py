@@ -40,7 +40,7 @@ LEFT_OUT = tuple(sorted(budget.left_out_kinds()))
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
-LIMITED = ("uid_rate", "young")  # why an incident was held back (daemon._may_open)
+LIMITED = ("claims_only", "uid_rate", "young")  # why an incident was held back (daemon._may_open)
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")
 
@@ -95,7 +95,8 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Incidents opened since the daemon started, by the verdict that opened them.")),
     "ddpwatch_incidents_limited_total": ("counter", ("reason",), (
         "Jobs whose problem opened no incident when it would have, since the daemon started: "
-        "young (a death of a job that lived less than min_life_s), uid_rate (its owner's "
+        "claims_only (a job no look saw more of than ranks claimed in an environment: no "
+        "heartbeat record, no socket, never healthy), young (a death of a job that lived less than min_life_s), uid_rate (its owner's "
         "uid used up uid_incidents; it opens when the uid's bucket refills, if it still "
         "stands).")),
     "ddpwatch_bundles_limited_total": ("counter", (), (
