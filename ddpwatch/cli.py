@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", metavar="URL", action="append", default=[],
                    help="another node's daemon (http://HOST:PORT): judge with its ranks too, "
                    "as the daemon's peer view does (repeatable)")
-    p.add_argument("--token", help="bearer token for --peer (default: $DDPWATCH_TOKEN)")
+    p.add_argument("--token-file", metavar="FILE", help="a file holding the token for --peer "
+                   "(default: $DDPWATCH_TOKEN)")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused: commands/token.py
     p.set_defaults(handler="diagnose_node")  # with a pid: commands/diagnose.py
 
     p = sub.add_parser("run", help="the per-node daemon: watch every rank, serve /metrics "
@@ -63,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="the daemon's current view as a table")
     p.add_argument("--url", default="http://127.0.0.1:19500", help="daemon base URL")
-    p.add_argument("--token", help="bearer token (default: $DDPWATCH_TOKEN)")
+    p.add_argument("--token-file", metavar="FILE", help="a file holding the daemon's token "
+                   "(default: $DDPWATCH_TOKEN)")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused: commands/token.py
     p.add_argument("--json", action="store_true", help="print /status as it is")
     p.add_argument("--watch", action="store_true", help="a live view, read again each second "
                    "(plain lines when not a terminal)")

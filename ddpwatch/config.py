@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from . import yamlfile
+from .signed import strength
 from .errors import ConfigError
 from .observe.probes import load_all as load_probes
 from .judge.vocabulary import PROBLEMS  # job verdicts an incident can be opened for
@@ -335,6 +336,14 @@ def _validate(c: Config, lines: dict | None = None) -> None:
         raise ConfigError(f"{at('listen', 'token')}: listen: {c.listen} is not loopback: set a "
                           f"token (token: or $DDPWATCH_TOKEN) so /status is not open to the "
                           f"network")
+    if not is_loopback(host):
+        # off loopback a captured signed request is an offline guessing game
+        # (signed/strength.py); the value itself is never shown (SECRETS)
+        for key in ("token", "peer_token"):
+            why = strength.weakness(getattr(c, key)) if getattr(c, key) else None
+            if why:
+                raise ConfigError(f"{at(key)}: {key}: {why} (listen: {c.listen} is not "
+                                  f"loopback)")
 
 
 def is_loopback(host: str) -> bool:

@@ -20,11 +20,13 @@ import time
 
 from .judge import classify, rules as rules_mod, stages, vocabulary
 from .observe.jobs import discovery
+from .observe.budget import MAX_JOBS_PER_UID
 from .observe.system import programs
 from .observe.window.between import BetweenTicks
 from .publish.alerts.route import AlertRoute, alert_for, route_open
 from .publish import limits
 from .publish.evidence import Evidence
+from .publish.label_budget import LabelBudget
 from .config import Config
 from .heartbeat.paths import record_dirs
 from .publish import incident_store
@@ -55,7 +57,6 @@ def collect_less() -> None:
 
 
 ALL_JOBS = "all"  # stacks_requested: every job, whoever owns it
-MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
 
 
 def boot_time() -> float:
@@ -102,6 +103,7 @@ class Daemon:
         self.looks_kept = 0  # ticks that kept a steady job's last look (ddpwatch_looks_kept_total)
         # ranks seen ending, and jobs held after a rank's death took them away
         self.departures = Departures()
+        self.label_budget = LabelBudget()  # ddp_job values per user (publish/label_budget.py)
         self.sampler = self._make_sampler(config)
         self._tick = 0
         # Set from the HTTP threads (GET /status?stacks=1, `request_stacks`): the
@@ -137,6 +139,11 @@ class Daemon:
     def _may_open(self, key: str, verdict: str) -> str:
         """IncidentBook's gate: "" to open `key`'s incident now, else why not."""
         watched = self.watched.get(key)
+        # a job that only claims ranks (no record, no socket, never healthy);
+        # without the sockets probe nothing could show one, so nothing is held
+        if (watched is not None and not (watched.shown or watched.worked)
+                and self.config.probe_on("sockets")):
+            return "claims_only"
         if limits.too_young(verdict, limits.life_s(key, watched and watched.alive_at),
                             self.config.min_life_s, bool(watched and watched.worked)):
             return "young"
@@ -205,8 +212,9 @@ class Daemon:
         live = []
         for job in jobs:
             owner, run_id = discovery.owner_key(job, table), discovery.job_key(job)
-            live.append((owner, self._watched(owner).name(labels.get(owner) or run_id, run_id),
-                         job))
+            label = self._watched(owner).name(labels.get(owner) or run_id, run_id)
+            # a user's label values are bounded (publish/label_budget.py)
+            live.append((owner, self.label_budget.label(owner, label, self.clock()), job))
         exits = self._survey.exits if self._survey is not None else None
         # only the jobs' ranks and launchers are asked about (departures.py)
         foreground = frozenset(pid for _, _, job in live
@@ -248,7 +256,8 @@ class Daemon:
             if self.dispatcher is not None else None,
             alerting_jobs=self._alerting(),
             webhooks=self.dispatcher is not None, stage_failures=dict(self.stage_failures),
-            stack_dumps=self.sampler.stack_dumps, left_out=self.sampler.left_out(),
+            stack_dumps=self.sampler.stack_dumps,
+            left_out=self.sampler.left_out() | {"job_labels": self.label_budget.left_out},
             looks_kept=self.looks_kept)
         return self.view
 
@@ -363,6 +372,7 @@ class Daemon:
         # a pause past what is normal for this job is a hang (judge/overtime.py)
         judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
         watched.worked |= judgement.job.verdict == "healthy"
+        watched.shown = watched.shown or limits.shows_a_job(last)
         # read healthy jobs' main threads now and then, the others' every thread often
         self.between.watch(key, closely=judgement.job.verdict != "healthy" or requested)
         view = JobView(label, judgement, last, over, owner=key, run_id=watched.run_id or label)
@@ -395,6 +405,7 @@ class Daemon:
         for key in gone:
             del self.watched[key]
         self.between.forget(gone)
+        self.label_budget.forget(gone)
 
     def _incidents(self, by_key: dict) -> None:
         """by_key: owner key -> this tick's JobView."""

@@ -28,6 +28,7 @@ from ..observe.snapshot import Snapshot, load, load_remote, save
 from ..observe.window.window_stacks import WindowStacks, dump_times
 from ..watch import look
 from ..watch.job import WatchedJob
+from .token import token
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
@@ -239,7 +240,7 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
     for url in args.peer:
         if not PEER_URL.fullmatch(url):
             raise errors.UsageError(f"--peer {url!r} is not a daemon's base URL (http://HOST:PORT)")
-    poller = PeerPoller(args.peer, args.token or os.environ.get("DDPWATCH_TOKEN", ""),
+    poller = PeerPoller(args.peer, token(args),
                         timeout_s=5.0, max_age_s=60.0)
     poller.poll_once()
     for state in poller.states():
@@ -250,6 +251,7 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
 
 
 def main(args) -> int:
+    token(args)  # a token on the command line is refused before anything is watched
     rules = rules_mod.load_default(args.rules)
     for note in stages.deprecations(rules):  # an old --rules file: what replaces it
         print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)

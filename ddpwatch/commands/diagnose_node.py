@@ -24,6 +24,7 @@ from ..observe.system import ptrace
 from ..publish import stackless
 from ..publish.terminal import printable, printable_lines
 from . import diagnose as one
+from .token import token
 from ..observe.jobs import nonrank
 
 
@@ -192,6 +193,7 @@ def main(args) -> int:
         raise errors.UsageError("--watch looks at running jobs: not with --replay")
     if (args.pid is not None and not args.watch) or args.replay:
         return one.main(args)
+    token(args)  # a token on the command line is refused, whatever the form (commands/token.py)
     rules = rules_mod.load_default(args.rules)
     for note in stages.deprecations(rules):  # an old --rules file: what replaces it
         print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)

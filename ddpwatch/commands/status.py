@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 
 from .. import errors
 from ..signed import client
+from .token import token
 from ..publish.terminal import printable
 
 COLUMNS = ("JOB", "NODE", "RANK", "PID", "VERDICT", "ROLE", "CONF", "FINDINGS")
@@ -29,7 +29,7 @@ def fetch(url: str, token: str | None) -> dict:
                 pass
             raise errors.NoPermission(f"{url}: the daemon refused the request "
                                       f"({printable(why.strip())}): give its token "
-                                      f"(--token or $DDPWATCH_TOKEN)") from err
+                                      f"(--token-file FILE or $DDPWATCH_TOKEN)") from err
         raise errors.Unavailable(f"{url}: HTTP {err.code}") from err
     except client.TooLarge as err:
         raise errors.Unavailable(f"{url}: {err}") from err
@@ -75,12 +75,12 @@ def _lines(doc: dict) -> list[str]:
 
 
 def main(args) -> int:
-    token = args.token or os.environ.get("DDPWATCH_TOKEN")
     if args.watch:
         if args.json:
             raise errors.UsageError("--watch draws a view: not with --json")
         from . import live
-        return live.status_watch(args, lambda: fetch(args.url, token))
-    doc = fetch(args.url, token)
+        secret = token(args)
+        return live.status_watch(args, lambda: fetch(args.url, secret))
+    doc = fetch(args.url, token(args))
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return errors.OK

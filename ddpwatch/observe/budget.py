@@ -39,6 +39,43 @@ MAX_WORKERS = 16
 MAX_DUMP_THREADS = 1024
 MAX_ADDRESSES = 256  # addresses kept of one namespace's `ip addr`
 MAX_OUTPUT = 1 << 20  # bytes kept of a helper program's output
+MAX_JOBS_PER_UID = 8  # jobs watched per user but root (a node's 8 GPUs, one job each)
+# Python processes and launchers a user but root may have read each pass
+# (observe/jobs/proctable.py `set_aside`): 8 jobs of 64 ranks, each with a few
+# DataLoader workers, fit
+MAX_PYTHON_PER_UID = 512
+# ddp_job label values per user but root: as many at once as jobs watched, one
+# more each LABEL_REFILL_S (publish/label_budget.py)
+MAX_LABELS_PER_UID = MAX_JOBS_PER_UID
+LABEL_REFILL_S = 60.0
+
+
+def left_out_kinds() -> dict[str, str]:
+    """`what` -> what ddpwatch_left_out_total{what} counts, its limits read from
+    the constants the code applies, so the metric's help cannot name others
+    (tests/unit/publish/test_metrics.py)."""
+    return {
+        "jobs": f"a user's jobs past {MAX_JOBS_PER_UID} but root's, not watched",
+        "netns": (f"a user's network namespaces past {PER_UID['netns']} a pass "
+                  f"({TOTAL['netns']} in all) whose socket tables were not read"),
+        "helper_runs": (f"ss/ip runs past {PER_UID['helper_runs']} per user a pass "
+                        f"({TOTAL['helper_runs']} in all)"),
+        "job_labels": (f"jobs published as uid<N>-overflow: past their user's "
+                       f"{MAX_LABELS_PER_UID} ddp_job values, one more each "
+                       f"{LABEL_REFILL_S:g} s"),
+        "processes": (f"a user's Python processes and launchers past {MAX_PYTHON_PER_UID}, "
+                      f"not read each pass (each counted once)"),
+        "fds": f"a rank's open files past {MAX_FDS}",
+        "threads": (f"a rank's threads past {MAX_THREADS} a pass, and those of a process "
+                    f"of more than {MAX_DUMP_THREADS} not dumped"),
+        "workers": f"a rank's child processes past {MAX_WORKERS} a pass, not read",
+    }
+
+
+def left_out_help() -> str:
+    kinds = "; ".join(f"{what}: {meaning}" for what, meaning in left_out_kinds().items())
+    return ("What the daemon's per-pass budgets left unread since it started, so that no "
+            f"user's processes make its ticks long (observe/budget.py). {kinds}.")
 
 
 class PassBudget:

@@ -308,6 +308,8 @@ class Sampler:
         """What the passes' budgets refused, since start, by kind
         (`ddpwatch_left_out_total{what}`)."""
         total = collections.Counter(self._left_out)
+        if self._tables is not None and self._tables.set_aside_total:
+            total["processes"] += self._tables.set_aside_total
         if self._budget is not None:
             total.update(self._budget.left_out)
         return dict(total)

@@ -170,6 +170,9 @@ def _gather_workers(server: socket.socket, wanted: int, deadline: float,
         try:
             conn.sendall(protocol.greeting(nonce))
             hello = channel.recv("hello", min(time.monotonic() + HELLO_S, deadline))
+            if secret:  # the worker's facts come once this side proved the secret
+                channel.send("proven")
+                hello = channel.recv("facts", min(time.monotonic() + HELLO_S, deadline))
         except (protocol.ProtocolError, OSError) as err:
             conn.close()  # junk, a scanner, a stranger, or a worker gone: not a node
             if secret and "secret" in str(err):
@@ -258,7 +261,14 @@ def run_worker(addr: str, port: int, facts: dict, wait_s: float, iface_of,
     facts["route_iface"] = iface_of(facts["route_addr"]) or ""
     with channel.sock:
         try:
-            channel.send("hello", facts=facts)
+            if secret:
+                # nothing of this node before the master proves the secret
+                # (protocol.py): a squatter's greeting is easy to copy
+                channel.send("hello", facts={})
+                channel.recv("proven", time.monotonic() + HELLO_S)
+                channel.send("facts", facts=facts)
+            else:
+                channel.send("hello", facts=facts)
             # the master waits up to its own --wait for the other workers
             roster = channel.recv("roster", time.monotonic() + wait_s + HELLO_S)
             meeting.nodes, meeting.me = roster["nodes"], roster["you"]

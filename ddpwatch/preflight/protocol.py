@@ -18,7 +18,13 @@ with the secret over who sends it, its number in that direction, both sides'
 nonces and the JSON (`Channel`). Whoever lacks the secret (a program that took
 the store port first, a stranger's hello) can neither play master to a worker
 nor take a worker's slot, and a message of one connection is worth nothing in
-another (tests/nodes/test_preflight.py).
+another (tests/nodes/test_preflight.py). With a secret the worker says nothing
+of itself until the master proved it holds the secret too: its hello carries
+its nonce and no facts, the master answers `{"kind": "proven"}` (whose MAC over
+both nonces only a holder of the secret can make), and only then does the
+worker send `{"kind": "facts", "facts": {...}}`: a program that took the store
+port and sends a well-formed greeting learns no hostname, version, address,
+interface or port range (tests/unit/preflight/test_preflight_unit.py).
 """
 from __future__ import annotations
 
@@ -128,6 +134,10 @@ def parse(line: bytes, kind: str) -> dict:
         nonce = obj.get("nonce")
         return {"facts": clean(obj.get("facts"), FACTS),
                 "nonce": _text(nonce) if isinstance(nonce, str) else ""}
+    if kind == "proven":
+        return {}
+    if kind == "facts":
+        return {"facts": clean(obj.get("facts"), FACTS)}
     if kind == "roster":
         you = obj.get("you")
         nodes = clean_nodes(obj.get("nodes"))

@@ -15,6 +15,9 @@ an incident, wrote a bundle and sent a webhook at once, over and over
   launcher says why), and a fake rank that sleeps a second never pages. A fake
   that passes for healthy is bounded by the uid's bucket below. Other verdicts
   (a stall, a hang) open as before: those take a live process.
+* A job opens no incident until a look saw more of it than a claim
+  (`shows_a_job`: a record or a socket of a rank) or judged it healthy: a
+  process with RANK in its environment and nothing else is nobody's job.
 * Incidents and bundles per uid (the job owner's, from the owner key): a token
   bucket of `uid_incidents` (and `uid_bundles`) refilled one each
   `uid_refill_s`. A problem held back is not lost: it opens when the uid's bucket
@@ -29,6 +32,20 @@ from __future__ import annotations
 from ..observe.jobs.discovery import born_s
 
 DEATHS = frozenset({"dead"})  # verdicts held to min_life_s
+
+
+def shows_a_job(snap) -> bool:
+    """Whether a look saw more of a job than a claim: a rank's heartbeat record
+    or a TCP socket of a rank (the store it dials or hosts, its peers). RANK and
+    WORLD_SIZE in an environment are anyone's to write; a process with nothing
+    else, however long it lives, is no job that can hang or die for anyone
+    (tests/hostile/test_floods.py), and opens no incident."""
+    ranks = snap.job.rank_pids
+    records = snap.heartbeats.by_pid if snap.heartbeats is not None else {}
+    if any(pid in records for pid in ranks):
+        return True
+    sockets = snap.sockets.by_pid if snap.sockets is not None else {}
+    return any(sockets[pid].sockets for pid in ranks if pid in sockets)
 
 
 def life_s(key: str, alive_at_s: float | None) -> float | None:

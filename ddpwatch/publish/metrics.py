@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..judge.signals.heartbeat import arrival_lateness
+from ..observe import budget
 from ..heartbeat import Record
 from ..judge.vocabulary import FINDINGS, NAMES as VERDICTS, ROLES
 from .view import DaemonView, IncidentState, JobView
@@ -35,11 +36,11 @@ from .view import DaemonView, IncidentState, JobView
 log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
-LEFT_OUT = ("fds", "helper_runs", "jobs", "netns", "threads", "workers")  # observe/budget.py
+LEFT_OUT = tuple(sorted(budget.left_out_kinds()))
 STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
           "between")
 _R = (JOB, "rank")
-LIMITED = ("uid_rate", "young")  # why an incident was held back (daemon._may_open)
+LIMITED = ("claims_only", "uid_rate", "young")  # why an incident was held back (daemon._may_open)
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")
 
@@ -78,13 +79,7 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "ddpwatch_stack_dumps_total": ("counter", (), (
         "py-spy runs since the daemon started (stack dumps of suspect ranks; a stopped rank "
         "is not dumped).")),
-    "ddpwatch_left_out_total": ("counter", ("what",), (
-        "What the daemon's per-pass budgets left unread since it started, so that no user's "
-        "processes make its ticks long (observe/budget.py): jobs (a user's jobs past 8 but "
-        "root's), netns (a user's network "
-        "namespaces past 8 a pass), helper_runs (ss/ip runs past 4 per user), fds (a "
-        "rank's open files past 4096), threads (a rank's threads past 512), workers (a "
-        "rank's child processes past 16).")),
+    "ddpwatch_left_out_total": ("counter", ("what",), budget.left_out_help()),
     "ddpwatch_http_refused_total": ("counter", ("reason",), (
         "HTTP connections the daemon's bounded server did not serve in full since it "
         "started: busy_503 (every worker of the request's class busy), evicted (too many "
@@ -100,7 +95,8 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Incidents opened since the daemon started, by the verdict that opened them.")),
     "ddpwatch_incidents_limited_total": ("counter", ("reason",), (
         "Jobs whose problem opened no incident when it would have, since the daemon started: "
-        "young (a death of a job that lived less than min_life_s), uid_rate (its owner's "
+        "claims_only (a job no look saw more of than ranks claimed in an environment: no "
+        "heartbeat record, no socket, never healthy), young (a death of a job that lived less than min_life_s), uid_rate (its owner's "
         "uid used up uid_incidents; it opens when the uid's bucket refills, if it still "
         "stands).")),
     "ddpwatch_bundles_limited_total": ("counter", (), (
@@ -345,7 +341,14 @@ def families(view: DaemonView | None, errors: int = 0,
     rows.append(("ddpwatch_ready", (), float(ready)))
     if ready:
         rows += _daemon_rows(view)
+        exported = set()
         for jv in view.jobs:
+            # jobs past their user's label values share one (publish/label_budget.py):
+            # the first in the view's order (the most severe) speaks for it, or
+            # /metrics would hold two series alike
+            if jv.key in exported:
+                continue
+            exported.add(jv.key)
             try:
                 rows += _job_rows(jv)
             except Exception:  # one job must not break the scrape

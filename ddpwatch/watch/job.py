@@ -69,6 +69,7 @@ class WatchedJob:
         self.run_id = ""           # what its other nodes call it (see `name`)
         self.alive_at: float | None = None  # boot-time seconds its ranks were last seen
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
+        self.shown = False         # a look saw a record or socket of a rank (limits.shows_a_job)
         self.stacks = KeptStacks()  # its last stack dump (observe/sampler.py look_closer)
         self.logged = "none"       # the verdict the journal last told (daemon._incidents)
         self.looked: Looked | None = None  # the last look, kept by steady ticks

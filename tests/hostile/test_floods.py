@@ -134,7 +134,7 @@ def metric(text: str, name: str, **labels) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_fake_rank_floods_page_nothing_young_and_at_most_the_uid_limit(
+def test_fake_rank_floods_page_nothing_however_long_they_live(
         start_job, tmp_path, hb_dir, receivers):
     need_root()
     hook = receivers()
@@ -145,26 +145,24 @@ def test_fake_rank_floods_page_nothing_young_and_at_most_the_uid_limit(
     healthy = wait_until(lambda: (lambda s: s if len(s["ranks"]) == 2 and s["job"]["verdict"]
                                   == "healthy" else None)(our_status(daemon, trainer)), 240,
                          what="healthy job")
-    # 8 fakes that live 20 s, and meanwhile 12 that live 1 s each. A life is
-    # counted to the last tick that saw the job alive (publish/limits.py life_s):
-    # 12 s left 2 s past min_life_s (10 s), and a full run's slow ticks made some
-    # of them young; 20 s leaves 10.
+    # 8 fakes that live 20 s (twice min_life_s: before publish/limits.py
+    # shows_a_job they opened `dead` incidents up to the uid's bucket), and
+    # meanwhile 12 that live 1 s each. None has a record, a socket or a peer.
     older = start_job(python_as_nobody("-c", FLOOD, "8", "20", "0", "old"), name="flood-old")
     wait_until(lambda: "started" in older.output(), 60, what="the 20-second fakes")
     young = start_job(python_as_nobody("-c", FLOOD, "12", "1", "0.3", "young"),
                       name="flood-young")
     wait_until(lambda: "started" in young.output(), 60, what="the one-second fakes")
-    # the one-second fakes were seen and judged dead: held back as young
+    # every watched fake (8 a user: budget.MAX_JOBS_PER_UID) was held back: it only
+    # claimed a rank
     wait_until(lambda: metric(daemon.metrics(), "ddpwatch_incidents_limited_total",
-                              reason="young") >= 6, 60, what="young deaths held back")
-    # the 20-second ones: LIMIT incidents, the rest held back by the uid's bucket
-    wait_until(lambda: metric(daemon.metrics(), "ddpwatch_incidents_limited_total",
-                              reason="uid_rate") >= 8 - LIMIT, 90,
-               what=lambda: "the uid's limit; the daemon's counts:\n" + "\n".join(
+                              reason="claims_only") >= 8, 90,
+               what=lambda: "the fakes' deaths held back; the daemon's counts:\n" + "\n".join(
                    line for line in daemon.metrics().splitlines() if line.startswith((
-                       "ddpwatch_incidents_limited_total", "ddpwatch_jobs",
-                       "ddpwatch_left_out"))) + "\nits incidents: " + repr(
-                   [(i["job"], i["verdict"]) for i in daemon.status()["incidents"]]))
+                       "ddpwatch_incidents_limited_total", "ddpwatch_left_out"))))
+    wait_until(lambda: not [j for j in daemon.status()["jobs"]
+                            if j["job"]["run_id"].startswith("fake-")], 60,
+               what="the 20-second fakes gone")
     # the real job (root's) is paged all the same
     os.kill(rank_pid(healthy, 1), signal.SIGSTOP)
     key = healthy["key"]
@@ -174,15 +172,13 @@ def test_fake_rank_floods_page_nothing_young_and_at_most_the_uid_limit(
 
     status = daemon.status()
     fake = [i for i in status["incidents"] if i["owner"].startswith("u65534.")]
-    assert len(fake) == LIMIT, [(i["job"], i["verdict"]) for i in fake]
-    assert all(i["job"].startswith("fake-old-") for i in fake)  # never a one-second one
+    assert not fake, [(i["job"], i["verdict"]) for i in fake]
     fired = {b["job"] for b in hook.bodies() if b["status"] == "firing"}
-    assert not any(j.startswith("fake-young-") for j in fired), fired
-    assert len([j for j in fired if j.startswith("fake-")]) == LIMIT, fired
+    assert not any(j.startswith(("fake-", "uid65534-")) for j in fired), fired
     bundles = os.listdir(os.path.join(daemon.state_dir, "incidents"))
-    assert len([b for b in bundles if b.startswith("fake-")]) <= LIMIT, bundles
+    assert not [b for b in bundles if b.startswith(("fake-", "uid65534-"))], bundles
     text = daemon.metrics()
-    assert metric(text, "ddpwatch_incidents_opened_total", verdict="dead") == LIMIT
+    assert metric(text, "ddpwatch_incidents_opened_total", verdict="dead") == 0
     assert metric(text, "ddpwatch_bundles_pruned_total", reason="age") == 0
     assert daemon.job.proc.poll() is None
     keeps_ticking(daemon)

@@ -27,7 +27,8 @@ from attacker import (NOBODY, job_with, keeps_ticking, need_root, no_traceback,
 from conftest import REPO, free_port, need, wait_until
 from daemons import DaemonRun, get
 
-TOKEN = "tok-Zq8v1-secret-token"
+# strong: the daemon listens on 0.0.0.0 below (ddpwatch/signed/strength.py)
+TOKEN = "c1f94e0b7a3d26e8f05b9c4a712d3e6f8b0a59c7d41e26f3a8b7c0d9e5f14a2b"
 WHSEC = "whsec_c2VjcmV0LWZvci10ZXN0cy1vbmx5"
 HOOK_PATH = "T0SECRET/B1SECRET/xyzSECRET"
 SECRETS = (TOKEN, WHSEC, "pw-SECRET", HOOK_PATH)

@@ -52,9 +52,9 @@ def playground():
 
 
 def ddpwatch_status(url: str, token: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", url,
-                           "--token", token], capture_output=True, text=True, timeout=60,
-                          cwd=REPO, stdin=subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", url],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "DDPWATCH_TOKEN": token})
 
 
 def test_a_program_on_a_daemons_port_gets_no_token_and_is_not_believed(

@@ -13,7 +13,7 @@ import sys
 import urllib.request
 
 from conftest import free_port, need, runs_module, wait_until
-from twonodes import TOKEN, get_json
+from twonodes import TOKEN, get_json, token_file
 
 TIMEOUT = 240
 
@@ -97,7 +97,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
     assert "rank 1 (on node-b) is the culprit" in status_a["job"]["summary"]
     assert status_a["peers"][0]["node"] == "node-b" and status_a["peers"][0]["error"] == ""
     table = subprocess.run([sys.executable, "-m", "ddpwatch", "status", "--url", url_a,
-                            "--token", TOKEN], capture_output=True, text=True, timeout=60)
+                            "--token-file", token_file()], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     row = next(line.split() for line in table.stdout.splitlines()
                if line.startswith(f"{master[0]}:{master[1]}") and "hung_outside" in line)
@@ -125,7 +125,7 @@ def test_two_daemons_name_the_culprit_on_the_other_node(start_job, tmp_path, net
                         what=lambda: f"a firing webhook naming rank 1\n{logs()}")
     assert {b["node"] for b in hook.bodies()} == {"node-a"}, hook.bodies()
     assert "webhooks from node-a" in subprocess.run(
-        [sys.executable, "-m", "ddpwatch", "status", "--url", url_b, "--token", TOKEN],
+        [sys.executable, "-m", "ddpwatch", "status", "--url", url_b, "--token-file", token_file()],
         capture_output=True, text=True, timeout=60).stdout
     # Node A exports its own rank's series only; rank 1's come from node B.
     request = urllib.request.Request(url_a + "/metrics")

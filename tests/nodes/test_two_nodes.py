@@ -24,7 +24,7 @@ import time
 import pytest
 from conftest import TESTS, free_port, need, wait_until
 from diag import by_rank, until_verdict
-from twonodes import (HEALTHY, TOKEN, TRAINER, CpuQuota, Net, Node, Starter, get_json, job_on,
+from twonodes import (HEALTHY, TOKEN, token_file, TRAINER, CpuQuota, Net, Node, Starter, get_json, job_on,
                       seen, start_pair, until_diagnosed)
 
 from ddpwatch.observe.snapshot import load_remote
@@ -105,13 +105,13 @@ def test_diagnose_in_node1_names_the_quota_and_in_node0_the_straggler(throttled)
     net, nodes, key, pids, _ = throttled
     # node 1's own diagnose, with the peer view: the quota is seen there
     report = until_diagnosed(nodes[1], pids[1], STRAGGLER, "--peer", nodes[0].url,
-                             "--token", TOKEN, save="two_nodes_throttled_node1")
+                             "--token-file", token_file(), save="two_nodes_throttled_node1")
     rank1 = by_rank(report)[1]
     assert rank1["rule"] == "straggler-throttled"
     assert "limit 0.15 cores" in rank1["evidence"] and "as long per step" in rank1["evidence"]
     # node 0's, with the peer view: rank 1 across nodes, by each rank's own durations
     report = until_diagnosed(nodes[0], pids[0], STRAGGLER, "--peer", nodes[1].url,
-                             "--token", TOKEN, save="two_nodes_throttled_node0")
+                             "--token-file", token_file(), save="two_nodes_throttled_node0")
     # by its own durations, or, with node 1's window in the peer view, by the quota
     assert by_rank(report)[1]["rule"] in ACROSS
     assert report["job"]["culprits"] == [1]
@@ -171,8 +171,8 @@ def test_third_party_trainer_without_heartbeats(tmp_path):
             assert ("x its peers on other nodes" in ranks[1]["evidence"]
                     or "throttled" in ranks[1]["evidence"])
         # node 0's diagnose with the peer view judges the same
-        report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token",
-                                 TOKEN, save="two_nodes_thirdparty_node0")
+        report = until_diagnosed(nodes[0], pid0, STRAGGLER, "--peer", nodes[1].url, "--token-file",
+                                 token_file(), save="two_nodes_thirdparty_node0")
         assert by_rank(report)[1]["rule"] in STARVED_ACROSS
         # node 0's lone view (no --peer, no heartbeats): its rank waits on a rank on
         # node 1's address, never itself the culprit

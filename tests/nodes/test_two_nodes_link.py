@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import need, wait_until
-from twonodes import (HEALTHY, TOKEN, TRAINER, Net, Starter, job_on, run, seen, start_pair,
+from twonodes import (HEALTHY, TOKEN, token_file, TRAINER, Net, Starter, job_on, run, seen, start_pair,
                       until_diagnosed)
 
 SLOW = {0: ("slow_collective", "none"), 1: ("slow_collective", "none")}
@@ -73,5 +73,5 @@ def test_a_slow_link_is_named_on_both_pages_and_no_rank_is_blamed(shaped):
     # diagnose in node 0 with the peer view says the same (a window longer than a
     # 3 s step, so that one ends in it); its snapshot is the replay fixture
     report = until_diagnosed(nodes[0], nodes[0].rank_pids()[0], SLOW, "--peer", nodes[1].url,
-                             "--token", TOKEN, "--window", "4", save="two_nodes_slow_link_node0")
+                             "--token-file", token_file(), "--window", "4", save="two_nodes_slow_link_node0")
     assert report["job"]["culprits"] == []

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +28,19 @@ import psutil
 from conftest import REPO, TESTS, Job, free_port, is_torchrun_agent, need, runs_module, wait_until
 from diag import diagnose, verdicts
 
-TOKEN = "two-nodes-token"
+# off loopback the daemons refuse a weak token (ddpwatch/signed/strength.py)
+TOKEN = "5d0c2a7f9e31b84c6a1f07d9e2b35c48a96e0f1d7b2c84e53a0f69d1c7e28b4f"
+
+
+def token_file() -> str:
+    """A file holding TOKEN, for `--token-file`: never the token on argv
+    (ddpwatch/commands/token.py)."""
+    path = os.path.join(tempfile.gettempdir(), f"ddpwatch-twonodes-token-{os.getpid()}")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(TOKEN + "\n")
+    return path
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess:

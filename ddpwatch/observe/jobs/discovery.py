@@ -320,7 +320,13 @@ def _peers_by_env(me: ProcInfo, table: dict[int, ProcInfo], record_pids) -> list
     if key is None:
         return []
     # Another user's processes are never this job's, whatever their environment says.
-    return [p for p in table.values() if p.pid != me.pid and looks_like_rank(p, record_pids)
+    # Only Python processes and writers of records look like ranks: the
+    # candidates, not every process (3 000 of one user's look-alikes made this a
+    # walk of the whole table per job: benchmarks/hostile_scan.py --procs).
+    table = indexed(table)
+    pids = table.candidates() | (frozenset(record_pids) & table.keys())
+    return [p for p in (table[pid] for pid in sorted(pids))
+            if p.pid != me.pid and looks_like_rank(p, record_pids)
             and p.uid == me.uid and L.group_key(p.env) == key
             and not _a_worker(p, table, record_pids)]
 

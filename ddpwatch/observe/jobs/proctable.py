@@ -11,6 +11,7 @@ tick costs what the node's ranks cost, not what its other processes do
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from functools import cached_property
 
 from ... import launchers as T
 from . import launchers as L
+from ..budget import MAX_PYTHON_PER_UID
 from ..probes.process import (CLK_TCK, CMDLINE_LIMIT, ENVIRON_LIMIT, parse_cmdline,
                               parse_environ, parse_stat, read_head)
 
@@ -188,6 +190,16 @@ REVISIT_S = 30.0
 MAX_REVISITS = 8
 
 
+def set_aside(info: ProcInfo) -> ProcInfo:
+    """What is kept of a process past its user's MAX_PYTHON_PER_UID: who it is and
+    what it runs, not its command line or environment, so it is no candidate,
+    not read again each pass, and costs a few hundred bytes whatever its argv
+    (3 000 processes of one user, each argv0 `python3` and 4 KB of arguments,
+    took the daemon from 34 to 113 MB and its tick to ~1 s:
+    tests/hostile/test_process_flood.py, benchmarks/hostile_scan.py --procs)."""
+    return dataclasses.replace(info, cmdline=(), env={}, exe_python=False)
+
+
 class TableReader:
     """The process table, read every second by the daemon, learning each process
     once. Read again at each `read`: processes that are or may become part of a
@@ -195,6 +207,10 @@ class TableReader:
     than CACHE_AFTER_S when last read), the parent of every new process (a
     shell that exec'd a launcher shows it by the ranks it starts), and new pids.
     Every other process keeps what was read of it, for REVISIT_S at most.
+    A user but root has at most MAX_PYTHON_PER_UID candidates (Python processes
+    and launchers), the first read; the rest are `set_aside` and read again as
+    every other process is, taken in when one of the user's candidates ends;
+    `set_aside_total` counts each once (ddpwatch_left_out_total{what="processes"}).
 
     New pids are found by listing /proc, which costs ~2 us a process (9 ms with
     5 000 on the machine of benchmarks/README.md): it is listed only when a
@@ -217,6 +233,10 @@ class TableReader:
         self._frozen: dict[int, frozenset[int]] = {}
         self._dirty: set[int] = set()
         self._candidates: set[int] = set()  # Python processes and launchers
+        self._uid_of: dict[int, int] = {}   # candidate pid -> the uid it is counted for
+        self._per_uid: collections.Counter = collections.Counter()  # uid -> candidates
+        self._aside: set[int] = set()       # pids set aside (`set_aside`)
+        self.set_aside_total = 0
         self._last_pid: str | None = None   # /proc/loadavg's at the last listing
         self._listed_at = float("-inf")
         self.reads = 0           # processes read by the last `read` (benchmarks)
@@ -303,15 +323,29 @@ class TableReader:
             self._dirty.add(info.ppid)
         if info is not before:
             self._changed = True
+        if info.python or info.launcher is not None:
+            if (pid not in self._candidates and info.uid != 0
+                    and self._per_uid[info.uid] >= MAX_PYTHON_PER_UID):
+                info = set_aside(info)
+                if pid not in self._aside:
+                    self._aside.add(pid)
+                    self.set_aside_total += 1
+                self._changed = True
+            else:
+                self._aside.discard(pid)
+                if self._uid_of.get(pid) != info.uid:  # new, or its owner changed
+                    self._uncandidate(pid)
+                    self._candidates.add(pid)
+                    self._uid_of[pid] = info.uid
+                    self._per_uid[info.uid] += 1
+        else:
+            self._uncandidate(pid)
         self._infos[pid] = info
         self._read_at[pid] = now
-        if info.python or info.launcher is not None:
-            self._candidates.add(pid)
-        else:
-            self._candidates.discard(pid)
         if self._keys.get(pid) != key:
             self._uncache(pid)
-        if (pid in self._candidates or os.path.basename(info.exe) in SHELLS
+        if pid not in self._aside and (
+                pid in self._candidates or os.path.basename(info.exe) in SHELLS
                 or uptime - info.start / CLK_TCK < CACHE_AFTER_S):
             self._hot.add(pid)
             if key is not None and key in self._cache:
@@ -323,6 +357,14 @@ class TableReader:
             self._hot.discard(pid)
             self._cold.append((now, pid))
         return info
+
+    def _uncandidate(self, pid: int) -> None:
+        self._candidates.discard(pid)
+        uid = self._uid_of.pop(pid, None)
+        if uid is not None:
+            self._per_uid[uid] -= 1
+            if self._per_uid[uid] <= 0:
+                del self._per_uid[uid]
 
     def _unparent(self, info: ProcInfo) -> None:
         self._kids.get(info.ppid, set()).discard(info.pid)
@@ -340,7 +382,8 @@ class TableReader:
             self._changed = True
         self._read_at.pop(pid, None)
         self._hot.discard(pid)
-        self._candidates.discard(pid)
+        self._uncandidate(pid)
+        self._aside.discard(pid)
         self._uncache(pid)
 
 

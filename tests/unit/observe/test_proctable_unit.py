@@ -310,3 +310,46 @@ def test_a_read_that_changed_nothing_gives_the_table_given_before(tmp_path):
     assert gone is not execd and 200 not in gone and 200 in execd
     clock.now += 1
     assert reader.read() is gone
+
+
+def own(proc: FakeProc, pid: int, uid: int) -> None:
+    """The pid's /proc entry owned by `uid`, as the kernel shows a user's process."""
+    os.chown(os.path.join(proc.root, str(pid), "stat"), uid, uid)
+
+
+def test_a_users_python_processes_past_the_bound_are_set_aside(tmp_path, monkeypatch):
+    if os.geteuid() != 0:  # chown to another uid
+        import pytest
+        pytest.skip("needs root to own fake /proc entries as uid 65534")
+    monkeypatch.setattr(proctable, "MAX_PYTHON_PER_UID", 5)
+    proc, clock = node(tmp_path), Clock()  # its processes are root's: never bounded
+    junk = ["python3"] + ["\udcff" * 10] * 4
+    for pid in range(1000, 1020):   # a flood of uid 65534: argv0 python3, run by a shell
+        proc.add(pid, 1, [], "/usr/bin/dash")
+        with open(os.path.join(proc.root, str(pid), "cmdline"), "wb") as f:
+            f.write(b"python3\0" + b"\xff" * 4000 + b"\0")
+        own(proc, pid, 65534)
+    for pid in range(2000, 2010):   # root's own: all kept
+        proc.add(pid, 1, ["python3", "w.py"], "/usr/bin/python3.11")
+    reader = proctable.TableReader(proc.root, clock)
+    table = reader.read()
+    flood = set(range(1000, 1020))
+    kept = table.candidates() & flood
+    assert len(kept) == 5 and set(range(2000, 2010)) | {200} <= table.candidates()
+    assert reader.set_aside_total == 15
+    assert all(table[p].cmdline == () and not table[p].env for p in flood - kept)
+    clock.now += 1
+    reader.read()
+    # read again: the kept five, root's eleven and the init shell; not the fifteen
+    assert reader.reads == 5 + 11 + 1 and reader.set_aside_total == 15
+    # one of the kept ends: a set-aside one is taken in when it is read again
+    gone = min(kept)
+    proc.remove(gone)
+    proc.add(3000, 1, ["sleep", "1"], "/usr/bin/sleep")  # a listing comes with a new pid
+    clock.now += proctable.REVISIT_S + 1
+    for _ in range(4):
+        table = reader.read()
+        clock.now += 1
+    assert len(table.candidates() & flood) == 5 and gone not in table
+    assert reader.set_aside_total == 15  # each counted once, however often read
+    del junk

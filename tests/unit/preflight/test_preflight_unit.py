@@ -388,3 +388,43 @@ def test_a_secret_file_that_cannot_be_used_is_named(tmp_path):
         assert done.returncode == code, (argv, done.stderr)
         assert said in done.stderr and "--secret-file" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_fake_master_with_a_well_formed_greeting_learns_nothing_of_the_worker():
+    """A program on the store port that copies the signed greeting (a nonce is
+    anyone's to make) and answers whatever it likes: the worker's hostname,
+    versions, addresses, interfaces and port range never reach it, since the
+    master must prove the secret before the worker sends its facts
+    (preflight/protocol.py)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    heard = bytearray()
+
+    def fake_master():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(protocol.greeting(protocol.new_nonce()))
+            conn.settimeout(1.0)
+            try:
+                heard.extend(conn.recv(65536))  # the hello
+                # a "proven" it cannot sign, then whatever else comes
+                conn.sendall(b"0" * 64 + b' {"kind":"proven"}\n')
+                while chunk := conn.recv(65536):
+                    heard.extend(chunk)
+            except OSError:
+                pass
+    t = threading.Thread(target=fake_master)
+    t.start()
+    facts = {"role": "worker", "hostname": "secret-host-w7", "torch": "2.9.9+secret",
+             "python": "3.11.99", "gloo_addr": "10.66.77.88", "gloo_ifname": "ethsecret",
+             "port_range": [41000, 41999], "hostname_addrs": ["10.66.77.88"]}
+    worker = exchange.run_worker("127.0.0.1", port, facts, 4, lambda a: "lo", b"s3cret")
+    t.join(30)
+    server.close()
+    assert heard and "the exchange with the master failed" in worker.error, (heard, worker.error)
+    assert "not signed with the preflight secret" in worker.error
+    for secret in ("secret-host-w7", "2.9.9", "3.11.99", "10.66.77.88", "ethsecret", "41000",
+                   "127.0.0.1", "route_"):
+        assert secret.encode() not in heard, (secret, bytes(heard))

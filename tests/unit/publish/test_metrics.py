@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 
@@ -297,3 +298,34 @@ def test_a_rank_judged_from_a_peer_is_left_to_its_own_nodes_daemon():
     assert value(m, "ddpwatch_job_culprit", ddp_job="pid300", rank="1") == 1
     assert value(m, "ddpwatch_job_ranks", ddp_job="pid300") == 1
     assert {s.labels["rank"] for s in m["ddpwatch_rank_state"]} == {"0"}
+
+
+def test_left_out_help_names_the_limits_the_code_applies():
+    # the help once said netns past 8 and threads past 512 while the code read 2
+    # and 128: it is now made from observe/budget.py's constants
+    from ddpwatch.observe import budget
+    view = dataclasses.replace(golden_view(), left_out={"netns": 3})
+    family = next(f for f in text_string_to_metric_families(
+        render(make_registry(lambda: view)).decode()) if f.name == "ddpwatch_left_out")
+    applied = {budget.PER_UID["netns"], budget.TOTAL["netns"], budget.PER_UID["helper_runs"],
+               budget.TOTAL["helper_runs"], budget.MAX_FDS, budget.MAX_THREADS,
+               budget.MAX_DUMP_THREADS, budget.MAX_JOBS_PER_UID, budget.MAX_LABELS_PER_UID,
+               int(budget.LABEL_REFILL_S), budget.MAX_PYTHON_PER_UID}
+    numbers = {int(n) for n in re.findall(r"\b\d+\b", family.documentation)}
+    assert numbers == applied, family.documentation
+    assert f"namespaces past {budget.PER_UID['netns']} a pass" in family.documentation
+    assert f"threads past {budget.MAX_THREADS} a pass" in family.documentation
+    assert {s.labels["what"] for s in family.samples} >= set(budget.left_out_kinds())
+
+
+def test_jobs_sharing_an_overflow_label_make_one_set_of_series():
+    # publish/label_budget.py: a user's jobs past the bound share uid<N>-overflow;
+    # the first in the view's order speaks for it, the others add no duplicate
+    a, b = straggler_job(), dead_rank_job()
+    a, b = (dataclasses.replace(j, key="uid65534-overflow") for j in (a, b))
+    text = render(make_registry(lambda: daemon_view((a, b)))).decode()
+    series = [line for line in text.splitlines() if 'ddp_job="uid65534-overflow"' in line]
+    assert series and len(series) == len(set(series))
+    names = {(f.name, tuple(sorted(s.labels.items())))
+             for f in text_string_to_metric_families(text) for s in f.samples}
+    assert len(names) == sum(len(f.samples) for f in text_string_to_metric_families(text))
