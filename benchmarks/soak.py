@@ -37,10 +37,9 @@ import threading
 import time
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import free_port, wait_for  # noqa: E402
+from common import Receiver, free_port, tagged_pids, wait_for  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIRDPARTY = os.path.join(REPO, "tests", "jobs", "thirdparty")
@@ -67,38 +66,6 @@ MORE_JOBS = {
                 "DDPWATCH_TEST_EVAL_ITERS": "10", "DDPWATCH_TEST_EVAL_INTERVAL": "200",
                 "TORCHINDUCTOR_CACHE_DIR": "{workdir}/inductor-cache"},
 }
-class Receiver:
-    """A generic webhook receiver: every message kept with its arrival time."""
-
-    def __init__(self):
-        self.messages: list[tuple[float, dict]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.lock:
-                    receiver.messages.append((time.monotonic(), json.loads(body or b"{}")))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self, job_label: str | None = None) -> list[tuple[float, dict]]:
-        with self.lock:
-            return [(t, m) for t, m in self.messages if m.get("status") == "firing"
-                    and (job_label is None or m.get("job") == job_label)]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 TAG = "DDPWATCH_SOAK_PROC"
@@ -120,17 +87,7 @@ class Proc:
 
     def pids(self) -> list[int]:
         """Every process now running with this one's tag in its environment."""
-        needle = f"{TAG}={self.tag}".encode()
-        out = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/environ", "rb") as f:
-                        if needle in f.read().split(b"\0"):
-                            out.append(int(entry))
-                except OSError:
-                    continue
-        return out
+        return tagged_pids(TAG, self.tag)
 
     def output(self) -> str:
         self.log.flush()

@@ -14,6 +14,8 @@ import sys
 import time
 import uuid
 
+from common import tagged_pids
+
 from .catalogue import HERE
 
 REPO = os.path.dirname(HERE)
@@ -36,17 +38,7 @@ TRAINS = {
 
 
 def tagged(tag: str) -> list[int]:
-    needle = f"{TAG}={tag}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        out.append(int(entry))
-            except OSError:
-                continue
-    return out
+    return tagged_pids(TAG, tag)
 
 
 def _environ(pid: int) -> dict:

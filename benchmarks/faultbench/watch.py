@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from common import Receiver
 
 from .jobs import Job
 from .waiting import free_port, wait_for
@@ -20,40 +21,6 @@ from .waiting import free_port, wait_for
 # The daemon's settings for the benchmark; a scenario's `daemon:` overrides them.
 # resolve_after_s short, so that one scenario's incident is closed before the next.
 BASE_CONFIG = {"resolve_after_s": 10}
-
-
-class Receiver:
-    """Every webhook message, with its arrival time (monotonic)."""
-
-    def __init__(self):
-        self.messages: list[tuple[float, dict]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.lock:
-                    receiver.messages.append((time.monotonic(), json.loads(body or b"{}")))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self, job_key: str, since: float) -> list[tuple[float, dict]]:
-        with self.lock:
-            return [(t, m) for t, m in self.messages if t >= since
-                    and m.get("status") == "firing" and m.get("job") == job_key]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class Watch:
