@@ -71,6 +71,12 @@ def _who(r: dict) -> str:
     return f"rank {rank}" if isinstance(rank, int) and rank >= 0 else f"pid {r.get('pid')}"
 
 
+def _rank_label(rank) -> str:
+    """A rank number as people read it: "rank unknown" for -1 (a process whose
+    rank no evidence gave), as everywhere else, never "rank -1"."""
+    return f"rank {rank}" if int(rank) >= 0 else "rank unknown"
+
+
 def render(report: dict, history: tuple, incident: dict | None = None,
            evidence_base: str | None = "") -> str:
     job = report.get("job", {})
@@ -114,7 +120,7 @@ def _banner(job, ranks, incident, history) -> str:
         line = f"culprit: {job['culprit_elsewhere']} (not watched from this node)"
     else:
         line = "no culprit named on this node" if job.get("culprits") == [] else \
-            "culprit: " + ", ".join(f"rank {c}" for c in job.get("culprits", []))
+            "culprit: " + ", ".join(_rank_label(c) for c in job.get("culprits", []))
     key = incident["job"] if incident else (job.get("run_id") or f"pid {job.get('launcher_pid')}")
     meta = [f"job {key}"]
     if job.get("launcher_pid", -1) > 0:
@@ -239,7 +245,7 @@ def _over_time(over: dict | None, incident: dict | None) -> str:
         parts.append('<p class="meta">Where each rank\'s time went over the last hour '
                      '(from the verdicts; without heartbeats a rank\'s training time is all '
                      'counted as computing).</p>')
-        parts.append(time_svg([(f"rank {rank}", states) for rank, states in
+        parts.append(time_svg([(_rank_label(rank), states) for rank, states in
                                sorted(hour.items(), key=lambda kv: int(kv[0]))]))
     return "\n".join(parts)
 

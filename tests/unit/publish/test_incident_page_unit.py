@@ -283,3 +283,13 @@ def test_webhook_messages_link_to_the_page():
     assert f"<{url}|incident page>" in json.dumps(slack.payload(alert))
     (am,) = alertmanager.payload(alert, now=2.0, resend_s=60)
     assert am["annotations"]["incident_url"] == url and am["generatorURL"] == url
+
+
+def test_a_rank_whose_number_is_unknown_reads_rank_unknown_never_rank_minus_one():
+    """The time book and a job's culprits keep -1 for a process no evidence gave a
+    rank (a SIGTERMed rank gone before it was read): people read "rank unknown"."""
+    assert page._rank_label(-1) == "rank unknown" and page._rank_label(3) == "rank 3"
+    over = {"timeline": [{"at": 1795365010.0, "verdict": "dead"}],
+            "time_last_hour_s": {"-1": {"computing": 5.0}, "0": {"waiting": 5.0}}}
+    html = page._over_time(over, incident())
+    assert "rank -1" not in html and "rank unknown" in html
