@@ -47,6 +47,6 @@ def weakness(token: str) -> str | None:
     estimate = bits(token)
     if estimate >= MIN_BITS:
         return None
-    return (f"too weak (about {estimate:.0f} bits of entropy, at least {MIN_BITS} wanted: "
+    return (f"too weak (about {max(estimate, 0.0):.0f} bits of entropy, at least {MIN_BITS} wanted: "
             f"anyone who captures one signed request can try tokens offline); make one "
             f"with `{STRONG_COMMAND}`")

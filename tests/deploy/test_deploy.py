@@ -8,6 +8,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import secrets
 import re
 import shutil
 import signal
@@ -191,7 +192,10 @@ def test_shipped_configs_load_with_the_daemons_strict_loader(path, monkeypatch):
     # off loopback the token is required; the Secret gives it as $DDPWATCH_TOKEN
     with pytest.raises(ConfigError, match="token"):
         config.load(os.path.join(REPO, path))
-    monkeypatch.setenv("DDPWATCH_TOKEN", "t" * 32)
+    monkeypatch.setenv("DDPWATCH_TOKEN", "t" * 32)  # one letter: too weak off loopback
+    with pytest.raises(ConfigError, match="too weak"):
+        config.load(os.path.join(REPO, path))
+    monkeypatch.setenv("DDPWATCH_TOKEN", secrets.token_hex(32))  # `openssl rand -hex 32`
     loaded = config.load(os.path.join(REPO, path))
     assert loaded.listen == "0.0.0.0:19500" and loaded.state_dir == "/var/lib/ddpwatch"
 
