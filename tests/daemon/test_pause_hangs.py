@@ -190,7 +190,7 @@ def test_a_rank_blocked_in_a_logging_call_is_the_culprit(
 
 def test_the_same_pauses_working_send_no_page(watch, start_module_job, tmp_path_factory):
     """Workers forked at each epoch's start, an evaluation that computes, a metrics
-    server that answers, and checkpoints drained slowly (bytes moving at ~250 KB/s
+    server that answers, and checkpoints drained slowly (8 KB every 20 ms: bytes moving
     with no CPU: docs/judgement-over-time.md "Between working and idle"): pauses,
     never a page."""
     server = socket.socket()
