@@ -451,7 +451,7 @@ def _metrics_server():
             f = conn.makefile("rb")
             while f.readline():
                 if silent.is_set():
-                    silent.wait(86400)
+                    threading.Event().wait(86400)  # accepted, read, never answered
                 conn.sendall(b"ok\n")
     threading.Thread(target=serve, daemon=True).start()
     return server, silent

@@ -54,9 +54,14 @@ def node(tmp_path_factory, start_module_job):
     site = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(
         os.path.join(p, "torch")))
     need(os.path.isfile(otheruser.SYSTEM_PYTHON), f"needs {otheruser.SYSTEM_PYTHON}")
-    theirs = Job(otheruser.as_user(NOBODY, otheruser.SYSTEM_PYTHON, "-s", SPAWN),
+    # the checkout may sit in a 0700 directory (tests/deploy/test_clone_anywhere.py):
+    # the user runs copies of the job's scripts, and torch through a read-only view
+    scripts = otheruser.copy_readable(SPAWN, os.path.join(os.path.dirname(SPAWN), "faults.py"))
+    theirs = Job(otheruser.as_user(NOBODY, otheruser.SYSTEM_PYTHON, "-s",
+                                   os.path.join(scripts, os.path.basename(SPAWN))),
                  dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HOME="/tmp",
-                      MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([REPO, site]),
+                      MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(
+                          [scripts, otheruser.view_of(site)]),
                       DDPWATCH_TEST_FAULT="hang:0:2"),
                  os.path.join(tmp, "nobody.log"))
     try:

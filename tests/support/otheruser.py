@@ -118,6 +118,40 @@ def _candidates():
 _runtime: Runtime | None = None
 
 
+_views: dict[str, str] = {}
+
+
+def view_of(path: str) -> str:
+    """`path` where another user can reach it, whatever the directories above it
+    (a checkout in a 0700 directory, its .venv with torch inside): a read-only
+    bind mount under a new world-traversable directory in /tmp, unmounted at exit.
+    For what is too big to copy (torch's site-packages)."""
+    need(os.geteuid() == 0, "needs root to bind-mount a directory for another user")
+    if path in _views:
+        return _views[path]
+    place = tempfile.mkdtemp(prefix="ddpwatch-view-", dir="/tmp")
+    os.chmod(place, 0o755)
+    for cmd in (["mount", "--bind", path, place],
+                ["mount", "-o", "remount,bind,ro", place]):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        need(done.returncode == 0, f"cannot bind-mount {path}: {done.stderr.strip()}")
+    atexit.register(lambda: (subprocess.run(["umount", "-l", place], capture_output=True,
+                                            check=False), os.rmdir(place)))
+    _views[path] = place
+    return place
+
+
+def copy_readable(*files: str) -> str:
+    """A new world-readable directory in /tmp holding copies of `files` (a job's
+    scripts, for another user to run), removed at exit."""
+    place = tempfile.mkdtemp(prefix="ddpwatch-scripts-", dir="/tmp")
+    atexit.register(shutil.rmtree, place, ignore_errors=True)
+    for f in files:
+        shutil.copy(f, place)
+    _readable(place)
+    return place
+
+
 def runtime(copy_interpreter: bool = False) -> Runtime:
     """The session's Runtime (built on first use; skips without root and setpriv).
     `copy_interpreter`: go straight to a copy of the interpreter (its own test)."""
