@@ -116,7 +116,10 @@ while True:
     time.sleep(0.0005)
 """
 
-STOP_SELF = "import os, signal; print('ready', flush=True); os.kill(os.getpid(), signal.SIGSTOP)"
+# a rank's process shows more than a claim (a TCP socket, as a rank's store or
+# peers are: publish/limits.py shows_a_job), so its stall is an incident
+STOP_SELF = ("import os, signal, socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
+             "s.listen(); print('ready', flush=True); os.kill(os.getpid(), signal.SIGSTOP)")
 LOOK_LIKE_A_RANK = "import time; print('ready', flush=True); time.sleep(3600)"
 
 
