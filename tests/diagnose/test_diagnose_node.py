@@ -57,7 +57,9 @@ def node(tmp_path_factory, start_module_job):
     # the checkout may sit in a 0700 directory (tests/deploy/test_clone_anywhere.py):
     # the user runs copies of the job's scripts, and torch through a read-only view
     scripts = otheruser.copy_readable(SPAWN, os.path.join(os.path.dirname(SPAWN), "faults.py"))
-    theirs = Job(otheruser.as_user(NOBODY, otheruser.SYSTEM_PYTHON, "-s",
+    # started in the copies' directory: mp.spawn's children chdir to their parent's
+    # working directory, which the checkout's would refuse them
+    theirs = Job(otheruser.as_user(NOBODY, "env", "-C", scripts, otheruser.SYSTEM_PYTHON, "-s",
                                    os.path.join(scripts, os.path.basename(SPAWN))),
                  dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HOME="/tmp",
                       MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(
