@@ -245,7 +245,8 @@ def link_pauses(ranks: list[dict]) -> None:
     for s in ranks:
         # Work is measured (work.py), never read from where a stack stands: idle
         # in estimate_loss, torch.save or a DataLoader's wait is how the hangs
-        # people meet look (tests/daemon/test_pause_hangs.py).
+        # people meet look (tests/daemon/test_pause_hangs.py). CPU alone for a
+        # rank of another node whose daemon sends no `working` (an older one).
         working = bool(s.get("working")) or (cpu_wanted(s) or 0.0) >= IDLE_CPU
         # its workers work for it: ranks whose loaders refork at each epoch's start
         # all wait for them at once, nobody in a collective (tests/daemon/test_soak.py)

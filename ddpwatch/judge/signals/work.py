@@ -197,8 +197,7 @@ def _worker_work(o, w, seconds: float) -> str:
         return f"started, CPU {cpu:.1f}s" if cpu >= IDLE_CPU * seconds else ""
     if cpu / seconds >= IDLE_CPU:
         return f"CPU {cpu / seconds:.0%}"
-    if o.io is not None and w.io is not None:
-        rate = (_io_total(w.io) - _io_total(o.io)) / seconds
-        if rate >= WORK_BYTES_S:
-            return f"reads or writes {_rate(rate)}"
+    rate = _io_rate(o, w, seconds)  # a worker's counters read as a rank's
+    if (rate or 0) >= WORK_BYTES_S:
+        return f"reads or writes {_rate(rate)}"
     return ""
