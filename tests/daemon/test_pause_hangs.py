@@ -62,6 +62,25 @@ def block(path: str) -> None:
     os.replace(path + ".fifo", path)
 
 
+def _metrics_server(answering: threading.Event) -> socket.socket:
+    """A line server on loopback for the job's --log-to: answers each line while
+    `answering` is set; cleared, it reads the next line and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            f = conn.makefile("rb")
+            while f.readline():
+                if not answering.is_set():
+                    threading.Event().wait(3600)  # accepted, read, never answered
+                conn.sendall(b"ok\n")
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
 def _firing(daemon, key):
     return [b for b in daemon.hook.bodies() if b["status"] == "firing" and b["job"] == key]
 
@@ -157,22 +176,9 @@ def test_a_rank_blocked_writing_its_checkpoint_is_the_culprit(
 
 def test_a_rank_blocked_in_a_logging_call_is_the_culprit(
         watch, start_module_job, tmp_path_factory):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
     answering = threading.Event()
     answering.set()
-
-    def serve():  # answers each line while `answering`, then accepts and never answers
-        conn, _ = server.accept()
-        with conn:
-            f = conn.makefile("rb")
-            while f.readline():
-                if answering.is_set():
-                    conn.sendall(b"ok\n")
-                else:
-                    answering.wait(3600)
-    threading.Thread(target=serve, daemon=True).start()
+    server = _metrics_server(answering)
     port = server.getsockname()[1]
     try:
         job, pids, _ = _start(start_module_job, tmp_path_factory, torchrun(
@@ -193,17 +199,9 @@ def test_the_same_pauses_working_send_no_page(watch, start_module_job, tmp_path_
     server that answers, and checkpoints drained slowly (8 KB every 20 ms: bytes moving
     with no CPU: docs/judgement-over-time.md "Between working and idle"): pauses,
     never a page."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def serve():
-        conn, _ = server.accept()
-        with conn:
-            f = conn.makefile("rb")
-            while f.readline():
-                conn.sendall(b"ok\n")
-    threading.Thread(target=serve, daemon=True).start()
+    answering = threading.Event()
+    answering.set()
+    server = _metrics_server(answering)
     data = str(tmp_path_factory.mktemp("working"))
     ckpt = os.path.join(data, "ckpt-rank0.pt")
     os.makedirs(data, exist_ok=True)
