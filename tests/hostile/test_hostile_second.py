@@ -113,7 +113,10 @@ def test_command_lines_of_megabytes_leave_the_daemon_within_its_memory(
 
 MARKER = "ROOT-ONLY-MARKER-6f1c"
 SECRET_ADDR = "10.213.37.99"  # what root's file would give the node, were it read
-SITS = "import time; print('ready', flush=True); time.sleep(3600)"
+# a fake rank holds a TCP socket, as a rank's store or peers are: a claim alone
+# opens no incident (publish/limits.py shows_a_job), and this test reads a bundle
+SITS = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print('ready', flush=True); time.sleep(3600)")
 
 
 def rank_over(start_job, shared_dir, source: str, name: str):
