@@ -3,11 +3,9 @@ real jobs of several launchers stopped, killed, terminated, hung, slowed and lef
 alone, watched by a real `ddpwatch run` and judged by `ddpwatch diagnose`. Fails
 when a run names a wrong culprit, misses a fault, a negative pages or an injection
 never reached its state; rows the catalogue marks `known` (true findings about
-ddpwatch) are printed, not failed. Covers what these tests also check, one
-launcher each: tests/thirdparty/test_thirdparty_jobs.py (stopped rank, rank
-stopped most of the time, healthy), tests/thirdparty/test_thirdparty_killed.py
-(a SIGKILLed spawn rank paged as the culprit), tests/daemon/test_daemon_healthy_watch.py
-(no page on healthy third-party jobs)."""
+ddpwatch) are printed, not failed. What the suite checks elsewhere stays out of
+--quick (the healthy row: tests/daemon/test_daemon_healthy_watch.py watches four
+launchers' healthy jobs at once)."""
 from __future__ import annotations
 
 import glob

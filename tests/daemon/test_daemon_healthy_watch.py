@@ -1,5 +1,5 @@
 """A real daemon watches real healthy third-party jobs without heartbeats, from
-their launch (imports, init_process_group, DDP set-up) through 75 s of
+their launch (imports, init_process_group, DDP set-up) through 50 s of
 training: no alarm, ever (benchmarks/soak.py watches torchrun and Lightning
 jobs for longer).
 
@@ -28,7 +28,7 @@ from thirdparty_jobs import ANNOUNCE, LAUNCH, THIRDPARTY
 
 from ddpwatch.judge.vocabulary import CALM
 
-TRAIN_S = 75.0  # watched for this long after each job's ranks announced themselves
+TRAIN_S = 50.0  # watched for this long after each job's ranks announced themselves
 
 
 def command(launcher: str) -> list[str]:

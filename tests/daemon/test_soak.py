@@ -4,15 +4,15 @@ benchmarks/soak.py in the suite (docs/judgement-over-time.md).
 Two real torchrun jobs of a nanoGPT-shaped loop (tests/jobs/thirdparty/nanogpt_ddp.py)
 whose rank 0 alone evaluates every few seconds (one job) or evaluates and saves a
 300 MB checkpoint (the other), watched by a real `ddpwatch run` with a webhook
-receiver. For 2 minutes: no firing message at all, and the pauses named in
+receiver. For a minute: no firing message at all, and the pauses named in
 /status with their kind. Then, mid-run, faults on the same jobs: a stopped rank
 and a rank waiting on a lock page within seconds; an evaluation 10x as long as
 the job's earlier ones pages once past its learned bound; a rank busy-looping
 where no pause ran before pages at the pause floor. Each incident pages once.
 The page of the long evaluation's incident, opened in headless Chromium, shows
 the job's verdicts over time with the evaluations before it. Before them, a
-DataLoader job and a torch.compile job with a recompile mid-run page nobody and
-their pauses are named data and compile.
+torch.compile job with a recompile mid-run pages nobody and its pauses are named
+compile.
 """
 from __future__ import annotations
 
@@ -29,21 +29,21 @@ from ddpwatch.publish.bundle import dir_name
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import soak  # noqa: E402
 
-HEALTHY_S = 120.0
-# the DataLoader and compile jobs: a minute, and until rank 1's recompile (at step
-# 200 here, 400 in benchmarks/soak.py) is done; the long watch is the benchmark's
-MORE_S = 60.0
-MORE_JOBS = {**soak.MORE_JOBS, "compile": {**soak.MORE_JOBS["compile"],
-                                           "DDPWATCH_TEST_RECOMPILE_AT": "200"}}
+HEALTHY_S = 60.0  # a minute here; benchmarks/soak.py watches for as long as asked
+# the compile job: half a minute, and until rank 1's recompile (at step 200 here,
+# 400 in benchmarks/soak.py) is done; the long watch is the benchmark's. The
+# DataLoader job of benchmarks/soak.py MORE_JOBS (workers forked at each epoch) is
+# tests/daemon/test_pause_hangs.py's negative here (test_the_same_pauses_working...)
+MORE_S = 30.0
+MORE_JOBS = {"compile": {**soak.MORE_JOBS["compile"], "DDPWATCH_TEST_RECOMPILE_AT": "200"}}
 FLOOR_S = 20.0  # pause_floor_s: the busy loop pages at it
 
 
-def test_a_dataloaders_epochs_and_a_recompile_are_pauses_that_page_nobody(tmp_path):
-    """The DataLoader job (workers not persistent: every rank waits for its new
-    workers at each epoch's start) and the torch.compile job (cold cache; rank 1
-    alone recompiles at step 200 for tens of seconds while rank 0 waits), under the
-    daemon's defaults, for a minute and until the recompile is done. First in
-    this file: it runs before the module's three jobs start (2 cores)."""
+def test_a_recompile_is_a_pause_that_pages_nobody(tmp_path):
+    """The torch.compile job (cold cache; rank 1 alone recompiles at step 200 for
+    tens of seconds while rank 0 waits), under the daemon's defaults, for half a
+    minute and until the recompile is done. First in this file: it runs before the
+    module's three jobs start (2 cores)."""
     run = soak.Soak(str(tmp_path), MORE_JOBS, config={"resolve_after_s": 10})
     try:
         began = run.wait_started()
@@ -51,12 +51,11 @@ def test_a_dataloaders_epochs_and_a_recompile_are_pauses_that_page_nobody(tmp_pa
             lambda: "recompiled in" in run.jobs["compile"].output() and soak.time.monotonic(),
             600, "rank 1's recompile")
         soak.wait_for(lambda: soak.time.monotonic() >= max(began + MORE_S, compiled + 5),
-                      MORE_S + 10, "a minute of training")
+                      MORE_S + 10, "half a minute of training")
         ours = {run.label_of(name) for name in run.jobs}
         firing = [(t, m) for t, m in run.receiver.firing() if m.get("job") in ours]
         assert None not in ours and firing == [], "false pages:\n" + run.describe(firing, began)
         pauses, verdicts = run.pauses_seen(), run.verdicts_seen()
-        assert pauses["loader"]["data"] >= 2, (pauses, verdicts)  # more than one epoch
         assert pauses["compile"]["compile"] >= 3, (pauses, verdicts, run.jobs["compile"]
                                                    .output()[-2000:])
     finally:
@@ -74,10 +73,10 @@ def watched(tmp_path_factory):
         run.close()
 
 
-def test_two_minutes_of_healthy_training_with_pauses_page_nobody(watched):
+def test_a_minute_of_healthy_training_with_pauses_pages_nobody(watched):
     began = soak.time.monotonic()
     soak.wait_for(lambda: soak.time.monotonic() - began >= HEALTHY_S, HEALTHY_S + 10,
-                  "two minutes of training")
+                  "a minute of training")
     # the daemon watches every job on the node: ours are judged here
     ours = {watched.label_of(name) for name in watched.jobs}
     firing = [(t, m) for t, m in watched.receiver.firing() if m.get("job") in ours]
