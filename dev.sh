@@ -29,6 +29,13 @@ setup() {
             apt-get update -qq
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
         fi
+        # tracefs, as systemd mounts it at boot: the exits probe reads who sent a
+        # rank its SIGTERM there (ddpwatch/observe/system/tracefs.py)
+        if [ -d /sys/kernel/tracing ] && [ ! -d /sys/kernel/tracing/instances ]; then
+            mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null ||
+                echo "dev.sh: cannot mount tracefs at /sys/kernel/tracing: a rank sent SIGTERM" \
+                     "alone reads as its job stopped"
+        fi
     else
         echo "dev.sh: not root: Debian packages (${DEBIAN_PACKAGES[*]}) not installed;" \
              "tests that need them will skip and say why"

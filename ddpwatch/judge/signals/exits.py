@@ -5,6 +5,7 @@ by peer") once the dead rank's sockets close, and mp.spawn, Lightning and
 torchrun then end the rest. Pure."""
 from __future__ import annotations
 
+from ...observe.probes.exits import signal_name
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
 
@@ -16,6 +17,8 @@ SIGNALS = declare(
     ("exit_code", int, "its exit code, -1 when a signal ended it"),
     ("exit_abnormal", bool, "it ended by a signal or with a non-zero exit code"),
     ("exit_oom", bool, "killed by SIGKILL while the node's OOM-kill count rose"),
+    ("exit_sent_by", str, "who sent it a stop signal (SIGHUP, SIGINT, SIGTERM) before it "
+                          "ended: 'pid 4242 (earlyoom)', when the exits probe watched senders"),
     ("exit_order", int, "1 for the first of the job's ranks seen to end, 2 the next..."),
     ("exit_after_s", NUMBER, "seconds after the job's first rank ended that this one did", "s"),
     ("died_first", bool, "the first of its job's ranks to end abnormally (a signal, a "
@@ -52,8 +55,19 @@ def measure(s: dict, last: Snapshot) -> None:
     if not s["exit_seen"]:
         return
     s["exit_how"] = exit_.how
+    sent = last.exits.stop_sent_to(exit_)
+    if sent is not None:
+        s["exit_sent_by"] = sent.by
+        s["exit_how"] += (f" (sent by {sent.by})" if sent.signal == exit_.signal else
+                          f" (after {signal_name(sent.signal)} from {sent.by})")
     s["exit_signal"], s["exit_code"] = exit_.signal, exit_.code
-    s["exit_abnormal"] = bool(exit_.signal or exit_.code)
+    # an end after a stop signal from outside its job is no clean finish, whatever
+    # its code (mp.spawn's wrapper exits 0 on a SIGINT's KeyboardInterrupt):
+    # observe/jobs/departures.py _abnormal decides the same for the held job
+    job = last.job
+    outside = sent is not None and sent.sender not in (
+        set(job.rank_pids + job.departed_pids) | {job.launcher_pid})
+    s["exit_abnormal"] = bool(exit_.signal or exit_.code) or outside
     s["exit_oom"] = exit_.signal == 9 and exit_.oom_kills > 0
     # for link() only: clock-bound, so kept out of what is served to peers and shown
     # (those take scalars only)

@@ -20,6 +20,15 @@ jobs it judges:
   attempting graceful shutdown", then SIGKILL to its other ranks and exit 1)
   ends no differently from one whose rank died. The person at that terminal
   saw either happen.
+A stop request reaches the whole job: the launcher (which forwards it) or every
+rank at once. One rank sent SIGTERM alone (earlyoom and systemd-oomd pick the
+biggest process; a `kill` of one pid) ends the same way, and the launcher then
+SIGTERMs the others (torchrun: within 0.1 s). Where the exits probe watches who
+sends stop signals (observe/system/tracefs.py), a rank's stop signal counts as
+its job's stop only when its sender is of the job (a launcher forwarding) or
+also signalled the launcher or every other rank within STOP_TOGETHER_S; a rank
+signalled alone died, and its job is held (`_stopped_by_request`). Unwatched,
+any stop signal first reads as the job stopped.
 Bounded by the jobs the daemon watches. Pure: the daemon hands in each tick's
 jobs and exits.
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ..probes.exits import signal_name
 from .job import Job
 
 log = logging.getLogger("ddpwatch.departures")
@@ -37,6 +47,44 @@ WHOLE_S = 0.5  # every rank ended by one signal within this: the job was killed 
 CTRL_C_S = 3.0  # a terminal job's ranks all ended within this: stopped there
 # signals of a crash, never of a person's stop
 CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+STOP_TOGETHER_S = 2.0  # one stop request's signals to a job's processes fall within this
+
+
+def _job_pids(job: Job) -> set[int]:
+    return set(job.rank_pids + job.departed_pids) | (
+        {job.launcher_pid} if job.launcher_pid > 0 else set())
+
+
+def _stopped_by_request(job: Job, first, exits) -> tuple[bool | None, str]:
+    """Whether the first abnormal end was the job being stopped (None: unknown,
+    its sender unseen and its end no stop signal), and why (for the log).
+    Unwatched senders: an end by a stop signal is a stop. Watched: a stop signal
+    sent to it (the end may be its handler's exit code) counts when its sender
+    is of the job or also asked the launcher or every rank."""
+    sent = exits.stop_sent_to(first) if exits is not None and exits.traced else None
+    if sent is None:
+        if first.asked_to_stop:
+            return True, f"pid {first.pid} was asked to stop ({_how(first)})"
+        return None, ""
+    asked = f"{signal_name(sent.signal)} to pid {first.pid}"
+    if sent.sender in _job_pids(job):
+        return True, f"{asked} came from its own job's {sent.by}"
+    near = {s.target for s in exits.sent if s.sender == sent.sender
+            and abs(s.at - sent.at) <= STOP_TOGETHER_S}
+    if job.launcher_pid in near or set(job.rank_pids + job.departed_pids) <= near:
+        return True, (f"{sent.by} asked the whole job to stop ({signal_name(sent.signal)} to "
+                      f"{'its launcher' if job.launcher_pid in near else 'every rank'})")
+    return False, f"{sent.by} sent {asked} alone ({_how(first)})"
+
+
+def _abnormal(job: Job, e, exits) -> bool:
+    """Ended by a signal or a non-zero code, or after a stop signal from outside
+    the job (mp.spawn's worker wrapper turns a SIGINT's KeyboardInterrupt into
+    exit code 0; its peers then fail with code 1)."""
+    if e.abnormal:
+        return True
+    sent = exits.stop_sent_to(e) if exits is not None and exits.traced else None
+    return sent is not None and sent.sender not in _job_pids(job)
 
 
 def _killed_whole(job: Job, ended: dict, first) -> bool:
@@ -69,12 +117,13 @@ def _how(e) -> str:
     return f"signal {e.signal}" if e.signal else f"code {e.code}"
 
 
-def _why_not_held(job: Job, ended: dict, died: list) -> str:
+def _why_not_held(job: Job, ended: dict, died: list, exits) -> str:
     if not died:
         seen = ", ".join(f"{p}: {_how(e)}" for p, e in ended.items()) or "none seen"
         return f"no abnormal end among its processes (ends: {seen})"
-    if died[0].asked_to_stop:
-        return f"pid {died[0].pid} was asked to stop ({_how(died[0])})"
+    stopped, why = _stopped_by_request(job, died[0], exits)
+    if stopped:
+        return why
     return f"every rank ended by {_how(died[0])} at once (its process group was killed)"
 
 
@@ -121,13 +170,19 @@ class Departures:
             ended = {e.pid: e for e in every if e.at >= self._since.get(key, now)}
             everyone = job.rank_pids + job.departed_pids + (
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
-            died = sorted((ended[p] for p in everyone if p in ended and ended[p].abnormal),
+            died = sorted((ended[p] for p in everyone
+                           if p in ended and _abnormal(job, ended[p], exits)),
                           key=lambda e: e.at)
-            if not died or died[0].asked_to_stop or _killed_whole(job, ended, died[0]):
+            # a stop signal's sender, when seen, decides; else how every rank ended
+            stopped = _stopped_by_request(job, died[0], exits)[0] if died else None
+            if not died or stopped or (stopped is None and _killed_whole(job, ended, died[0])):
                 # said once, as the job leaves: why a gone job pages nothing
-                log.info("job %s ended: not held (%s)", label, _why_not_held(job, ended, died))
+                log.info("job %s ended: not held (%s)", label,
+                         _why_not_held(job, ended, died, exits))
                 continue
-            if key in self._at_terminal:
+            # a terminal's Ctrl-C reaches every rank: one whose sender was seen
+            # asking one rank alone (stopped False) is no Ctrl-C
+            if key in self._at_terminal and stopped is None:
                 if any(p not in ended for p in job.rank_pids + job.departed_pids) and \
                         now - died[0].at <= CTRL_C_S:
                     pending[key] = (job, label)  # the rest may still be ending
@@ -138,8 +193,9 @@ class Departures:
             gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
                                        job, ended, ranks_of.get(key, {}), every=True)
             self._held[key] = (gone, label, now + self.hold_s)
+            alone = _stopped_by_request(job, died[0], exits)[1]  # the sender, when seen
             log.info("job %s ended: held %.0f s, first to end pid %d (%s)", label,
-                     self.hold_s, died[0].pid, _how(died[0]))
+                     self.hold_s, died[0].pid, alone or _how(died[0]))
         for key, (job, label, until) in list(self._held.items()):
             if now > until:
                 del self._held[key]

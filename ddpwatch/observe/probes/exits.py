@@ -15,6 +15,11 @@ parent. Ways to learn it anyway, as root:
   stat has its exit code only until its parent reaps it (torchrun: 0.1 s).
 * taskstats (genetlink, per-CPU exit listeners): the same facts at more cost.
 
+Beside each end, who sent the stop signals (SIGHUP, SIGINT, SIGTERM) to the
+watched pids (observe/system/tracefs.py): one rank SIGTERMed alone is a death,
+the same signal to the launcher or every rank the job stopped
+(observe/jobs/departures.py). Without tracefs only that is unknown.
+
 The socket is opened once (`ExitWatch`) and kept by the probe's object
 (`ExitsProbe`) while the probe is on, like the traffic capture. A classic BPF
 filter lets the kernel drop every event but a process's (thread group
@@ -32,7 +37,9 @@ PARSE (pure): `decode_status`, `oom_kill_count`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
+import logging
 import signal as signal_mod
 import socket
 import time
@@ -40,10 +47,15 @@ from dataclasses import dataclass
 
 from ... import codec
 from ..system.proc_events import close_socket, open_socket, parse_datagram
+from ..system.tracefs import SignalSent, SignalTrace
 from . import Pass, Probe, ProbeContext, register
+
+log = logging.getLogger("ddpwatch.exits")
 
 KEEP_S = 300.0     # an exit is kept this long (a held job is judged meanwhile)
 MAX_KEPT = 512     # and at most this many (newest kept)
+STOP_GRACE_S = 30.0  # a stop signal this long before an end asked for it (a
+                     # graceful shutdown: Lightning's checkpoint on SIGTERM)
 MAX_DRAIN = 50_000  # datagrams per drain: a fork bomb must not hold the tick
 
 @dataclass(frozen=True)
@@ -86,15 +98,29 @@ class Exits:
     exits: tuple[ProcessExit, ...]    # of watched pids only, oldest first
     lost: int = 0                     # events the kernel dropped (full buffer) since open
     last_loss_s: float = -1.0         # when a drain last found some lost
+    # stop signals (SIGHUP, SIGINT, SIGTERM) sent to watched pids, oldest first,
+    # with their senders (observe/system/tracefs.py); meaningful only when traced
+    sent: tuple[SignalSent, ...] = ()
+    traced: bool = False              # who sends stop signals is watched
+
+    def stop_sent_to(self, e: ProcessExit) -> SignalSent | None:
+        """The last stop signal sent to `e`'s process in the STOP_GRACE_S before
+        it ended, with its sender: one from another process first (Python
+        re-raises a SIGINT it turned into KeyboardInterrupt on itself)."""
+        mine = [s for s in self.sent
+                if s.target == e.pid and e.at - STOP_GRACE_S <= s.at <= e.at + 0.5]
+        outside = [s for s in mine if s.sender != e.pid]
+        return (outside or mine or [None])[-1]
 
 
 def for_pids(exits: Exits | None, pids) -> Exits | None:
-    """Only these pids' exits (a job's ranks and launcher): what a snapshot keeps."""
+    """Only these pids' exits and signals (a job's ranks and launcher): what a
+    snapshot keeps."""
     if exits is None:
         return None
     wanted = set(pids)
-    return Exits(exits.taken_at, exits.since, tuple(e for e in exits.exits if e.pid in wanted),
-                 exits.lost, exits.last_loss_s)
+    return dataclasses.replace(exits, exits=tuple(e for e in exits.exits if e.pid in wanted),
+                               sent=tuple(s for s in exits.sent if s.target in wanted))
 
 
 # ---------------------------------------------------------------- PARSE (pure)
@@ -140,16 +166,28 @@ class ExitWatch:
     """The open connector socket and the watched pids' exits it has seen.
     `open()` raises OSError (PermissionError without CAP_NET_ADMIN)."""
 
-    def __init__(self, sock: socket.socket, clock, procfs: str):
+    def __init__(self, sock: socket.socket, clock, procfs: str,
+                 trace: SignalTrace | None = None):
         self._sock, self._clock, self._procfs = sock, clock, procfs
         self.since = clock()
         self._kept: collections.OrderedDict[int, ProcessExit] = collections.OrderedDict()
         self.lost, self.last_loss_s = 0, -1.0
         self._oom = self._oom_count()
+        self._trace = trace
+        self._sent: collections.deque[SignalSent] = collections.deque(maxlen=MAX_KEPT)
 
     @classmethod
     def open(cls, clock, procfs: str = "/proc") -> "ExitWatch":
-        return cls(open_socket(), clock, procfs)
+        sock = open_socket()
+        try:
+            trace = SignalTrace.open(procfs)
+        except OSError as err:
+            # the exits still say how each rank ended; only a lone rank's SIGTERM
+            # then reads as its job stopped (observe/jobs/departures.py)
+            log.warning("who sends stop signals is not watched: %s; a rank sent SIGTERM "
+                        "alone is taken for its job stopped", err.strerror or err)
+            trace = None
+        return cls(sock, clock, procfs, trace)
 
     def _oom_count(self) -> int | None:
         try:
@@ -187,15 +225,23 @@ class ExitWatch:
             self._kept.popitem(last=False)
         for pid in [p for p, e in self._kept.items() if now - e.at > KEEP_S]:
             del self._kept[pid]
+        if self._trace is not None:
+            # signals to others' processes are dropped: any user can kill(2) its own
+            self._sent.extend(s for s in self._trace.drain() if s.target in watched)
+            while self._sent and now - self._sent[0].at > KEEP_S:
+                self._sent.popleft()
 
     def snapshot(self, watched) -> Exits:
         self.drain(watched)
         return Exits(self._clock(), self.since,
                      tuple(sorted(self._kept.values(), key=lambda e: e.at)),
-                     self.lost, self.last_loss_s)
+                     self.lost, self.last_loss_s, tuple(self._sent),
+                     self._trace is not None)
 
     def close(self) -> None:
         close_socket(self._sock)
+        if self._trace is not None:
+            self._trace.close()
 
 
 class NoWatch:
