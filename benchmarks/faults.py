@@ -15,7 +15,9 @@ wrong). benchmarks/README.md "The fault benchmark" says how to add a scenario.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -47,7 +49,24 @@ def parse(argv=None):
                         "prints JSON with job.verdict and job.culprits (default: ddpwatch "
                         "diagnose --json)")
     p.add_argument("--list", action="store_true", help="print the selected runs and exit")
+    p.add_argument("--lock", default="", metavar="FILE",
+                   help="hold an exclusive flock(2) on FILE during each run, not between: "
+                        "on a shared machine, other CPU-heavy work that takes the same lock "
+                        "runs between the benchmark's runs, never during one")
     return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def _held(path: str):
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def main(argv=None) -> int:
@@ -71,7 +90,8 @@ def main(argv=None) -> int:
         try:
             for i in range(args.repeat):
                 for spec in runs:
-                    got = score.score_run(runner.run(spec, watch, workdir, args.diagnoser))
+                    with _held(args.lock):
+                        got = score.score_run(runner.run(spec, watch, workdir, args.diagnoser))
                     got["repeat"] = i
                     results.append(got)
                     row = report.rows([got])[0]
