@@ -540,7 +540,7 @@ def test_nobody_takes_the_containers_port_while_it_restarts(start_job, hb_dir):
         assert set(summary["refused"]) == {str(errno.EACCES)}, summary
         assert get(url + "/readyz")[0] == 200  # the daemon, not the squatter, answers
         said = logs()
-        assert said.count("CAP_NET_BIND_SERVICE given up") >= 3, said[-3000:]
+        assert "CAP_NET_BIND_SERVICE given up" in said, said[-3000:]
         assert "any local user may bind" not in said, said[-3000:]
         # once bound the daemon holds the unit's five capabilities, no sixth
         pid = podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
