@@ -10,10 +10,10 @@ import sys
 import threading
 import time
 
-from .. import config as config_mod, errors
+from .. import config as config_mod, errors, port_guard
 from ..daemon import Daemon, collect_less, load_rules
 from ..publish.endpoints import STALE_AFTER_S, Server
-from ..publish.bounded_server import same_address
+from ..publish.bounded_server import bind, same_address
 from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
 
 log = logging.getLogger("ddpwatch")
@@ -77,18 +77,23 @@ def load_all(args):
 def main(args) -> int:
     cfg, rules = load_all(args)  # ConfigError -> exit 78 at the CLI boundary
     setup_logging(cfg.log_format)
+    # The port first, while this is the only thread: giving up the capability
+    # that bound it (guard_port) holds for every thread started after.
+    activated = _activated(cfg)
+    sock, pinned = activated, None
+    if activated is None:
+        try:
+            sock = bind(*cfg.host_port)
+        except OSError as err:
+            raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
+        pinned = guard_port(cfg.listen, sock.getsockname()[1])
     dispatcher = build_dispatcher(cfg)
     poller = build_poller(cfg)
     daemon = Daemon(cfg, rules, dispatcher, peers=poller)
     collect_less()
     from ..publish.metrics import make_registry, render
-    # `server` is bound below and rebound by a reload that moves the listener
+    # `server` is made below and rebound by a reload that moves the listener
     registry = make_registry(lambda: daemon.view, lambda: server.httpd.stats)
-    try:
-        activated = _activated(cfg)
-    except errors.DdpwatchError:
-        daemon.close()
-        raise
 
     # /healthz fails where systemd would kill (after its watchdog interval), and
     # never before three ticks were due
@@ -99,14 +104,11 @@ def main(args) -> int:
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
                       request_stacks=daemon.request_stacks,
                       stacks_min_interval_s=c.stacks_min_interval_s, sock=sock,
+                      activated=activated is not None and sock is activated,
                       stale_after_s=max(stale_s, 3 * c.tick_s))
 
     host = cfg.host_port[0]
-    try:
-        server = make_server(cfg, activated)
-    except OSError as err:
-        daemon.close()
-        raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
+    server = make_server(cfg, sock)
     server.start()
     if poller is not None:
         poller.start()
@@ -127,7 +129,7 @@ def main(args) -> int:
     while not stop.is_set():
         if reload_requested.is_set():
             reload_requested.clear()
-            dispatcher, server = _reload(args, daemon, dispatcher, server, make_server)
+            dispatcher, server = _reload(args, daemon, dispatcher, server, make_server, pinned)
         if hold:
             _held(hold, stop)
         daemon.tick()
@@ -176,15 +178,38 @@ def _activated(cfg):
     return sock
 
 
+def guard_port(listen: str, port: int, procfs: str = "/proc") -> str | None:
+    """A port the daemon bound itself: say when any local user could take it while
+    the daemon is down (port_guard.warning), and give up CAP_NET_BIND_SERVICE
+    once a privileged one is held (the containers add it for that bind alone:
+    deploy/image/run.sh, deploy/kubernetes/daemonset.yaml). Returns why a reload
+    may no longer move `listen` (the capability is gone), or None."""
+    start = port_guard.read_unprivileged_start(procfs)
+    said = port_guard.warning(listen, port, start)
+    if said:
+        log.warning("%s", said)
+    try:
+        dropped = port_guard.drop_bind_service()
+    except OSError as err:
+        log.warning("could not give up CAP_NET_BIND_SERVICE: %s", err.strerror)
+        return None
+    if dropped and port_guard.takeable(port, start) is False:
+        log.info("listening on privileged port %d; CAP_NET_BIND_SERVICE given up", port)
+        return (f"the daemon gave up CAP_NET_BIND_SERVICE once it held privileged port "
+                f"{port}: restart it to listen elsewhere")
+    return None
+
+
 def _held(path: str, stop: threading.Event) -> None:
     """The HOLD_TICK_ENV hook: wait while `path` exists (or until stopped)."""
     while os.path.exists(path) and not stop.is_set():
         stop.wait(0.1)
 
 
-def _reload(args, daemon, dispatcher, server, make_server):
+def _reload(args, daemon, dispatcher, server, make_server, pinned=None):
     """Atomic: a bad file, or a listen address that cannot be bound, is logged and
-    the running config kept. Returns the (dispatcher, server) now in use."""
+    the running config kept. `pinned` says why listen may not move (guard_port).
+    Returns the (dispatcher, server) now in use."""
     try:
         cfg, rules = load_all(args)
     except errors.DdpwatchError as err:
@@ -198,6 +223,10 @@ def _reload(args, daemon, dispatcher, server, make_server):
         log.error("reload refused, keeping the running config: listen moved to %s, but the "
                   "socket is systemd's (ddpwatch.socket): change its ListenStream= and "
                   "restart both", cfg.listen)
+        return dispatcher, server
+    if cfg.listen != daemon.config.listen and pinned:
+        log.error("reload refused, keeping the running config: listen moved to %s, but %s",
+                  cfg.listen, pinned)
         return dispatcher, server
     if cfg.listen != daemon.config.listen:
         server, why = rebind(server, cfg, daemon.config, make_server)

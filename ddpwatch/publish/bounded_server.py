@@ -120,7 +120,8 @@ class BoundedServer:
                  light_workers: int = 2, max_pending: int = 64, idle_timeout_s: float = 5.0,
                  request_timeout_s: float = 5.0, request_deadline_s: float = 10.0,
                  response_deadline_s: float = 20.0, min_bytes_per_s: float = 32768.0,
-                 max_writers: int = 16, sock: socket.socket | None = None):
+                 max_writers: int = 16, sock: socket.socket | None = None,
+                 activated: bool | None = None):
         if not 0 < light_workers < workers:
             raise ValueError("light_workers must be within 1..workers-1")
         heads = self._heads = {}  # connection -> its request head, read by the acceptor
@@ -144,9 +145,10 @@ class BoundedServer:
         self.response_deadline_s = response_deadline_s
         self.min_bytes_per_s = min_bytes_per_s
         self.max_writers = max_writers
-        # already bound and listening: systemd's (sdnotify.listen_socket), which a
-        # reload may not move (commands/run.py)
-        self.activated = sock is not None
+        # `sock`: already bound and listening. `activated`: it is systemd's
+        # (sdnotify.listen_socket), which a reload may not move (commands/run.py);
+        # by default any `sock` is
+        self.activated = sock is not None if activated is None else activated
         if sock is not None:
             self.sock = sock
             self.sock.setblocking(False)

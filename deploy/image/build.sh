@@ -95,9 +95,11 @@ podman_opts "$base" "$CACHE" || die "podman cannot start a container on this mac
 
 # --- 2. the wheels: once per content of what goes into the wheel ------------------
 # Hashing the working tree (not the last commit) so an edit not yet committed is
-# built too. The Containerfile is hashed as well: it shapes the image.
+# built too. The Containerfile and the image's config are hashed as well: they
+# shape the image.
 src_hash="$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard -- \
         ddpwatch rules systemd grafana setup.cfg setup.py pyproject.toml deploy/image/Containerfile \
+        deploy/image/config.yaml \
     | sort -z | xargs -0 sha256sum 2>/dev/null | sha)"
 version="$(cd "$REPO" && "$PYTHON" -c 'import re;print(re.search(r"__version__\s*=\s*\"([^\"]+)\"", open("ddpwatch/__init__.py").read()).group(1))')"
 tag="$NAME:$version-$src_hash"
@@ -115,7 +117,7 @@ else
     "$PYTHON" -m pip wheel --quiet --disable-pip-version-check -w "$ctx/wheels" "$REPO" >&2 \
         || die "pip wheel failed (see above)"
     ls "$ctx/wheels" | grep -qi '^torch' && die "torch ended up among the wheels; the daemon must not need it"
-    cp "$REPO/systemd/config.yaml" "$ctx/config.yaml"
+    cp "$HERE/config.yaml" "$ctx/config.yaml"
     cp "$HERE/Containerfile" "$ctx/Containerfile"
     say "building $tag"
     # --pull=never: the base is the local import, never a registry's.

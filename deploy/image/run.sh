@@ -8,7 +8,18 @@
 #                    captures the node's SYN/RST segments, and peers and Prometheus
 #                    reach the daemon at the node's address
 #   the five capabilities of systemd/ddpwatch.service's CapabilityBoundingSet,
-#   nothing else; no new privileges; a read-only root; /tmp in memory
+#   and CAP_NET_BIND_SERVICE until the daemon holds its port; no new privileges;
+#   a read-only root; /tmp in memory; podman's default seccomp profile, not the
+#   unit's SystemCallFilter (README "What the container lacks")
+#   port 195         the image's config (deploy/image/config.yaml) listens on
+#                    127.0.0.1:195. On the node's network nothing holds the port
+#                    while the container restarts (systemd/ddpwatch.socket does for
+#                    the unit), so it is one below 1024, which no user without
+#                    CAP_NET_BIND_SERVICE may bind (net.ipv4.ip_unprivileged_port_start);
+#                    the daemon gives that capability up once bound and warns at
+#                    start when its port is one anybody could take
+#                    (ddpwatch/port_guard.py). DDPWATCH_LISTEN=0.0.0.0:195 (with
+#                    DDPWATCH_TOKEN) opens it to peers and Prometheus.
 #   /dev/shm/ddpwatch the node's record directory, read-only (only writers remove
 #                    records: ddpwatch/heartbeat/retention.py)
 #   /var/lib/ddpwatch incidents and their bundles, kept across restarts
@@ -51,6 +62,7 @@ exec podman "${PODMAN_OPTS[@]}" run --detach --replace --name "$NAME" \
     --pid=host --network=host \
     --cap-drop=all \
     --cap-add=CAP_SYS_PTRACE,CAP_DAC_READ_SEARCH,CAP_NET_RAW,CAP_SYS_ADMIN,CAP_NET_ADMIN \
+    --cap-add=CAP_NET_BIND_SERVICE \
     --security-opt=no-new-privileges \
     --read-only --tmpfs /tmp:rw,size=16m,mode=1777 \
     "${ULIMITS[@]}" \

@@ -6,6 +6,7 @@ image run beside a real 2-rank job."""
 from __future__ import annotations
 
 import configparser
+import errno
 import json
 import os
 import secrets
@@ -14,6 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 
 import pytest
@@ -127,9 +130,11 @@ def test_daemonset_runs_the_daemon_as_the_unit_does():
     (box,) = pod["containers"]
     assert pod["hostPID"] is True and pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    # the same five capabilities as the unit's bounding set, every other dropped
+    # the same five capabilities as the unit's bounding set, every other dropped but
+    # the one that binds a privileged port (the daemon gives it up once bound:
+    # test_nobody_takes_the_containers_port_while_it_restarts reads its CapEff)
     (bounding,) = unit_setting("CapabilityBoundingSet")
-    want = sorted(c.removeprefix("CAP_") for c in bounding.split())
+    want = sorted([c.removeprefix("CAP_") for c in bounding.split()] + ["NET_BIND_SERVICE"])
     sc = box["securityContext"]
     assert sorted(sc["capabilities"]["add"]) == want and sc["capabilities"]["drop"] == ["ALL"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
@@ -143,8 +148,15 @@ def test_daemonset_runs_the_daemon_as_the_unit_does():
                                      d["metadata"]["name"].startswith("ddpwatch-config")],
                                     "ConfigMap")["data"]["config.yaml"])
     port = int(config["listen"].rsplit(":", 1)[1])
+    # one no user of the node may bind while the pod restarts (the kernel's
+    # default net.ipv4.ip_unprivileged_port_start)
+    assert port < 1024
     (http,) = box["ports"]
     assert http["containerPort"] == port and http["name"] == "http"
+    (service_port,) = by_kind(docs, "Service")["spec"]["ports"]
+    assert service_port["port"] == port and service_port["targetPort"] == "http"
+    env = {e["name"]: e.get("value") for e in box["env"]}
+    assert env["DDPWATCH_EXTERNAL_URL"] == f"http://$(NODE_IP):{port}"
     assert box["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert box["readinessProbe"]["httpGet"]["path"] == "/readyz"
     # the node's record directory, read-only, where the daemon's config reads
@@ -197,7 +209,26 @@ def test_shipped_configs_load_with_the_daemons_strict_loader(path, monkeypatch):
         config.load(os.path.join(REPO, path))
     monkeypatch.setenv("DDPWATCH_TOKEN", secrets.token_hex(32))  # `openssl rand -hex 32`
     loaded = config.load(os.path.join(REPO, path))
-    assert loaded.listen == "0.0.0.0:19500" and loaded.state_dir == "/var/lib/ddpwatch"
+    assert loaded.listen == "0.0.0.0:195" and loaded.state_dir == "/var/lib/ddpwatch"
+
+
+def test_the_images_config_is_the_units_on_a_privileged_port():
+    """deploy/image/config.yaml is systemd/config.yaml but for the port: the unit's
+    socket is held by systemd across restarts, the container's is one no user may bind."""
+    with open(os.path.join(DEPLOY, "image", "config.yaml")) as f:
+        image = yaml.safe_load(f)
+    with open(os.path.join(REPO, "systemd", "config.yaml")) as f:
+        unit = yaml.safe_load(f)
+    host, port = image.pop("listen").rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) < 1024
+    unit.pop("listen")
+    assert image == unit
+    with open(os.path.join(DEPLOY, "kubernetes", "config.yaml")) as f:
+        assert yaml.safe_load(f)["listen"] == f"0.0.0.0:{port}"
+    with open(os.path.join(DEPLOY, "image", "Containerfile")) as f:
+        assert f"EXPOSE {port}\n" in f.read()
+    with open(os.path.join(DEPLOY, "image", "run.sh")) as f:
+        assert "--cap-add=CAP_NET_BIND_SERVICE" in f.read()
 
 
 def test_secret_ships_no_token():
@@ -412,3 +443,118 @@ def test_image_names_the_culprit_of_a_stopped_rank(start_job, hb_dir):
         subprocess.run(["podman", "rm", "--force", "--time", "2", name], capture_output=True,
                        timeout=60, check=False)
         print(logs.stdout[-4000:], logs.stderr[-4000:])  # shown by pytest on a failure
+
+
+# uid 65534's side of the restart test below: try to bind the port on loopback and
+# on every address, without pause but a breath, until the stop file appears; say
+# at once if a bind took, then the errno of every refusal counted, with the
+# monotonic clock (system-wide) of the first and last attempt.
+SQUAT_LOOP = """\
+import json, os, socket, sys, time
+port, stop = int(sys.argv[1]), sys.argv[2]
+refused, held, first = {}, [], time.monotonic()
+print("trying", flush=True)
+while not os.path.exists(stop):
+    for host in ("127.0.0.1", "0.0.0.0"):
+        s = socket.socket()
+        # as any server does: the daemon's closed connections (TIME_WAIT) then
+        # keep nobody from the port, only a listener or the kernel's rule would
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(8)
+            held.append(s)  # kept: the daemon's clients would now reach this program
+            print("TOOK", host, flush=True)
+        except OSError as e:
+            refused[e.errno] = refused.get(e.errno, 0) + 1
+            s.close()
+    time.sleep(0.002)
+print(json.dumps({"refused": refused, "took": len(held), "first": first,
+                  "last": time.monotonic()}), flush=True)
+"""
+
+
+def test_nobody_takes_the_containers_port_while_it_restarts(start_job, hb_dir):
+    """The image as run.sh runs it, on the port its own config names, restarted twice
+    (`podman restart`; the daemon killed, then `podman start`) while uid 65534 tries
+    to bind that port without pause: in a container nothing holds the port across a
+    restart, so only a port no user may bind closes the window (deploy/image/config.yaml,
+    ddpwatch/port_guard.py). The squatter never gets it, the daemon answers after each
+    restart, and keeps only the unit's five capabilities once bound."""
+    from attacker import as_nobody, need_root
+    from daemons import get
+    need_root()
+    image = build_image()
+    name = f"ddpwatch-test-{uuid.uuid4().hex[:8]}"
+    os.makedirs(hb_dir, exist_ok=True)
+    state = os.path.join(os.path.dirname(hb_dir), "state")
+    env = dict(os.environ, DDPWATCH_NAME=name, DDPWATCH_RECORDS=hb_dir, DDPWATCH_STATE=state)
+    env.pop("DDPWATCH_LISTEN", None)  # the image's own port
+    playground = tempfile.mkdtemp(prefix="ddpw-restart-", dir="/tmp")
+    os.chmod(playground, 0o1777)
+    stop = os.path.join(playground, "stop")
+
+    def podman(*args, timeout=120):
+        return subprocess.run(["podman", *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def logs() -> str:
+        done = podman("logs", name, timeout=60)
+        return done.stdout + done.stderr
+
+    started = subprocess.run(["bash", os.path.join(DEPLOY, "image", "run.sh"), image],
+                             env=env, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        assert started.returncode == 0, started.stderr
+        listening = wait_until(lambda: re.search(r"listening on ([\d.]+):(\d+)", logs()), 90,
+                               what=lambda: f"the daemon listening: {logs()[-2000:]}")
+        url = f"http://{listening.group(1)}:{listening.group(2)}"
+        port = int(listening.group(2))
+        wait_until(lambda: get(url + "/readyz")[0] == 200, 90, what="the container's /readyz")
+        squatter = start_job(as_nobody("/usr/bin/python3", "-I", "-c", SQUAT_LOOP, str(port),
+                                       stop), name="squatter")
+        wait_until(lambda: "trying" in squatter.output(), 30, what="the squatter trying")
+
+        def back_or_taken():
+            return "TOOK" in squatter.output() or get(url + "/readyz")[0] == 200
+
+        before = time.monotonic()
+        restarted = podman("restart", "--time", "10", name)  # SIGTERM, then a fresh start
+        assert restarted.returncode == 0, restarted.stderr
+        wait_until(back_or_taken, 90, what="the restarted container's /readyz")
+        assert "TOOK" not in squatter.output(), squatter.output()
+        pid = podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+        os.kill(int(pid), signal.SIGKILL)  # the daemon crashes...
+        wait_until(lambda: podman("inspect", "--format", "{{.State.Running}}",
+                                  name).stdout.strip() == "false", 60, what="the container down")
+        assert podman("start", name).returncode == 0  # ...and is started again
+        wait_until(back_or_taken, 90, what="the container's /readyz after the crash")
+        after = time.monotonic()
+        with open(stop, "w"):
+            pass
+        assert squatter.wait(30) == 0, squatter.output()
+        out = squatter.output()
+        assert "TOOK" not in out, out
+        summary = json.loads(out.strip().splitlines()[-1])
+        # it tried all through both restarts, and the kernel refused it for the
+        # port's sake (EACCES), not because someone held it (EADDRINUSE)
+        assert summary["first"] < before and summary["last"] > after, (summary, before, after)
+        assert summary["refused"].get(str(errno.EACCES), 0) >= 200, summary
+        assert set(summary["refused"]) == {str(errno.EACCES)}, summary
+        assert get(url + "/readyz")[0] == 200  # the daemon, not the squatter, answers
+        said = logs()
+        assert "CAP_NET_BIND_SERVICE given up" in said, said[-3000:]
+        assert "any local user may bind" not in said, said[-3000:]
+        # once bound the daemon holds the unit's five capabilities, no sixth
+        pid = podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+        with open(f"/proc/{pid}/status") as f:
+            caps = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        (bounding,) = unit_setting("CapabilityBoundingSet")
+        bits = {"CAP_SYS_PTRACE": 19, "CAP_DAC_READ_SEARCH": 2, "CAP_NET_RAW": 13,
+                "CAP_SYS_ADMIN": 21, "CAP_NET_ADMIN": 12}
+        assert int(caps["CapEff"], 16) == sum(1 << bits[c] for c in bounding.split())
+        assert int(caps["CapPrm"], 16) == int(caps["CapEff"], 16)
+    finally:
+        print(logs()[-4000:])  # shown by pytest on a failure
+        podman("rm", "--force", "--time", "2", name, timeout=60)
+        shutil.rmtree(playground, ignore_errors=True)

@@ -17,7 +17,8 @@ STAGE = {"errors": 0, "codec": 0, "resources": 0, "yamlfile": 0, "": 0,
          "signed": 0,     # signed requests between daemons and clients: observe, publish, commands
          "heartbeat": 1, "rank": 2,
          "observe": 3, "judge": 4, "publish": 5, "watch": 5,  # watch: a job over time
-         "daemon": 6, "config": 6, "cli": 6, "__main__": 6, "sdnotify": 6, "commands": 6,
+         "daemon": 6, "config": 6, "cli": 6, "__main__": 6, "sdnotify": 6, "port_guard": 6,
+         "commands": 6,
          "preflight": 6}  # preflight: a command of its own, before any job
 WATCHER = ("signed", "observe", "judge", "publish", "watch", "daemon", "config", "cli", "commands",
            "heartbeat",
