@@ -369,8 +369,9 @@ class Daemon:
     def _published(self, watched: WatchedJob, judgement, last, key: str, label: str,
                    requested: bool) -> JobView:
         """The job's look judged over time, as this tick publishes it."""
-        # a pause past what is normal for this job is a hang (judge/overtime.py)
-        judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
+        # the job's past as signals, judged by the same rules (watch/overtime.py)
+        judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config,
+                                            self.rules)
         watched.worked |= judgement.job.verdict == "healthy"
         watched.shown = watched.shown or limits.shows_a_job(last)
         # read healthy jobs' main threads now and then, the others' every thread often

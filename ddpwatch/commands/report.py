@@ -21,7 +21,10 @@ def main(args) -> int:
         rules = rules_mod.load_default(args.rules or ())
         for note in stages.deprecations(rules):  # an old --rules file: what replaces it
             print(f"ddpwatch report: warning: {note}", file=sys.stderr)
-        judgement = classify.judge(history, rules)
+        # with the peers' signals and the job's past it was judged with, if saved
+        # (a bundle's snapshots.json: rules of stage over-time)
+        judgement = classify.judge(history, rules, snapshot.load_remote(args.replay),
+                                   snapshot.load_over_time(args.replay))
         html = page.render(report.as_json(judgement, history[-1]), history, None,
                            evidence_base=None)
         out = args.output or "-"

@@ -58,14 +58,14 @@ VERDICTS: tuple[Verdict, ...] = (
             "connects to the store or a peer go unanswered", "red"),
     Verdict("desync", 3, False, False, 0.0, "ranks inside different collectives", "purple"),
     Verdict("unknown", 13, False, True, 0.0, "could not be observed", "text"),
-    # A pause pages only past what is normal for its job (judge/overtime.py turns
+    # A pause pages only past what is normal for its job (rule pause-past-bound turns
     # one that lasts too long into hung_outside_collective): calm here.
     Verdict("paused", 10, False, True, 0.0,
             "a rank works outside the collectives (evaluation, checkpoint, data...) while "
             "its peers wait for it", "light-blue"),
     # A straggler is slow over many steps: one slower for less than
     # straggler_after_s (a busy host, a few seconds of one rank computing while its
-    # peers wait) is `slowing`, calm; judge/overtime.py hold_slow, watch/slow.py.
+    # peers wait) is `slowing`, calm; rule slowing-briefly, watch/slow.py.
     Verdict("slowing", 11, False, True, 0.0,
             "a rank falls behind its peers, not yet for long enough to be a straggler",
             "light-yellow"),

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 
+from .pauses import works_in
+
 STATES = ("computing", "collective", "waiting", "paused", "stalled", "starting", "unknown")
 # rank verdict -> state (paused splits by role: the working rank is paused, the
 # ranks waiting for it are waiting)
@@ -93,9 +95,8 @@ def split(r) -> list[tuple[str, str, float]]:
     if r.verdict == "slowing":  # its time is what it would be as a straggler or victim
         return [(_BY_VERDICT.get(str(r.signals.get("slow_as")), "computing"), "", 1.0)]
     if r.verdict == "paused":
-        if r.signals.get("pausing"):
-            return [("paused", str(r.signals.get("pause_kind") or "unknown"), 1.0)]
-        return [("waiting", "", 1.0)]
+        kind = works_in(r)
+        return [("paused", kind, 1.0)] if kind else [("waiting", "", 1.0)]
     state = _BY_VERDICT.get(r.verdict, "unknown")
     share = r.signals.get("hb_comm_share")
     if state == "computing" and isinstance(share, (int, float)) and 0 <= share <= 1:

@@ -24,7 +24,7 @@ SIGNALS = declare(
                       "compiling at start-up or meeting its peers. Where its stack stands "
                       "(pause_kind) never makes it pausing: idle there is a hang. A pause, "
                       "not yet a hang: the daemon pages it only past what is normal for "
-                      "the job (judge/overtime.py)"),
+                      "the job (rule pause-past-bound)"),
     ("peers_paused", int, "other ranks that are pausing", "count"),
     ("paused_peer", str, "who pauses and what it does (\"rank 0 evaluation at estimate_loss "
                          "<- train.py:260\"), for a waiting rank's evidence"),
