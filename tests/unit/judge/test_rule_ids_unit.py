@@ -64,35 +64,34 @@ def _healthy(judgement):
     return dataclasses.replace(judgement, ranks=ranks, job=classify.job_verdict(ranks))
 
 
+def _watched(window) -> set[str]:
+    """The rules a watch's judgements name: `window` for 40 s (a spell confirmed, a
+    pause past the 20 s floor), then one in which every rank looks healthy (a
+    confirmed spell holds them)."""
+    job, seen = WatchedJob("k", 0.0), set()
+    for t, judged in [(t, window) for t in range(41)] + [(41, _healthy(window))]:
+        judged, _ = job.over_time(judged, float(t), 1e6 + t, CONFIG, RULES)
+        seen |= {r.rule for r in judged.ranks}
+    return seen
+
+
+def _window(name: str):
+    path = os.path.join(SNAPSHOTS, f"{name}.json")
+    return classify.judge(load(path), RULES, load_remote(path))
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_what_the_classifier_and_the_watch_give_is_a_rule(name):
     path = os.path.join(SNAPSHOTS, f"{name}.json")
-    window = classify.judge(load(path), RULES, load_remote(path))
+    window = _window(name)
     replayed = classify.judge(load(path), RULES, load_remote(path), load_over_time(path))
-    seen = {r.rule for r in window.ranks + replayed.ranks}
-    job = WatchedJob("k", 0.0)
-    # the same window for 40 s (a spell confirmed, a pause past the 20 s floor),
-    # then one in which every rank looks healthy (a confirmed spell holds them)
-    for t in range(41):
-        judged, _ = job.over_time(window, float(t), 1e6 + t, CONFIG, RULES)
-        seen |= {r.rule for r in judged.ranks}
-    judged, _ = job.over_time(_healthy(window), 41.0, 1e6 + 41, CONFIG, RULES)
-    seen |= {r.rule for r in judged.ranks}
+    seen = {r.rule for r in window.ranks + replayed.ranks} | _watched(window)
     assert seen <= IDS, seen - IDS
 
 
 def test_the_watch_gives_every_rule_of_stage_over_time_from_a_real_window():
     """What the loop above walks through does reach the rules of stage over-time
     (the fixtures' pause and slow windows), so the check is not vacuous."""
-    seen = set()
-    for name in ("trainer_busy_hang", "trainer_slow", "trainer_compile_apart"):
-        path = os.path.join(SNAPSHOTS, f"{name}.json")
-        window = classify.judge(load(path), RULES, load_remote(path))
-        job = WatchedJob("k", 0.0)
-        for t in range(41):
-            judged, _ = job.over_time(window, float(t), 1e6 + t, CONFIG, RULES)
-            seen |= {r.rule for r in judged.ranks}
-        judged, _ = job.over_time(_healthy(window), 41.0, 1e6 + 41, CONFIG, RULES)
-        seen |= {r.rule for r in judged.ranks}
-    over_time = {r.id for r in RULES if r.stage == "over-time"}
-    assert over_time <= seen
+    seen = set().union(*(_watched(_window(name)) for name in (
+        "trainer_busy_hang", "trainer_slow", "trainer_compile_apart")))
+    assert {r.id for r in RULES if r.stage == "over-time"} <= seen
