@@ -17,6 +17,7 @@ import textwrap
 from .. import errors
 from ..judge import rules as rules_mod, stages
 from ..judge.signals import FAMILY, SIGNALS
+from . import load_rules
 from .rules_doc import CHECKOUT, exercised
 
 WIDTH = 88
@@ -24,7 +25,7 @@ WIDTH = 88
 
 def main(args) -> int:
     shipped = {r.id: r for r in rules_mod.load_default()}
-    rules = rules_mod.load_default(args.rules or ())
+    rules = load_rules("rules explain", args.rules)
     by_id = {r.id: r for r in rules}
     rule = by_id.get(args.id)
     if rule is None:

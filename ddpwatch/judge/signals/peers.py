@@ -88,7 +88,7 @@ BUSY_OUTSIDE = 0.3
 def _works_on_a_cpu(s: dict) -> bool:
     wanted = cpu_wanted(s)
     if wanted is None or s.get("hb_comm_share") is None:
-        return True  # not measured: the shares alone decide, as before
+        return True  # not measured: the shares alone decide
     return (wanted >= BUSY_OUTSIDE * (1.0 - s["hb_comm_share"])
             or (s.get("throttled_share") or 0) >= THROTTLED)
 
