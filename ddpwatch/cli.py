@@ -128,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fixtures", metavar="DIR", help="replay fixtures (default: the source "
                    "checkout's tests/fixtures/snapshots)")
     c.set_defaults(handler="rules_doc")
+    c = rules_sub.add_parser("explain", help="one rule: its stage and place in the order, "
+                             "description, conditions, the fixtures it decides in, what "
+                             "overrides it (exit 67: no such rule)")
+    c.add_argument("id", metavar="ID", help="a rule's id (rules/default.yaml, or a --rules "
+                   "file's)")
+    c.add_argument("--rules", metavar="FILE", action="append", help="with these rule files on "
+                   "top of the shipped ones, as diagnose --rules loads them (repeatable)")
+    c.add_argument("--fixtures", metavar="DIR", help="replay fixtures (default: the source "
+                   "checkout's tests/fixtures/snapshots)")
+    c.add_argument("--json", action="store_true", help="print it as JSON")
+    c.set_defaults(handler="rules_explain")
     return parser
 
 

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from .judge import classify, rules as rules_mod, stages, vocabulary
+from .judge import classify, rules as rules_mod, vocabulary
 from .observe.jobs import discovery
 from .observe.budget import MAX_JOBS_PER_UID
 from .observe.system import programs
@@ -67,10 +67,7 @@ def boot_time() -> float:
 def load_rules(config: Config) -> list:
     """The shipped rules with the config's rule files on top; an old-format file
     (`priority:`) loads, and the journal says what replaces it (judge/stages.py)."""
-    rules = rules_mod.load_default(config.rules)
-    for note in stages.deprecations(rules):
-        log.warning("rules: %s", note)
-    return rules
+    return rules_mod.load_default(config.rules, warn=lambda note: log.warning("rules: %s", note))
 
 
 class Daemon:
@@ -369,8 +366,9 @@ class Daemon:
     def _published(self, watched: WatchedJob, judgement, last, key: str, label: str,
                    requested: bool) -> JobView:
         """The job's look judged over time, as this tick publishes it."""
-        # a pause past what is normal for this job is a hang (judge/overtime.py)
-        judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config)
+        # the job's past as signals, judged by the same rules (watch/overtime.py)
+        judgement, over = watched.over_time(judgement, self.clock(), time.time(), self.config,
+                                            self.rules)
         watched.worked |= judgement.job.verdict == "healthy"
         watched.shown = watched.shown or limits.shows_a_job(last)
         # read healthy jobs' main threads now and then, the others' every thread often
@@ -451,11 +449,6 @@ class Daemon:
         those the ranks named this tick."""
         return record_dirs(self.config.heartbeat_dir or None,
                            self._survey.record_dirs if self._survey is not None else ())
-
-    def view_of(self, owner: str):
-        """The JobView of the job `owner` as the last tick published it."""
-        watched = self.watched.get(owner)
-        return watched.view if watched is not None else None
 
     def _persist(self) -> None:
         """Save the incidents when they changed (publish/incident_store.py)."""

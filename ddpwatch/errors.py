@@ -6,6 +6,7 @@ OK = 0
 PROBLEM_FOUND = 1
 USAGE = 2
 NO_INPUT = 66       # EX_NOINPUT: an input file or directory that cannot be used
+UNKNOWN = 67        # EX_NOUSER: a name nothing holds (`rules explain` of no rule's id)
 UNAVAILABLE = 69    # EX_UNAVAILABLE: pid gone, not a Python process, nothing to judge
 CANT_CREATE = 73    # EX_CANTCREAT: an output file that cannot be written
 PROTOCOL = 76       # EX_PROTOCOL: what answered did not prove the token (signed/auth.py)
@@ -24,6 +25,10 @@ class UsageError(DdpwatchError):
 
 class NoInput(DdpwatchError):
     exit_code = NO_INPUT
+
+
+class Unknown(DdpwatchError):
+    exit_code = UNKNOWN
 
 
 class Unavailable(DdpwatchError):

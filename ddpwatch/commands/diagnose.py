@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from ..judge import classify, rules as rules_mod, stages
+from ..judge import classify
 from ..observe.jobs import discovery
 from .. import errors
 from ..publish import report, stackless
@@ -24,10 +24,11 @@ from ..observe.system import ptrace
 from ..observe.probes import Look, Outcome, ProbeContext, outcome
 from ..observe.sampler import Sampler, Survey
 from ..observe.jobs.job import Job
-from ..observe.snapshot import Snapshot, load, load_remote, save
+from ..observe.snapshot import Snapshot, load, load_over_time, load_remote, save
 from ..observe.window.window_stacks import WindowStacks, dump_times
 from ..watch import look
 from ..watch.job import WatchedJob
+from . import load_rules
 from .token import token
 
 CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
@@ -205,11 +206,6 @@ def watched(ctx: ProbeContext, sampler: Sampler, jobs, deadline: float,
                  for job, watch, middle in zip(jobs, watches, middles)), survey
 
 
-def _sleep_until(ctx: ProbeContext, deadline: float) -> None:
-    while ctx.clock() < deadline:
-        time.sleep(min(0.05, max(deadline - ctx.clock(), 0)))
-
-
 def _waits_for_peers(snap: Snapshot) -> bool:
     """A rank of a multi-node job waits for peers on other nodes that should dial
     it, and this node would see their attempts dropped: the judge's own signal
@@ -252,15 +248,16 @@ def peer_signals(args, last: Snapshot) -> tuple[dict, ...]:
 
 def main(args) -> int:
     token(args)  # a token on the command line is refused before anything is watched
-    rules = rules_mod.load_default(args.rules)
-    for note in stages.deprecations(rules):  # an old --rules file: what replaces it
-        print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)
-    refusal = None
+    rules = load_rules("diagnose", args.rules)
+    refusal, over = None, None
     if args.replay:
         history = load(args.replay)
         # the peers asked now, else those the saved judgement was made with
         remote = peer_signals(args, history[-1]) if args.peer else load_remote(args.replay)
-        judgement = classify.judge(history, rules, remote)
+        # and the job's past as the daemon's watch gave it (an incident bundle's
+        # snapshots.json): judged by the rules of stage over-time as it was
+        over = load_over_time(args.replay)
+        judgement = classify.judge(history, rules, remote, over)
     else:
         if args.pid is None:
             raise errors.UsageError("give a pid, or --replay FILE")  # diagnose_node.main's
@@ -269,7 +266,7 @@ def main(args) -> int:
             ctx, args.pid, args.window, not args.no_stacks, args.syn_wait, args.native, rules,
             lambda last: peer_signals(args, last))
     if args.save_snapshot:
-        save(history, args.save_snapshot, remote)
+        save(history, args.save_snapshot, remote, over)
     if args.json:
         print(json.dumps(job_json(judgement, history[-1], refusal), indent=2))
     else:

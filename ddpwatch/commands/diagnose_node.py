@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import errors
-from ..judge import classify, rules as rules_mod, stages
+from ..judge import classify
 from ..judge.vocabulary import BY_NAME, label
 from ..observe.jobs import discovery
 from ..observe.probes import ProbeContext
@@ -23,7 +23,7 @@ from ..observe.sampler import Sampler
 from ..observe.system import ptrace
 from ..publish import stackless
 from ..publish.terminal import printable, printable_lines
-from . import diagnose as one
+from . import diagnose as one, load_rules
 from .token import token
 from ..observe.jobs import nonrank
 
@@ -194,9 +194,7 @@ def main(args) -> int:
     if (args.pid is not None and not args.watch) or args.replay:
         return one.main(args)
     token(args)  # a token on the command line is refused, whatever the form (commands/token.py)
-    rules = rules_mod.load_default(args.rules)
-    for note in stages.deprecations(rules):  # an old --rules file: what replaces it
-        print(f"ddpwatch diagnose: warning: {note}", file=sys.stderr)
+    rules = load_rules("diagnose", args.rules)
     for flag in ("save_snapshot", "peer"):
         if getattr(args, flag):
             raise errors.UsageError(f"--{flag.replace('_', '-')} needs a pid: it is about one job")

@@ -6,9 +6,10 @@ import os
 import sys
 
 from .. import errors
-from ..judge import classify, rules as rules_mod, stages
+from ..judge import classify
 from ..observe import snapshot
 from ..publish import bundle, page, report
+from . import load_rules
 
 
 def main(args) -> int:
@@ -18,10 +19,11 @@ def main(args) -> int:
         history = snapshot.load(args.replay)  # exit 2 naming the file and the JSON path
         if not history:
             raise snapshot.SnapshotFileError(f"{args.replay}: the history holds no snapshot")
-        rules = rules_mod.load_default(args.rules or ())
-        for note in stages.deprecations(rules):  # an old --rules file: what replaces it
-            print(f"ddpwatch report: warning: {note}", file=sys.stderr)
-        judgement = classify.judge(history, rules)
+        rules = load_rules("report", args.rules)
+        # with the peers' signals and the job's past it was judged with, if saved
+        # (a bundle's snapshots.json: rules of stage over-time)
+        judgement = classify.judge(history, rules, snapshot.load_remote(args.replay),
+                                   snapshot.load_over_time(args.replay))
         html = page.render(report.as_json(judgement, history[-1]), history, None,
                            evidence_base=None)
         out = args.output or "-"

@@ -9,7 +9,7 @@ import os
 
 from .. import errors
 from ..judge import classify, reference, rules as rules_mod
-from ..observe.snapshot import load, load_remote
+from ..observe.snapshot import load, load_over_time, load_remote
 
 # a source checkout's fixtures: ddpwatch/../tests/fixtures/snapshots
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,7 +32,8 @@ def exercised(rules, paths) -> dict[str, list[tuple[str, int]]]:
     out: dict[str, list[tuple[str, int]]] = {}
     for path in paths:
         name = os.path.basename(path)[:-len(".json")]
-        for v in classify.judge(load(path), rules, load_remote(path)).ranks:
+        for v in classify.judge(load(path), rules, load_remote(path),
+                                 load_over_time(path)).ranks:
             # v.signals holds every measured (non-None) signal: what the rules read
             decided = [v.rule] if v.rule else []  # "": no rule matched (unknown)
             for rule_id in decided + [r.id for r in findings if r.matches(v.signals)]:

@@ -6,9 +6,16 @@ differs: judge/signals/), and only then are the rules applied: the first verdict
 rule that matches, in the order of their stages (judge/stages.py), decides a
 rank's verdict and role, every finding rule that matches adds a finding, and the
 culprits and the worst verdict make the job's.
+
+What the job's past makes of a window (a pause past its bound, a spell of
+slowness: signals/overtime.py) comes as signals too, from the daemon's per-job
+watch (watch/overtime.py): `judge(..., over=...)` adds them to the ranks they
+concern before the rules, and `again` applies the rules anew to a judgement's
+ranks with them added. Every verdict is a rule's (tests/unit/judge/test_rule_ids_unit.py).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,6 +50,12 @@ class RankVerdict:
     signals: dict[str, object]
     remote: bool = False  # on another node: judged here from its daemon's signals
 
+    @property
+    def key(self) -> tuple:
+        """The rank, whichever node it is on (pids repeat across nodes): what the
+        signals over time are given by (`judge`'s and `again`'s `over`)."""
+        return self.remote, self.host, self.pid
+
 
 @dataclass(frozen=True)
 class JobVerdict:
@@ -74,42 +87,73 @@ class Judgement:
 
 
 def judge(history: tuple[Snapshot, ...], rules: list[Rule],
-          remote: tuple[dict, ...] = ()) -> Judgement:
-    verdict_tests, finding_tests = _ordered(rules)
+          remote: tuple[dict, ...] = (), over: dict | None = None) -> Judgement:
+    """`over`: signals over time by rank key (RankVerdict.key), added to those
+    ranks' measured signals before the rules (a replay of what the daemon judged)."""
+    tests = _ordered(rules)
     verdicts = []
     local = signals.local(history)
     order: list[str] = []
     order_set: set[str] = set()  # the names in `order`
     for s in signals.with_peers(local, remote):
-        # each rule's test called directly, in a plain loop: ~60 rules a rank,
-        # 256 ranks a judgement (benchmarks/README.md "Where the 256-record tick goes")
-        rule = None
-        for r, test in verdict_tests:
-            if test(s):
-                rule = r
-                break
-        blind = None if rule else _blind(s)
-        findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
-                         for r, test in finding_tests if test(s))
+        if over:
+            s.update(over.get((bool(s.get("remote")), s.get("node", ""), s["pid"]), ()))
         if s.keys() != order_set:
             # ranks mostly hold the same signals: sorted once for all of them
             order = sorted(s)
             order_set = set(order)
-        verdicts.append(RankVerdict(
-            pid=s["pid"], rank=s.get("rank", -1) if s.get("rank") is not None else -1,
-            local_rank=s.get("local_rank", -1), host=s.get("node", ""),
-            remote=bool(s.get("remote")),
-            verdict=rule.verdict if rule else "unknown",
-            role=rule.role if rule else "none",
-            confidence=rule.confidence if rule else 0.0,
-            rule=rule.id if rule else "",
-            evidence=render(rule.evidence, s) if rule else blind[0],
-            remedy=render(rule.remedy, s) if rule else blind[1],
-            findings=findings, stack=s.get("stack_top", ""),
-            signals={k: s[k] for k in order if type(s[k]) in _SCALARS}))
+        verdicts.append(_decide(s, order, tests))
     verdicts.sort(key=lambda v: (v.rank if v.rank >= 0 else 1 << 30, v.pid))
     return Judgement(job_verdict(verdicts), tuple(verdicts), tuple(local),
                      tuple(signals.heartbeat.job_records(history[-1])))
+
+
+def again(judgement: Judgement, rules: list[Rule], over: dict) -> Judgement:
+    """`judgement` with the ranks named in `over` (RankVerdict.key -> signals over
+    time) judged anew by the rules, from their signals and those; the others as
+    they were. What the daemon's per-job watch does each tick (watch/job.py)."""
+    if not any(r.key in over for r in judgement.ranks):
+        return judgement
+    tests = _ordered(rules)
+    ranks = []
+    for r in judgement.ranks:
+        extra = over.get(r.key)
+        if not extra:
+            ranks.append(r)
+            continue
+        s = {"pid": r.pid, **r.signals, **extra}  # every measured signal is kept (scalars)
+        # who it is stays as measured
+        ranks.append(dataclasses.replace(_decide(s, sorted(s), tests), rank=r.rank,
+                                         local_rank=r.local_rank, host=r.host,
+                                         remote=r.remote, stack=r.stack))
+    return dataclasses.replace(judgement, job=job_verdict(ranks), ranks=tuple(ranks))
+
+
+def _decide(s: dict, order: list[str], tests: tuple[list, list]) -> RankVerdict:
+    """One rank's verdict from its signals `s` (`order`: their names, sorted)."""
+    verdict_tests, finding_tests = tests
+    # each rule's test called directly, in a plain loop: ~60 rules a rank,
+    # 256 ranks a judgement (benchmarks/README.md "Where the 256-record tick goes")
+    rule = None
+    for r, test in verdict_tests:
+        if test(s):
+            rule = r
+            break
+    blind = None if rule else _blind(s)
+    findings = tuple(Finding(r.finding, r.severity, render(r.evidence, s), render(r.remedy, s))
+                     for r, test in finding_tests if test(s))
+    return RankVerdict(
+        pid=s["pid"], rank=s.get("rank", -1) if s.get("rank") is not None else -1,
+        local_rank=s.get("local_rank", -1), host=s.get("node", ""),
+        remote=bool(s.get("remote")),
+        verdict=rule.verdict if rule else "unknown",
+        role=rule.role if rule else "none",
+        confidence=rule.confidence if rule else 0.0,
+        rule=rule.id if rule else "",
+        evidence=render(rule.evidence, s) if rule else blind[0],
+        remedy=render(rule.remedy, s) if rule else blind[1],
+        findings=findings, stack=s.get("stack_top", ""),
+        signals={k: s[k] for k in order if type(s[k]) in _SCALARS})
 
 
 _ordered_last: tuple = ((), ([], []))  # (the rules last ordered, what _ordered gave)
@@ -170,7 +214,7 @@ def _name(v: RankVerdict) -> str:
 
 
 def job_verdict(verdicts) -> JobVerdict:
-    """The job's verdict from its ranks' (also after judge/overtime.py rewrote some)."""
+    """The job's verdict from its ranks'."""
     if not verdicts:
         return JobVerdict("unknown", (), "No rank of this job could be found.")
     verdict = _job_verdict(verdicts)

@@ -262,15 +262,18 @@ def _order(raw: dict, where: str) -> tuple[str, tuple[str, ...], int | None]:
     return stage, tuple(str(o) for o in overrides), priority
 
 
-def load_default(extra_files=()) -> list[Rule]:
+def load_default(extra_files=(), warn=None) -> list[Rule]:
     """The shipped rules, then each extra file on top (by id: add or override),
     their order checked (stages.order: overrides of unknown rules, of another
-    stage's, or in a circle are errors)."""
+    stage's, or in a circle are errors). A rule of the old format (`priority:`)
+    loads; `warn(note)` is told what replaces it (stages.deprecations)."""
     from ..resources import shipped
     rules = load(shipped("rules", "default.yaml"))
     for path in extra_files or ():
         rules = merge(rules, load(path))
     stages.order(rules)
+    for note in stages.deprecations(rules) if warn is not None else ():
+        warn(note)
     return rules
 
 

@@ -3,7 +3,9 @@ order, a rule that `overrides` others tried just before them. The first verdict
 rule that matches decides a rank's verdict (classify.py); finding rules all apply.
 
 Stages go from what settles a rank whatever else is measured (its process is
-gone) to what is left when nothing is wrong (healthy). Within a stage the rules
+gone) to what is left when nothing is wrong (healthy); before them all, the
+job's past (over-time), whose signals the daemon's watch gives only to the ranks
+whose verdict in this window they refine (watch/overtime.py). Within a stage the rules
 are tried in the order the files list them: the shipped file's, then each
 `--rules` file's new rules after them; a rule that replaces another (same id)
 takes its place, or joins its own stage last if it names another
@@ -21,6 +23,12 @@ from ..errors import ConfigError
 from . import legacy
 
 STAGES = (
+    ("over-time", "What the job's past makes of this window's verdict, from signals only the "
+                  "daemon's per-job watch gives (family overtime; absent in diagnose), and only "
+                  "to the ranks it concerns: a pause that lasted past its bound is a hang, a "
+                  "rank slow for less than straggler_after_s is not yet a straggler, and a "
+                  "confirmed straggler judged healthy for one window stays one. Tried first: "
+                  "the watch gives them from this window's verdicts, which they refine."),
     ("gone", "The rank's process is not running: it ended (how, and which of the job's "
              "ranks ended first, from the kernel's process events) or a rank the job needs "
              "never started. What ended first is the culprit; nothing else measured of a "

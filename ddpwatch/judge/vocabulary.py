@@ -1,7 +1,7 @@
 """Every word ddpwatch judges with: verdicts, roles and findings, in one place.
 
-A new verdict is one line in VERDICTS plus the rules (rules/*.yaml) that give it;
-everything else (rule validation, the job's verdict when no rank is a culprit,
+A new verdict is one row in VERDICTS, its name in SEVERITY where it falls, plus
+the rules (rules/*.yaml) that give it; everything else (rule validation, the job's verdict when no rank is a culprit,
 incidents, metrics, reports, exit codes, the dashboard's value mappings, the
 config's `open_after_s`) reads it from here. The dashboard is regenerated from
 this table by `scripts/dashboard_verdicts.py` (a test checks they agree).
@@ -14,13 +14,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Verdict:
     name: str
-    severity: int       # 0 is worst: the job's verdict when no rank is a culprit
     fine: bool          # nothing wrong seen (exit 0 of diagnose, no stack dump)
     calm: bool          # opens no incident (fine, or could not be judged)
     open_after_s: float  # a problem opens an incident once it lasted this long
                          # (0: on its second tick in a row; see publish/incidents.py)
     meaning: str
     color: str          # its colour on the dashboard (Grafana's named colours)
+    # where a rank's time goes while it has this verdict (watch/timebook.py STATES;
+    # `paused` splits by role there, `slowing` counts as what it would be: "")
+    time: str = "unknown"
+    page: str = "#c62828"  # its colour on the incident page (publish/page_svg.py): a
+                           # problem is red unless it says otherwise
 
     @property
     def label(self) -> str:
@@ -38,42 +42,53 @@ class Verdict:
 # daemon's per-job watch, watch/slow.py, so /status says it too). Stalls and
 # culprits open at once.
 VERDICTS: tuple[Verdict, ...] = (
-    Verdict("healthy", 14, True, True, 0.0, "heartbeats advancing, step times in family", "green"),
-    Verdict("warming_up", 12, True, True, 0.0,
-            "first steps, compilation, or not yet at the first collective", "blue"),
-    Verdict("blocked_in_collective", 6, False, False, 0.0,
-            "victim: idle inside a collective its peers have not joined", "orange"),
-    Verdict("hung_outside_collective", 2, False, False, 0.0,
-            "culprit: idle elsewhere while its peers wait in a collective", "red"),
-    Verdict("stopped", 1, False, False, 0.0, "process stopped (SIGSTOP, debugger)", "red"),
-    Verdict("dead", 0, False, False, 0.0, "rank process gone", "dark-red"),
-    Verdict("straggler", 5, False, False, 0.0, "culprit: advancing, but arrives last", "red"),
-    Verdict("waiting_on_peer", 9, False, False, 0.0,
-            "victim: advancing, but mostly waiting for a straggler", "yellow"),
-    Verdict("slow_collective", 7, False, False, 30.0,
-            "time inside collectives dominates, bytes flow slowly", "yellow"),
-    Verdict("rendezvous_wait", 8, False, False, 60.0,
-            "in init_process_group / the store, peers not there yet", "super-light-blue"),
-    Verdict("unreachable_peer", 4, False, False, 0.0,
-            "connects to the store or a peer go unanswered", "red"),
-    Verdict("desync", 3, False, False, 0.0, "ranks inside different collectives", "purple"),
-    Verdict("unknown", 13, False, True, 0.0, "could not be observed", "text"),
-    # A pause pages only past what is normal for its job (judge/overtime.py turns
+    Verdict("healthy", True, True, 0.0, "heartbeats advancing, step times in family", "green",
+            "computing", "#2e7d32"),
+    Verdict("warming_up", True, True, 0.0,
+            "first steps, compilation, or not yet at the first collective", "blue",
+            "starting", "#9e9e9e"),
+    Verdict("blocked_in_collective", False, False, 0.0,
+            "victim: idle inside a collective its peers have not joined", "orange", "stalled"),
+    Verdict("hung_outside_collective", False, False, 0.0,
+            "culprit: idle elsewhere while its peers wait in a collective", "red", "stalled"),
+    Verdict("stopped", False, False, 0.0, "process stopped (SIGSTOP, debugger)", "red",
+            "stalled"),
+    Verdict("dead", False, False, 0.0, "rank process gone", "dark-red", "stalled"),
+    Verdict("straggler", False, False, 0.0, "culprit: advancing, but arrives last", "red",
+            "computing", "#e08a00"),
+    Verdict("waiting_on_peer", False, False, 0.0,
+            "victim: advancing, but mostly waiting for a straggler", "yellow", "waiting",
+            "#e0c000"),
+    Verdict("slow_collective", False, False, 30.0,
+            "time inside collectives dominates, bytes flow slowly", "yellow", "computing"),
+    Verdict("rendezvous_wait", False, False, 60.0,
+            "in init_process_group / the store, peers not there yet", "super-light-blue",
+            "starting"),
+    Verdict("unreachable_peer", False, False, 0.0,
+            "connects to the store or a peer go unanswered", "red", "stalled"),
+    Verdict("desync", False, False, 0.0, "ranks inside different collectives", "purple",
+            "stalled"),
+    Verdict("unknown", False, True, 0.0, "could not be observed", "text", "unknown", "#cccccc"),
+    # A pause pages only past what is normal for its job (rule pause-past-bound turns
     # one that lasts too long into hung_outside_collective): calm here.
-    Verdict("paused", 10, False, True, 0.0,
+    Verdict("paused", False, True, 0.0,
             "a rank works outside the collectives (evaluation, checkpoint, data...) while "
-            "its peers wait for it", "light-blue"),
+            "its peers wait for it", "light-blue", "paused", "#7fb3e0"),
     # A straggler is slow over many steps: one slower for less than
     # straggler_after_s (a busy host, a few seconds of one rank computing while its
-    # peers wait) is `slowing`, calm; judge/overtime.py hold_slow, watch/slow.py.
-    Verdict("slowing", 11, False, True, 0.0,
+    # peers wait) is `slowing`, calm; rule slowing-briefly, watch/slow.py.
+    Verdict("slowing", False, True, 0.0,
             "a rank falls behind its peers, not yet for long enough to be a straggler",
-            "light-yellow"),
+            "light-yellow", "", "#e8d870"),
 )
+# Most severe first: which verdict speaks for the job when no rank is a culprit,
+# and which change of an incident is told (publish/incidents.py). Every verdict
+# once (tests/unit/judge/test_vocabulary_unit.py).
+SEVERITY = ("dead", "stopped", "hung_outside_collective", "desync", "unreachable_peer",
+            "straggler", "blocked_in_collective", "slow_collective", "rendezvous_wait",
+            "waiting_on_peer", "paused", "slowing", "warming_up", "unknown", "healthy")
 BY_NAME = {v.name: v for v in VERDICTS}
 NAMES = tuple(v.name for v in VERDICTS)
-# most severe first: which verdict speaks for the job when no rank is a culprit
-SEVERITY = tuple(v.name for v in sorted(VERDICTS, key=lambda v: v.severity))
 FINE = frozenset(v.name for v in VERDICTS if v.fine)
 CALM = frozenset(v.name for v in VERDICTS if v.calm)
 PROBLEMS = tuple(v.name for v in VERDICTS if not v.calm)  # what opens incidents
@@ -93,6 +108,3 @@ def label(verdict: str) -> str:
     found = BY_NAME.get(verdict)
     return found.label if found else verdict.upper().replace("_", " ")
 
-
-assert sorted(v.severity for v in VERDICTS) == list(range(len(VERDICTS))), \
-    "severities are a ranking: each once"

@@ -72,25 +72,48 @@ class SnapshotFileError(DdpwatchError):
 
 
 def save(history: list[Snapshot] | tuple[Snapshot, ...], path: str,
-         remote: tuple[dict, ...] = ()) -> None:
+         remote: tuple[dict, ...] = (), over: dict | None = None) -> None:
     """`remote`: the signals of the job's ranks on other nodes that the judgement
-    used (diagnose --peer), kept so that a replay judges what was judged."""
+    used (diagnose --peer); `over`: the signals over time the daemon's watch gave
+    its ranks (RankVerdict.key -> signals: watch/overtime.py). Kept so that a
+    replay judges what was judged."""
     doc = {"ddpwatch_snapshots": SNAPSHOT_VERSION, "history": [codec.to_json(s) for s in history]}
     if remote:
         doc["remote"] = [dict(r) for r in remote]
+    if over:
+        doc["over_time"] = [{"remote": remote_, "host": host, "pid": pid, "signals": dict(sig)}
+                            for (remote_, host, pid), sig in over.items()]
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
+
+
+def _scalars(d) -> bool:
+    return isinstance(d, dict) and all(v is None or isinstance(v, (int, float, str, bool))
+                                       for v in d.values())
 
 
 def load_remote(path: str) -> tuple[dict, ...]:
     """The peers' rank signals saved beside a history (save's `remote`), () if none."""
     data = codec.read_json_file(path, SnapshotFileError)
     remote = data.get("remote", []) if isinstance(data, dict) else []
-    if not isinstance(remote, list) or not all(
-            isinstance(r, dict) and all(v is None or isinstance(v, (int, float, str, bool))
-                                        for v in r.values()) for r in remote):
+    if not isinstance(remote, list) or not all(_scalars(r) for r in remote):
         raise SnapshotFileError(f"{path}: 'remote' is not a list of rank signals")
     return tuple(remote)
+
+
+def load_over_time(path: str) -> dict[tuple, dict]:
+    """The signals over time saved beside a history (save's `over`), by rank key
+    (remote, host, pid); {} if none."""
+    data = codec.read_json_file(path, SnapshotFileError)
+    rows = data.get("over_time", []) if isinstance(data, dict) else []
+    if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("pid"), int)
+            and isinstance(r.get("host", ""), str) and isinstance(r.get("remote", False), bool)
+            and _scalars(r.get("signals")) for r in rows):
+        raise SnapshotFileError(f"{path}: 'over_time' is not a list of {{pid, host, remote, "
+                                f"signals}} of ranks")
+    return {(r.get("remote", False), r.get("host", ""), r["pid"]): dict(r["signals"])
+            for r in rows}
 
 
 def load(path: str) -> tuple[Snapshot, ...]:

@@ -48,7 +48,10 @@ def write_bundle(state_dir: str, incident, view, history, heartbeat_dirs: tuple[
             doc["over_time"] = over  # the verdicts before the stall, time by state
         with open(os.path.join(work, "report.json"), "w") as f:
             json.dump(doc, f, indent=1)
-        snapshot.save(list(history), os.path.join(work, "snapshots.json"))
+        # with the signals over time its ranks were judged with (watch/overtime.py):
+        # `report --replay` and `diagnose --replay` of it judge what was judged
+        snapshot.save(list(history), os.path.join(work, "snapshots.json"),
+                      over=getattr(getattr(view, "over_time", None), "signals", None))
         _write_page(os.path.join(work, PAGE), doc, tuple(history))
         os.mkdir(os.path.join(work, "records"))
         for path in _record_files(view.judgement.records, heartbeat_dirs):

@@ -14,7 +14,7 @@ an incident, wrote a bundle and sent a webhook at once, over and over
   without ever working failed at start in front of whoever started it (its
   launcher says why), and a fake rank that sleeps a second never pages. A fake
   that passes for healthy is bounded by the uid's bucket below. Other verdicts
-  (a stall, a hang) open as before: those take a live process.
+  (a stall, a hang) open whatever the job's age: those take a live process.
 * A job opens no incident until a look saw more of it than a claim
   (`shows_a_job`: a record or a socket of a rank) or judged it healthy: a
   process with RANK in its environment and nothing else is nobody's job.

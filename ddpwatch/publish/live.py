@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from ..judge.vocabulary import BY_NAME, label
+from ..judge.vocabulary import BY_NAME, SEVERITY, label
 from .terminal import printable
 
 CHANGED_S = 10.0       # a verdict newer than this is highlighted
@@ -126,8 +126,8 @@ def _fine(verdict: str) -> bool:
 
 
 def _severity(job: dict) -> int:
-    v = BY_NAME.get(job.get("job", {}).get("verdict", ""))
-    return v.severity if v is not None else len(BY_NAME)
+    verdict = job.get("job", {}).get("verdict", "")
+    return SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY)
 
 
 def _cpu(cpu) -> str:

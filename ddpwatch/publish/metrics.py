@@ -2,8 +2,9 @@
 
 Built at scrape time from one frozen view, in a registry of its own (not the
 global one), so a rank or job that leaves the view leaves /metrics with it.
-One job that cannot be exported never breaks the scrape (STYLE 4, 8): it is
-left out, logged, and counted in `ddpwatch_collect_errors`.
+One job that cannot be exported never breaks the scrape: it is left out,
+logged, and counted in `ddpwatch_collect_errors`
+(tests/unit/publish/test_metrics.py test_no_view_yet_and_broken_jobs_never_break_the_scrape).
 
 Labels stay bounded: no pid, no socket peer (`peer` is a configured daemon
 URL, `sink` a configured webhook). A DDP job is labelled `ddp_job`
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 JOB = "ddp_job"
 LEFT_OUT = tuple(sorted(budget.left_out_kinds()))
-STAGES = ("discovery", "judge", "incidents", "bundle", "persist", "alerts", "peer_signals",
-          "between")
+# the tick's guarded stages (daemon.py `_guard`, `stage_failures`), each a series from the start
+STAGES = ("discovery", "departures", "judge", "incidents", "bundle", "persist", "alerts",
+          "peer_signals", "between")
 _R = (JOB, "rank")
 LIMITED = ("claims_only", "uid_rate", "young")  # why an incident was held back (daemon._may_open)
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
@@ -70,8 +72,10 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "probe with ddpwatch_probe_success 0; the value is always 1.")),
     "ddpwatch_stage_failures_total": ("counter", ("stage",), (
         "Tick stages that failed since the daemon started (logged, then the tick went on): "
-        "discovery, judge, incidents, bundle (evidence not written, retried), persist "
-        "(incidents not saved), alerts, peer_signals.")),
+        "discovery, departures (ranks that ended: the job judged as discovered), judge, "
+        "incidents, bundle (evidence not written, retried), persist (incidents not saved), "
+        "alerts, peer_signals (a job judged without its peers' ranks), between (the "
+        "between-ticks reader's failed passes).")),
     "ddpwatch_looks_kept_total": ("counter", (), (
         "Ticks that kept a job's last look rather than look again, summed over jobs since "
         "the daemon started: a healthy job whose every rank's record moved on since the last "
@@ -160,8 +164,8 @@ SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "unknown); absent when none.")),
     "ddpwatch_job_pause_bound_seconds": ("gauge", (JOB, "kind"), (
         "How long the pause in progress may last before it pages: max(pause_floor_s, "
-        "pause_factor x the job's longest earlier pause at that place), less than the "
-        "collective timeout; absent when no pause.")),
+        "pause_factor x the job's longest earlier pause at that place), at most the "
+        "collective timeout less max(60 s, 20% of it); absent when no pause.")),
     "ddpwatch_rank_time_seconds_total": ("counter", _R + ("state", "kind"), (
         "Where the rank's time went while watched, from each tick's verdict: computing, "
         "collective (both split by the heartbeat's share in collectives; computing without "

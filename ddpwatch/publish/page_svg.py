@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..judge.vocabulary import VERDICTS, Verdict
 from .page_model import STATE_NAMES, Timeline
 
 W, LABEL_W = 1000, 210
@@ -188,9 +189,7 @@ def states_svg(rows: list[tuple[str, dict[str, float], float | None]]) -> str:
 TIME_COLOURS = {"computing": "#2e7d32", "collective": "#4a78b5", "waiting": "#e08a00",
                 "paused": "#7fb3e0", "stalled": "#c62828", "starting": "#9e9e9e",
                 "unknown": "#cccccc"}
-VERDICT_COLOURS = {"healthy": "#2e7d32", "warming_up": "#9e9e9e", "paused": "#7fb3e0",
-                   "waiting_on_peer": "#e0c000", "straggler": "#e08a00",
-                   "unknown": "#cccccc"}  # any other verdict is a problem: red
+VERDICT_COLOURS = {v.name: v.page for v in VERDICTS}  # judge/vocabulary.py: a row each
 
 
 def verdicts_svg(timeline: list[dict], now: float, span_s: float = 3600.0) -> str:
@@ -209,7 +208,7 @@ def verdicts_svg(timeline: list[dict], now: float, span_s: float = 3600.0) -> st
         if t1 <= start:
             continue
         x, w = x0 + (t0 - start) / width * (x1 - x0), max(1.0, (t1 - t0) / width * (x1 - x0))
-        colour = VERDICT_COLOURS.get(entry["verdict"], "#c62828")
+        colour = VERDICT_COLOURS.get(entry["verdict"], Verdict.page)
         what = entry["verdict"].replace("_", " ") + (f" ({entry['pause']})"
                                                      if entry.get("pause") else "")
         out.append(f'<rect class="verdict" data-verdict="{esc(entry["verdict"])}" '

@@ -2,8 +2,9 @@
 (docs/design.md "Per-job state in one place"; as Prometheus gives each scrape
 target a scrapeLoop of its own).
 
-    snapshots of the window -> (classify, pure) -> judgement
-    judgement + this job's past pauses -> (judge/overtime.py, pure) -> what is paged
+    snapshots of the window -> (classify, pure) -> this window's judgement
+    its pauses and spells of slowness (watch/pauses.py, watch/slow.py) -> signals
+        over time (watch/overtime.py) -> (classify.again: the same rules) -> what is paged
 
 The daemon makes one per job it discovers, feeds it each tick, and forgets it
 when the job is gone: everything it knows of a job lives here, so forgetting a
@@ -15,14 +16,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ..judge.classify import JobVerdict
-from ..judge.overtime import Pause, Slow, compile_as_pause, escalate, hold_slow
-from ..judge.pausekind import describe
+from ..judge.classify import JobVerdict, again
 from ..observe.sampler import KeptStacks
 from ..observe.window.duty import merge as merge_duties
+from . import overtime
 from .look import suspicious
-from .pauses import PauseTracker
-from .slow import SlowTracker
+from .pauses import Pause, PauseTracker
+from .slow import Slow, SlowTracker
 from .timebook import TimeBook
 
 # the label of a job known by its pid only (discovery.job_key's fallback)
@@ -33,7 +33,7 @@ ANONYMOUS = re.compile(r"pid\d+")
 class OverTime:
     """The job's judgement over time, as this tick leaves it: what /status, the
     metrics and the incident page show beside the verdict."""
-    pause: Pause | None                       # in progress (escalated when over)
+    pause: Pause | None                       # in progress (a hang once over its bound)
     time: dict                                # rank -> state -> seconds since watched
     recent: dict                              # the same over the last 10 minutes
     timeline: tuple[tuple[float, str, str], ...]  # (wall, job verdict, pause kind)
@@ -42,6 +42,9 @@ class OverTime:
     totals: dict = dataclasses.field(default_factory=dict)  # (rank, state, kind) -> s
     hour: dict = dataclasses.field(default_factory=dict)    # rank -> state -> s, last hour
     slow: Slow | None = None                  # a spell of slowness in progress
+    # the signals over time given to this tick's ranks (RankVerdict.key -> signals):
+    # what an incident bundle keeps, so that a replay judges what was judged
+    signals: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,23 +151,24 @@ class WatchedJob:
         over = self.view.over_time if self.view is not None else None
         return over is None or over.pause is not None or over.slow is not None
 
-    def over_time(self, judgement, now: float, wall: float, config):
-        """(the judgement to publish and page, OverTime): a pause past what is
-        normal for this job becomes the hang it is, and a rank slow for a few
-        seconds is not yet a straggler (judge/overtime.py)."""
+    def over_time(self, judgement, now: float, wall: float, config, rules):
+        """(the judgement to publish and page, OverTime): this window's judgement
+        with the job's past given to its ranks as signals (watch/overtime.py)
+        and judged again by the same `rules` (classify.again): a pause past what
+        is normal for this job is the hang it became, a rank slow for a few
+        seconds is not yet a straggler."""
         # a job's start, once over, is over for these ranks (a look with stacks saw
         # a backward pass): the lean looks between say nothing of it. New ranks (a
         # launcher's restart) start again.
         local = [r for r in judgement.ranks if not r.remote]
         if local and any(r.signals.get("job_starting") is False for r in local):
             self._started = frozenset(r.pid for r in local)
-        judgement = compile_as_pause(judgement)
         pause = self.pauses.update(judgement, now, wall, floor_s=config.pause_floor_s,
                                    factor=config.pause_factor,
                                    timeout_s=config.collective_timeout_s)
-        judged = escalate(judgement, pause)
-        slow = self.slow.update(judged, now, config.straggler_after_s)
-        judged = hold_slow(judged, slow)
+        slow = self.slow.update(judgement, now, config.straggler_after_s)
+        given = overtime.signals(judgement, pause, slow)
+        judged = again(judgement, rules, given)
         note = "; ".join(filter(None, (self.pauses.summary(wall), self.time.idle_note(wall))))
         if pause is not None:
             judged = dataclasses.replace(judged, job=_with_pause(judged.job, pause, note))
@@ -175,7 +179,8 @@ class WatchedJob:
         self.verdict = judged.job.verdict
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
-                                dict(self.time.totals), self.time.recent(wall, 3600.0), slow)
+                                dict(self.time.totals), self.time.recent(wall, 3600.0), slow,
+                                given)
 
 
 def _kept(known: str, new: str) -> str:
@@ -188,8 +193,7 @@ def _with_pause(job: JobVerdict, pause: Pause, note: str) -> JobVerdict:
     job's pauses cost."""
     cost = f" This job's pauses: {note}." if note else ""
     if job.verdict == "paused":
-        where = f" at {pause.site}" if pause.site else ""
-        summary = (f"rank {pause.rank} {describe(pause.kind)}{where} while its peers wait: a "
+        summary = (f"rank {pause.rank} {pause.doing()} while its peers wait: a "
                    f"pause ({pause.kind}), {pause.elapsed_s:.0f}s so far; paged past "
                    f"{pause.bound_s:.0f}s ({pause.why()}).{cost} Remedy: nothing while it is "
                    f"short; if the others wait long or often, do the work on every rank, less "

@@ -1,23 +1,124 @@
 """A job's pauses over time: the one in progress, and how long its earlier ones
 lasted at each place (learned per call site, so a job whose evaluation takes 4 s
 is paged when one takes 40 s, and one whose checkpoint takes 3 min is not paged
-at 2 min). judge/overtime.py decides with what this keeps.
+at 2 min). The rules decide with what this keeps: watch/overtime.py gives the
+pause's age and bound to the ranks in it as signals (rules pause-past-bound,
+waits-past-pause-bound).
 
-A pause begins on the first tick a rank is judged pausing (signal `pausing`:
-busy outside the collectives while a peer waits) and ends once no rank has been
-pausing for END_GRACE_S: a tick judged from CPU alone (no fresh stack) may miss a
-pause that goes on. Its kind and site follow what the stacks say it does now. States: idle -> pausing -> idle (the length learned)."""
+A pause begins on the first tick a rank is judged to work in one (`works_in`:
+judged paused while it is pausing, or compiling while its peers wait) and ends
+once no rank has been for END_GRACE_S: a tick judged from CPU alone (no fresh
+stack) may miss a pause that goes on. Its kind and site follow what the stacks
+say it does now. States: idle -> pausing -> idle (the length learned).
+
+A pause becomes a hang, its working rank the culprit and its waiting peers the
+victims, once it has lasted past its bound:
+    bound = min(max(floor, factor x the longest earlier pause at that site),
+                the collective timeout less a margin)
+The floor (minutes by default: a big model's checkpoint takes minutes) keeps a
+job with no history quiet; the learned part keeps a job whose evaluation
+normally takes 10 minutes quiet for 10 minutes; the timeout part pages before
+Gloo's 30 min (NCCL's 10) would kill the job and its evidence with it.
+"""
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
 
-from ..judge.overtime import Pause, timeout_for
+from ..judge.pausekind import describe
 
+# What kills a job whose ranks wait too long: torch's default timeouts per backend
+DEFAULT_TIMEOUT_S = {"nccl": 600.0, "gloo": 1800.0}
+TIMEOUT_MARGIN = 0.2      # page this share of the timeout before it (at least 60 s)
+MIN_MARGIN_S = 60.0
 END_GRACE_S = 5.0   # not seen pausing this long: the pause ended
 MAX_SITES = 64      # call sites learned per job (a user's code decides how many there are)
 MAX_PER_SITE = 32   # lengths kept per site
 MAX_LOG = 256       # ended pauses kept for evidence and the timeline
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A pause in progress, as the job's watch has followed it."""
+    rank: int
+    pid: int
+    kind: str              # judge/pausekind.KINDS
+    site: str              # pause_site ("" when no stack named one)
+    elapsed_s: float       # since it began (the peers' wait, when heartbeats say more)
+    earlier: tuple[float, ...]  # this job's earlier pauses at `site`, seconds
+    floor_s: float
+    factor: float
+    timeout_s: float       # the collective timeout that would end the job
+    backend: str           # what the timeout is of ("gloo", "nccl", "" unknown)
+
+    @property
+    def learned_s(self) -> float:
+        return self.factor * max(self.earlier) if self.earlier else 0.0
+
+    @property
+    def margin_s(self) -> float:
+        return max(MIN_MARGIN_S, TIMEOUT_MARGIN * self.timeout_s)
+
+    @property
+    def bound_s(self) -> float:
+        return min(max(self.floor_s, self.learned_s),
+                   max(0.0, self.timeout_s - self.margin_s))
+
+    @property
+    def left_s(self) -> float:
+        """Before the collective timeout ends the job."""
+        return max(0.0, self.timeout_s - self.elapsed_s)
+
+    @property
+    def near_timeout(self) -> bool:
+        """Within the timeout's margin: the page says how long is left."""
+        return self.elapsed_s >= self.timeout_s - self.margin_s
+
+    @property
+    def over(self) -> bool:
+        return self.elapsed_s > self.bound_s
+
+    def doing(self) -> str:
+        """What the working rank does and where, for evidence."""
+        doing = describe(self.kind) if self.kind != "unknown" else "works outside the collectives"
+        return doing + (f" at {self.site}" if self.site else "")
+
+    def why(self) -> str:
+        """What the bound is made of, for evidence."""
+        if self.earlier:
+            lo, hi = min(self.earlier), max(self.earlier)
+            past = (f"its {len(self.earlier)} earlier pause(s) there lasted "
+                    + (f"{hi:.1f}s" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f}s"))
+        else:
+            past = "no earlier pause of this job ran there"
+        return (f"{past}; bound {self.bound_s:.0f}s (floor {self.floor_s:.0f}s, "
+                f"{self.factor:g}x the longest earlier there; {self.timeout_s:.0f}s "
+                f"{self.backend or 'collective'} timeout)")
+
+
+def timeout_for(backend: str, configured_s: float = 0.0) -> float:
+    """The collective timeout the job runs under: the config's, else torch's
+    default for its backend (Gloo's when unknown: a CPU job without heartbeats)."""
+    if configured_s > 0:
+        return configured_s
+    return DEFAULT_TIMEOUT_S.get((backend or "").lower(), DEFAULT_TIMEOUT_S["gloo"])
+
+
+def works_in(r) -> str | None:
+    """The kind of pause a rank judged `paused` works in, None for a rank that
+    waits for it (or is not paused). Pausing (judge/signals/peers.py
+    link_pauses: rules paused-working, paused-for-data), or compiling outside the
+    collectives while its peers wait (rule compiling-while-peers-wait: the
+    compiler's frames on its stack are its work; link_pauses leaves it out so
+    that rule, not paused-working, names it)."""
+    if r.verdict != "paused":
+        return None
+    s = r.signals
+    if s.get("stack") == "compile" and not s.get("in_collective") and not s.get("pausing"):
+        return "compile"
+    if s.get("pausing"):
+        return str(s.get("pause_kind") or "unknown")
+    return None
 
 
 @dataclass(frozen=True)
@@ -46,11 +147,10 @@ class PauseTracker:
 
     def update(self, judgement, now: float, wall: float, *, floor_s: float, factor: float,
                timeout_s: float = 0.0) -> Pause | None:
-        """Follow this tick's judgement (before judge/overtime.py); the pause in
-        progress, if any, with what is known of its site."""
-        pausing = sorted((r for r in judgement.ranks
-                          if r.verdict == "paused" and r.signals.get("pausing")
-                          and not r.remote), key=lambda r: r.rank)
+        """Follow this tick's judgement (this window's, before the signals over
+        time); the pause in progress, if any, with what is known of its site."""
+        pausing = sorted((r for r in judgement.ranks if works_in(r) and not r.remote),
+                         key=lambda r: r.rank)
         cur = self._current
         if pausing:
             r = pausing[0]
@@ -65,7 +165,7 @@ class PauseTracker:
             # the pause is what it does now: rank 0 of a nanoGPT loop evaluates, then
             # saves, in one pause (tests/daemon/test_soak.py's checkpoint job); its length
             # is learned at the place it ended
-            kind, site = r.signals.get("pause_kind"), r.signals.get("pause_site") or ""
+            kind, site = works_in(r), r.signals.get("pause_site") or ""
             if kind and kind != "unknown":
                 cur.kind, cur.site = kind, site or cur.site
             elif not cur.site and site:

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import collections
 
+from ..judge.vocabulary import VERDICTS
+from .pauses import works_in
+
 STATES = ("computing", "collective", "waiting", "paused", "stalled", "starting", "unknown")
-# rank verdict -> state (paused splits by role: the working rank is paused, the
-# ranks waiting for it are waiting)
-_BY_VERDICT = {
-    "healthy": "computing", "straggler": "computing", "slow_collective": "computing",
-    "warming_up": "starting", "rendezvous_wait": "starting",
-    "waiting_on_peer": "waiting",
-    "blocked_in_collective": "stalled", "hung_outside_collective": "stalled",
-    "stopped": "stalled", "dead": "stalled", "desync": "stalled",
-    "unreachable_peer": "stalled", "unknown": "unknown",
-}
+# rank verdict -> state: each verdict's `time` (judge/vocabulary.py; paused splits
+# by role below, slowing counts as what it would be)
+_BY_VERDICT = {v.name: v.time for v in VERDICTS}
 MAX_GAP_S = 10.0        # a tick later than this after the last (the daemon was busy or
                         # stopped) counts only this much: no reading says what happened
 MINUTES = 60            # per-minute buckets kept (the last hour)
@@ -93,9 +89,8 @@ def split(r) -> list[tuple[str, str, float]]:
     if r.verdict == "slowing":  # its time is what it would be as a straggler or victim
         return [(_BY_VERDICT.get(str(r.signals.get("slow_as")), "computing"), "", 1.0)]
     if r.verdict == "paused":
-        if r.signals.get("pausing"):
-            return [("paused", str(r.signals.get("pause_kind") or "unknown"), 1.0)]
-        return [("waiting", "", 1.0)]
+        kind = works_in(r)
+        return [("paused", kind, 1.0)] if kind else [("waiting", "", 1.0)]
     state = _BY_VERDICT.get(r.verdict, "unknown")
     share = r.signals.get("hb_comm_share")
     if state == "computing" and isinstance(share, (int, float)) and 0 <= share <= 1:

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import REPO, free_port, torchrun, wait_until
+from crafted import watched_status
 from diag import diagnose, env_rank, launcher_pid, rank_pids, until_verdict, verdicts
 
 PLAIN = os.path.join(REPO, "tests", "jobs", "plain_ddp.py")
@@ -94,17 +95,29 @@ def test_compile_is_warm_up_not_a_hang(start_job, tmp_path):
     seen = []
 
     def trained():
-        _, report = diagnose(r0)
-        seen.append(report)
+        window = tmp_path / f"window{len(seen)}.json"
+        _, report = diagnose(r0, "--save-snapshot", str(window))
+        seen.append((report, window))
         return all(r["verdict"] == "healthy" for r in report["ranks"]) and len(report["ranks"]) == 2
     wait_until(trained, 240, interval=0.1, what="the compiled job training")
     # while it compiled, nobody was blamed and nothing was called a hang
-    assert any(r["verdict"] == "warming_up" for report in seen for r in report["ranks"]), [
-        {r["rank"]: (r["rule"], r["signals"].get("stack")) for r in rep["ranks"]} for rep in seen]
-    for report in seen:
+    assert any(r["verdict"] == "warming_up" for report, _ in seen for r in report["ranks"]), [
+        {r["rank"]: (r["rule"], r["signals"].get("stack")) for r in rep["ranks"]}
+        for rep, _ in seen]
+    for report, _ in seen:
         assert report["job"]["culprits"] == [], report["job"]
         assert not {r["verdict"] for r in report["ranks"]} & {
             "blocked_in_collective", "hung_outside_collective", "desync", "stopped"}
+    # the daemon's /status says the same of each window that compiled: its watch adds
+    # only the job's past (tests/unit/watch/test_compile_agreement_unit.py)
+    compiled = [(report, window) for report, window in seen
+                if any(r["signals"].get("stack") == "compile" for r in report["ranks"])]
+    assert compiled
+    for report, window in compiled:
+        status = watched_status(str(window))
+        assert [(r["rank"], r["verdict"], r["rule"]) for r in status["ranks"]] == [
+            (r["rank"], r["verdict"], r["rule"]) for r in report["ranks"]]
+        assert status["job"]["verdict"] == report["job"]["verdict"]
 
 
 def test_killed_rank_on_the_same_host(start_job):

@@ -1,12 +1,13 @@
 """What the daemon shows, built in code with a fixed clock (no daemon, no
 processes): a straggler's job, a paused job and a DaemonView around them for
-/metrics (tests/unit/publish/test_metrics.py, tests/alerts/test_prometheus.py), and
-an Alert for the sinks (tests/alerts, tests/hostile/test_floods.py)."""
+/metrics (tests/unit/publish/test_metrics.py, tests/alerts/test_prometheus.py),
+an Alert for the sinks (tests/alerts, tests/hostile/test_floods.py), and the
+/status a daemon would publish of a saved window (`watched_status`)."""
 from __future__ import annotations
 
 from ddpwatch.heartbeat import Record, RingEntry
 from ddpwatch.judge.classify import Finding, JobVerdict, Judgement, RankVerdict
-from ddpwatch.judge.overtime import Pause
+from ddpwatch.watch.pauses import Pause
 from ddpwatch.judge.signals.heartbeat import job_records
 from ddpwatch.observe.probes.heartbeats import HeartbeatObs
 from ddpwatch.observe.probes.process import Processes, ProcessObs
@@ -122,3 +123,26 @@ def alert(status="firing", iid="inc-1", **kw) -> Alert:
                   status_url="http://node-a:19500/status")
     fields.update(kw)
     return Alert(status=status, incident_id=iid, **fields)
+
+
+def watched_status(path: str, ticks: int = 1) -> dict:
+    """/status of a daemon whose per-job watch judged the window saved at `path`
+    (diagnose --save-snapshot) `ticks` ticks 1 s apart, with the shipped rules
+    and the default config (a 300 s pause floor): what the daemon publishes of
+    that window, as /status serves it (JSON)."""
+    import json
+
+    from ddpwatch.config import Config
+    from ddpwatch.judge import classify, rules as rules_mod
+    from ddpwatch.observe.snapshot import load
+    from ddpwatch.publish.endpoints import status_document
+    from ddpwatch.watch.job import WatchedJob
+
+    rules = rules_mod.load_default()
+    history = load(path)
+    window = classify.judge(history, rules)
+    job = WatchedJob("k", 0.0)
+    for t in range(ticks):
+        judged, over = job.over_time(window, float(t), WALL + t, Config(), rules)
+    view = JobView("run", judged, history[-1], over)
+    return json.loads(json.dumps(status_document(daemon_view([view]))))

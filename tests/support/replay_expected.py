@@ -36,7 +36,7 @@ EXPECTED = {
                       1: ("straggler", "culprit", "straggler")}, [1], {}),
     # busy outside the collectives while the peer waits: at first sight a pause
     # (of no known kind); the daemon pages it once it outlasts the pause floor
-    # (judge/overtime.py, tests/unit/watch/test_overtime_unit.py)
+    # (pause_past_bound below, tests/unit/watch/test_overtime_unit.py)
     # both ranks wait for their DataLoader's new workers at an epoch's start
     "thirdparty_loader_epoch_start": ({0: ("paused", N, "paused-for-data"),
                                        1: ("paused", N, "paused-for-data")}, [], {}),
@@ -62,9 +62,10 @@ EXPECTED = {
                           [], {}),
     "trainer_compiled": ({0: OK, 1: OK}, [], {}),
     # a cache per rank: rank 0 waits in the first collective past its bound while
-    # rank 1 compiles (once judged blocked, and rank 1 hung-outside-idle)
-    "trainer_compile_apart": ({0: ("warming_up", N, "waits-for-compiling-peer"),
-                               1: ("warming_up", N, "compiling-while-peers-wait")}, [], {}),
+    # rank 1 compiles (once judged blocked, and rank 1 hung-outside-idle): a pause of
+    # kind compile, as the daemon's watch follows it
+    "trainer_compile_apart": ({0: ("paused", N, "waits-for-compiling-peer"),
+                               1: ("paused", N, "compiling-while-peers-wait")}, [], {}),
     "trainer_oversubscribed": ({0: OK, 1: OK}, [], {0: {"oversubscribed"}, 1: {"oversubscribed"}}),
     # healthy ranks whose launcher died are no leftovers: no orphan finding
     "trainer_orphan": ({0: OK, 1: OK}, [], {}),
@@ -155,6 +156,17 @@ EXPECTED = {
     "two_nodes_firewall_lone_node0": ({0: ("unreachable_peer", "victim",
                                            "unreachable-peer-data")}, [], {}),
 }
+# The same histories with the signals over time a daemon's watch gives their ranks
+# (tests/support/overtime_fixtures.py; rules of stage over-time)
+SLOWING = ("slowing", N, "slowing-briefly")
+EXPECTED.update({
+    "pause_past_bound": ({0: ("blocked_in_collective", "victim", "waits-past-pause-bound"),
+                          1: ("hung_outside_collective", "culprit", "pause-past-bound")},
+                         [1], {}),
+    "slowing_briefly": ({0: SLOWING, 1: SLOWING}, [], {}),
+    "straggler_held": ({0: ("waiting_on_peer", "victim", "waiting-on-straggler-held"),
+                        1: ("straggler", "culprit", "straggler-held")}, [1], {}),
+})
 # Third-party trainers without heartbeats (tests/thirdparty/test_thirdparty_jobs.py)
 THIRDPARTY = {
     "healthy": ({0: (H, N, "healthy-cpu"), 1: (H, N, "healthy-cpu")}, [], {}),

@@ -18,6 +18,9 @@ type, meaning: `SIGNALS`) beside the code that measures them:
     host        the node: cores, bf16, hostname resolution, crowding
     state       what the rank is doing, from the families above
     peers       the rank next to the other ranks of its job
+    overtime    what the job's past makes of this window: a pause's age and bound, a
+                spell of slowness (given by the daemon's per-job watch, never measured
+                here: absent in diagnose)
 
 A new signal is a line in its family's SIGNALS (name, type, meaning, unit:
 spec.py) and the code there that measures it; `ddpwatch rules signals` and
@@ -29,13 +32,13 @@ None is false (a blind watcher must not conclude anything).
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
-from . import (exits, heartbeat, host, inbound, interfaces, launch, peers, process, sockets,
-               stack, state, window, work)
+from . import (exits, heartbeat, host, inbound, interfaces, launch, overtime, peers, process,
+               sockets, stack, state, window, work)
 from .spec import Signal
 
 # measured per rank from the history, in this order (later families read earlier ones)
 PER_RANK = (process, sockets, heartbeat, stack, interfaces, inbound, window)
-FAMILIES = PER_RANK + (work, launch, host, state, exits, peers)
+FAMILIES = PER_RANK + (work, launch, host, state, exits, peers, overtime)
 SIGNALS: dict[str, Signal] = {}
 FAMILY: dict[str, str] = {}  # signal name -> the family (module) that declares it
 for _family in FAMILIES:

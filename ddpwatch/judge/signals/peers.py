@@ -24,7 +24,7 @@ SIGNALS = declare(
                       "compiling at start-up or meeting its peers. Where its stack stands "
                       "(pause_kind) never makes it pausing: idle there is a hang. A pause, "
                       "not yet a hang: the daemon pages it only past what is normal for "
-                      "the job (judge/overtime.py)"),
+                      "the job (rule pause-past-bound)"),
     ("peers_paused", int, "other ranks that are pausing", "count"),
     ("paused_peer", str, "who pauses and what it does (\"rank 0 evaluation at estimate_loss "
                          "<- train.py:260\"), for a waiting rank's evidence"),
@@ -88,7 +88,7 @@ BUSY_OUTSIDE = 0.3
 def _works_on_a_cpu(s: dict) -> bool:
     wanted = cpu_wanted(s)
     if wanted is None or s.get("hb_comm_share") is None:
-        return True  # not measured: the shares alone decide, as before
+        return True  # not measured: the shares alone decide
     return (wanted >= BUSY_OUTSIDE * (1.0 - s["hb_comm_share"])
             or (s.get("throttled_share") or 0) >= THROTTLED)
 

@@ -119,7 +119,7 @@ class BetweenTicks:
     def wait(self, deadline: float, stop: threading.Event) -> None:
         """Until `deadline` (the next tick) or `stop`, read what is due."""
         while not stop.is_set():
-            if self.glance_s <= 0:  # switched off: no window evidence, as before
+            if self.glance_s <= 0:  # switched off (reading_s: 0): no evidence between ticks
                 stop.wait(max(0.0, deadline - self.clock()))
                 return
             next_at = self.read_due()

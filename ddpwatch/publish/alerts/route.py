@@ -93,10 +93,6 @@ class AlertRoute:
             return here
         return self._elsewhere.get(incident_id, "")
 
-    def claimed_jobs(self) -> frozenset:
-        """The job keys this node alerts for: what it tells its peers."""
-        return frozenset(self._sending.values())
-
     def sent_from_here(self) -> dict[str, str]:
         """incident id -> job key of what this node alerts for (kept across restarts)."""
         return dict(self._sending)

@@ -1,7 +1,8 @@
 """torch.compile on each rank alone: the faster rank waits in the first
 collective, past its stall bound, for a peer that still compiles. Both are
-warming up; a peer stopped or dead, or hung without compile frames, is still
-a hang (judge/signals/peers.py `peers_compiling`)."""
+paused (a pause of kind compile, paged only past its bound: stage over-time);
+a peer stopped or dead, or hung without compile frames, is still a hang
+(judge/signals/peers.py `peers_compiling`)."""
 from ddpwatch.judge import rules as rules_mod, stages
 from ddpwatch.judge.signals.peers import link
 
@@ -26,7 +27,7 @@ def compiling(pid=2, **more):
             "stack": "compile", "state": "R", **more}
 
 
-def test_a_rank_waiting_for_a_compiling_peer_and_the_peer_are_warming_up():
+def test_a_rank_waiting_for_a_compiling_peer_and_the_peer_are_a_pause():
     assert judged([waiting(), compiling()]) == ["waits-for-compiling-peer",
                                                 "compiling-while-peers-wait"]
 

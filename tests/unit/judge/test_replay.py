@@ -11,12 +11,14 @@ import sys
 
 import pytest
 from conftest import REPO, need
+import overtime_fixtures
+from overtime_fixtures import DERIVED
 from replay_expected import EXPECTED, LAUNCHERS, SNAPSHOTS
 
 from ddpwatch.judge import classify, signals
 from ddpwatch.judge import rules as rules_mod
 from ddpwatch.errors import ConfigError
-from ddpwatch.observe.snapshot import load, load_remote
+from ddpwatch.observe.snapshot import load, load_over_time, load_remote
 
 DEFAULT_RULES = os.path.join(REPO, "rules", "default.yaml")
 
@@ -31,9 +33,10 @@ def fixture_path(name: str) -> str:
 
 
 def judged(name: str, rules) -> classify.Judgement:
-    """With the peers' signals it was judged with (diagnose --peer), if any."""
+    """With the peers' signals it was judged with (diagnose --peer) and the job's
+    past the daemon's watch gave its ranks (stage over-time), if any."""
     path = fixture_path(name)
-    return classify.judge(load(path), rules, load_remote(path))
+    return classify.judge(load(path), rules, load_remote(path), load_over_time(path))
 
 
 def test_every_fixture_has_an_expectation():
@@ -99,6 +102,21 @@ def test_bf16_from_stacks_follows_the_cpu_flags(default_rules):
                for p in snap.stacks.pids for t in p.threads for f in t.frames)
     assert not any(v.signals.get("stack_bf16") for v in judged(
         "thirdparty_spawn_autocast_cuda", default_rules).ranks)
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_over_time_fixtures_are_their_job_and_what_the_watch_gives(name):
+    """A fixture of stage over-time is its base fixture plus the signals over time
+    a daemon's watch gives its ranks (tests/support/overtime_fixtures.py), nothing
+    written by hand; a fixture without them has none."""
+    with open(fixture_path(name)) as f:
+        derived = json.load(f)
+    with open(fixture_path(DERIVED[name][0])) as f:
+        base = json.load(f)
+    assert "over_time" not in base
+    assert derived.pop("over_time") == overtime_fixtures.rows(overtime_fixtures.over_time(name))
+    assert derived == base
+    assert load_over_time(fixture_path(name))
 
 
 def test_compiled_code_on_the_stack_is_not_warm_up(default_rules):

@@ -33,8 +33,11 @@ BEFORE_STAGES = [
 
 
 # verdict rules shipped since the stages: no priority, placed by their stage alone
-SINCE_STAGES = ["hung-waiting-for-data", "hung-in-pause",  # before the pauses: nobody works
-                "collective-moving"]  # before healthy-cpu: in a collective, not computing
+OVER_TIME = ["pause-past-bound", "waits-past-pause-bound", "slowing-briefly", "straggler-held",
+             "waiting-on-straggler-held"]  # first: the job's past refines this window's
+SINCE_STAGES = OVER_TIME + [
+    "hung-waiting-for-data", "hung-in-pause",  # before the pauses: nobody works
+    "collective-moving"]  # before healthy-cpu: in a collective, not computing
 
 
 def old_order(rows):
@@ -56,6 +59,7 @@ def test_the_stages_try_the_shipped_rules_as_their_priorities_did():
     assert tried() == old_order(BEFORE_STAGES)
     everything = tried_all()
     assert [r for r in everything if r in SINCE_STAGES] == SINCE_STAGES
+    assert everything[:len(OVER_TIME)] == OVER_TIME
     at = everything.index("collective-moving")
     assert everything[at - 1:at + 2] == ["healthy-heartbeat", "collective-moving", "healthy-cpu"]
     at = everything.index("paused-for-data")
@@ -153,8 +157,8 @@ def test_the_old_format_is_said_with_what_replaces_it(tmp_path):
 
 
 @pytest.mark.parametrize("lines, line, said", [
-    (["stage: hang"], 2, "unknown stage 'hang' (one of gone, stopped, desync, wait, start-up, "
-                         "pace, healthy, tried in that order)"),
+    (["stage: hang"], 2, "unknown stage 'hang' (one of over-time, gone, stopped, desync, wait, "
+                         "start-up, pace, healthy, tried in that order)"),
     (["stage: wait", "overrides: [nope]"], 2, "overrides 'nope', which is no verdict rule"),
     (["stage: wait", "overrides: [bf16-on-cpu]"], 2, "overrides 'bf16-on-cpu', which is no "
                                                      "verdict rule"),

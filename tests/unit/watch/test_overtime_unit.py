@@ -1,23 +1,28 @@
 """Judgement over time, without processes: a job's pauses learned per call site
-(watch/pauses.py), a pause turned into a hang past its bound (judge/overtime.py),
-where the ranks' time went (watch/timebook.py) and one page per incident
-(publish/incidents.py). Judgements are built in code with a fixed clock."""
+(watch/pauses.py), a pause turned into a hang past its bound and a spell of
+slowness held (signals over time, watch/overtime.py, judged by the shipped rules
+of stage over-time), where the ranks' time went (watch/timebook.py) and one page
+per incident (publish/incidents.py). Judgements are built in code with a fixed
+clock."""
 from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
 
-from ddpwatch.judge.classify import Judgement, RankVerdict, job_verdict
-from ddpwatch.judge.overtime import Pause, escalate, timeout_for
+from ddpwatch.judge import rules as rules_mod
+from ddpwatch.judge.classify import Judgement, RankVerdict, again, job_verdict
 from ddpwatch.judge.pausekind import pause_of
 from ddpwatch.observe.probes.stacks import Frame, PidStacks, ThreadStack
 from ddpwatch.publish.incidents import IncidentBook
+from ddpwatch.watch import overtime
 from ddpwatch.watch.job import WatchedJob
+from ddpwatch.watch.pauses import Pause, timeout_for
 from ddpwatch.watch.timebook import TimeBook
 
 SITE = "estimate_loss <- train.py:260"
 CONFIG = SimpleNamespace(pause_floor_s=20.0, pause_factor=3.0, collective_timeout_s=0.0,
                          straggler_after_s=30.0)
+RULES = rules_mod.load_default()
 
 
 def rank(r, verdict, role="none", **signals) -> RankVerdict:
@@ -30,10 +35,16 @@ def judgement(*ranks) -> Judgement:
     return Judgement(job_verdict(list(ranks)), tuple(ranks))
 
 
+# what the rules of a pause read (paused-working, waits-for-paused-peer): the watch
+# judges its ranks again with the signals over time added (classify.again)
+PEERS = {"alive": True, "peer_dead": False, "peer_stopped": False}
+
+
 def pausing(kind="evaluation", site=SITE):
     return judgement(rank(0, "paused", pausing=True, pause_kind=kind, pause_site=site,
-                          cpu_ratio=0.98),
-                     rank(1, "paused", pausing=False, cpu_ratio=0.01))
+                          cpu_ratio=0.98, in_collective=False, peers_blocked=1, **PEERS),
+                     rank(1, "paused", pausing=False, cpu_ratio=0.01, in_collective=True,
+                          peers_paused=1, **PEERS))
 
 
 HEALTHY = judgement(rank(0, "healthy"), rank(1, "healthy"))
@@ -43,7 +54,7 @@ def run(job: WatchedJob, seconds: float, judged, start: float, step: float = 1.0
     """Feed `judged` every `step` seconds from `start`; the last (judgement, over)."""
     t, out = start, None
     while t < start + seconds:
-        out = job.over_time(judged, t, 1_000_000.0 + t, CONFIG)
+        out = job.over_time(judged, t, 1_000_000.0 + t, CONFIG, RULES)
         t += step
     return out, t
 
@@ -88,20 +99,23 @@ def test_a_pause_near_the_collective_timeout_pages_with_the_time_left():
               earlier=(400.0,), floor_s=300.0, factor=3.0, timeout_s=timeout_for("nccl"),
               backend="nccl")
     assert p.bound_s == 480.0 and p.over  # 600 s NCCL timeout less its 120 s margin
-    judged = escalate(pausing("checkpoint"), p)
-    assert "ends the job in about 100s" in judged.ranks[0].evidence
+    window = pausing("checkpoint")
+    judged = again(window, RULES, overtime.signals(window, p, None))
+    assert judged.ranks[0].rule == "pause-past-bound"
+    assert "the gloo timeout" not in judged.ranks[0].evidence
+    assert "the nccl timeout (600s) ends the job in about 100s" in judged.ranks[0].evidence
     assert timeout_for("", 0.0) == 1800.0 and timeout_for("gloo", 900.0) == 900.0
 
 
 def test_a_pause_missed_for_a_tick_goes_on_and_one_not_seen_for_long_ends():
     job = WatchedJob("k", 0.0)
-    job.over_time(pausing(), 0.0, 0.0, CONFIG)
+    job.over_time(pausing(), 0.0, 0.0, CONFIG, RULES)
     straggler = judgement(rank(0, "straggler", "culprit"), rank(1, "waiting_on_peer", "victim"))
-    _, over = job.over_time(straggler, 2.0, 2.0, CONFIG)  # judged from CPU alone
+    _, over = job.over_time(straggler, 2.0, 2.0, CONFIG, RULES)  # judged from CPU alone
     assert over.pause is not None
-    _, over = job.over_time(pausing(), 3.0, 3.0, CONFIG)
+    _, over = job.over_time(pausing(), 3.0, 3.0, CONFIG, RULES)
     assert over.pause.elapsed_s == 3.0
-    _, over = job.over_time(HEALTHY, 9.0, 9.0, CONFIG)
+    _, over = job.over_time(HEALTHY, 9.0, 9.0, CONFIG, RULES)
     assert over.pause is None and [e.length_s for e in job.pauses.ended] == [3.0]
 
 
@@ -235,7 +249,7 @@ STRAGGLING = judgement(rank(0, "waiting_on_peer", "victim", cpu_ratio=0.03),
 
 
 def test_a_rank_slow_for_a_few_seconds_is_slowing_and_a_straggler_once_it_lasts():
-    """A straggler is slow over many steps (watch/slow.py, overtime.hold_slow): one
+    """A straggler is slow over many steps (watch/slow.py, rule slowing-briefly): one
     window of it (a start-up beside other jobs) is `slowing`, calm, what it would
     be kept in signals; slow in most ticks for straggler_after_s, it is named."""
     job = WatchedJob("k", 0.0)
@@ -245,6 +259,7 @@ def test_a_rank_slow_for_a_few_seconds_is_slowing_and_a_straggler_once_it_lasts(
     assert (culprit.verdict, culprit.role, culprit.rule) == ("slowing", "none", "slowing-briefly")
     assert culprit.signals["slow_as"] == "straggler" and victim.signals["slow_as"] == \
         "waiting_on_peer"
+    assert culprit.signals["slow_rule"] == "" and culprit.signals["slow_s"] == 2.0
     assert "falls behind its peers for 2s so far" in culprit.evidence
     assert "rank 1 evidence" in culprit.evidence and "30s (straggler_after_s)" in culprit.evidence
     assert over.slow.elapsed_s == 2.0 and not over.slow.confirmed
@@ -258,7 +273,7 @@ def test_a_rank_slow_for_a_few_seconds_is_slowing_and_a_straggler_once_it_lasts(
     assert over.slow.elapsed_s == 28.0
     (judged, over), t = run(job, 2.0, STRAGGLING, t)
     assert over.slow.confirmed and judged.job.verdict == "straggler"
-    assert judged.job.culprits == (1,) and judged.ranks[1].rule == ""  # the classifier's
+    assert judged.job.culprits == (1,) and judged.ranks[1].rule == ""  # the window's
     # the spell ends after GAP_S without a slow tick: the next one is held again
     (judged, over), t = run(job, 10.0, HEALTHY, t)
     assert over.slow is None and judged.job.verdict == "healthy"
@@ -291,13 +306,14 @@ def test_a_confirmed_straggler_judged_healthy_in_one_window_stays_the_straggler(
     (judged, over), t = run(job, 1.0, half, t)
     assert judged.job.verdict == "straggler" and judged.job.culprits == (1,)
     held = judged.ranks[1]
-    assert (held.verdict, held.role) == ("straggler", "culprit")
+    assert (held.verdict, held.role, held.rule) == ("straggler", "culprit", "straggler-held")
     assert held.evidence == "rank 1 evidence (1s ago; this window alone looked like its " \
                             "peers', as the windows of a slow rank alternate)"
     assert held.signals["slow_as"] == "straggler" and held.signals["slow_seen_s"] == 1.0
     # both look healthy for a few seconds: the spell is open, both held
     (judged, over), t = run(job, 5.0, HEALTHY, t)
     assert [r.verdict for r in judged.ranks] == ["waiting_on_peer", "straggler"]
+    assert [r.rule for r in judged.ranks] == ["waiting-on-straggler-held", "straggler-held"]
     assert "6s ago" in judged.ranks[1].evidence
     # a worse verdict is not hidden by the hold
     dead = judgement(rank(0, "waiting_on_peer", "victim"), rank(1, "dead", "culprit"))
@@ -318,32 +334,38 @@ def test_a_spell_not_yet_confirmed_holds_nothing():
 def test_straggler_after_zero_names_a_straggler_at_once():
     job = WatchedJob("k", 0.0)
     config = SimpleNamespace(**{**vars(CONFIG), "straggler_after_s": 0.0})
-    judged, over = job.over_time(STRAGGLING, 0.0, 1_000_000.0, config)
+    judged, over = job.over_time(STRAGGLING, 0.0, 1_000_000.0, config, RULES)
     assert judged.job.verdict == "straggler" and over.slow.confirmed
 
 
 def test_a_recompile_while_a_peer_waits_is_a_pause_of_kind_compile_paged_past_its_bound():
-    """torch.compile on one rank while its peer waits (the classifier's warming_up,
-    unbounded) is a pause over time: named compile, learned, a hang past its bound."""
+    """torch.compile on one rank while its peer waits (rules compiling-while-peers-wait,
+    waits-for-compiling-peer: paused, as diagnose says) is a pause over time: named
+    compile, learned, a hang past its bound (rule pause-past-bound)."""
     def compiling():
-        waits = dataclasses.replace(rank(0, "warming_up", in_collective=True),
-                                    rule="waits-for-compiling-peer")
-        busy = dataclasses.replace(rank(1, "warming_up", stack="compile", cpu_ratio=0.9,
-                                        pause_site="compile_fx <- train.py:80"),
-                                   rule="compiling-while-peers-wait")
+        waits = dataclasses.replace(rank(0, "paused", in_collective=True, peers_compiling=1,
+                                         **PEERS), rule="waits-for-compiling-peer")
+        busy = dataclasses.replace(rank(1, "paused", stack="compile", cpu_ratio=0.9,
+                                        pause_site="compile_fx <- train.py:80",
+                                        warming_up=True, in_collective=False, peers_blocked=1,
+                                        **PEERS), rule="compiling-while-peers-wait")
         return judgement(waits, busy)
     job = WatchedJob("k", 0.0)
     (judged, over), t = run(job, 5.0, compiling(), 0.0)
     assert judged.job.verdict == "paused" and judged.job.culprits == ()
-    assert [r.rule for r in judged.ranks] == ["waits-for-compiling-peer", "paused-compiling"]
+    assert [r.rule for r in judged.ranks] == ["waits-for-compiling-peer",
+                                              "compiling-while-peers-wait"]
     assert over.pause.kind == "compile" and over.pause.rank == 1
     assert over.pause.site == "compile_fx <- train.py:80"
-    assert "a pause (compile)" in judged.ranks[1].evidence
+    assert over.time[1] == {"paused": 4.0} and over.time[0] == {"waiting": 4.0}
     (judged, over), t = run(job, 18.0, compiling(), t)  # past the 20 s floor: a hang
     assert judged.job.verdict == "hung_outside_collective" and judged.job.culprits == (1,)
+    assert [r.rule for r in judged.ranks] == ["waits-past-pause-bound", "pause-past-bound"]
+    assert judged.ranks[1].evidence.startswith("compiles at compile_fx <- train.py:80 for 22s")
     # both compiling at once: nobody waits, warming up
     both = judgement(rank(0, "warming_up"), rank(1, "warming_up"))
-    assert WatchedJob("k", 0.0).over_time(both, 0.0, 1e6, CONFIG)[0].job.verdict == "warming_up"
+    assert WatchedJob("k", 0.0).over_time(both, 0.0, 1e6, CONFIG, RULES)[0].job.verdict == \
+        "warming_up"
 
 
 def test_a_job_seen_past_its_start_stays_so_for_the_same_ranks():
@@ -360,11 +382,12 @@ def test_a_job_seen_past_its_start_stays_so_for_the_same_ranks():
     _, last = job.window(look((100, 101), 0.0), None, 5.0)
     assert last.seen_training is False
     job.over_time(judgement(rank(0, "healthy", job_starting=True),
-                            rank(1, "healthy", job_starting=True)), 0.0, 0.0, CONFIG)
+                            rank(1, "healthy", job_starting=True)), 0.0, 0.0, CONFIG, RULES)
     _, last = job.window(look((100, 101), 1.0), None, 5.0)
     assert last.seen_training is False  # nothing said the start is over yet
     job.over_time(judgement(rank(0, "healthy", job_starting=False),
-                            rank(1, "straggler", "culprit", job_starting=False)), 1.0, 1.0, CONFIG)
+                            rank(1, "straggler", "culprit", job_starting=False)), 1.0, 1.0,
+                  CONFIG, RULES)
     _, last = job.window(look((100, 101), 2.0), None, 5.0)
     assert last.seen_training is True
     # what the signals make of it: a young job without stacks in this look is no start
