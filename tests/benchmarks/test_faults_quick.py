@@ -5,7 +5,7 @@ when a run names a wrong culprit, misses a fault, a negative pages or an injecti
 never reached its state; rows the catalogue marks `known` (true findings about
 ddpwatch) are printed, not failed. What the suite checks elsewhere stays out of
 --quick (the healthy row: tests/daemon/test_daemon_healthy_watch.py watches four
-launchers' healthy jobs at once)."""
+launchers' healthy jobs at once; the kill row: tests/thirdparty/test_thirdparty_killed.py)."""
 from __future__ import annotations
 
 import glob
