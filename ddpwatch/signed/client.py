@@ -79,15 +79,16 @@ def _challenge(url: str, token: str, timeout_s: float) -> str:
         raise Unproven(_not_proven(url)) from err
     finally:
         conn.close()
-    if status == 404:  # a daemon without a token (or older than challenges), or none of ours
-        raise Unproven(_not_proven(url))
+    if status == 404:  # a daemon without a token, one older than challenges, or none of ours
+        raise Unproven(_not_proven(url) + " (a ddpwatch daemon older than challenges also "
+                       "answers so: upgrade it)")
     if status != 200:
         raise urllib.error.HTTPError(url, status, body[:200].decode("utf-8", "replace"),
                                      response.headers, io.BytesIO(body))
     try:
         doc = json.loads(body)
         identity, there, challenge = (str(doc[k]) for k in ("identity", "at", "challenge"))
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError) as err:  # nested [[[...
         raise Unproven(_not_proven(url)) from err
     if auth.challenge_valid(token, identity, reached, challenge, mine):
         return challenge
