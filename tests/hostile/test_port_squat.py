@@ -26,6 +26,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -264,6 +266,17 @@ def test_signed_requests_collected_or_captured_are_refused_later_and_elsewhere(
     # the restarted daemon serves its clients
     assert ddpwatch_status(a.url, TOKEN).returncode == 0
     wait_until(lambda: peer_a_error(lambda e: e == ""), 60, what="B's peer view of A again")
+
+    # a request signed over a challenge A gave, never sent: A's restart voids it
+    from ddpwatch.signed import auth, client
+    pending, _ = auth.sign_request(TOKEN, "GET", "/status", client._challenge(a.url, TOKEN, 10))
+    a.job.kill()
+    a.start()
+    request = urllib.request.Request(a.url + "/status", headers={"Authorization": pending})
+    with pytest.raises(urllib.error.HTTPError) as refused_after_restart:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused_after_restart.value.code == 401
+    assert "did not give" in refused_after_restart.value.read().decode()
 
 
 def nobody_gets(url: str, *paths: str) -> dict[str, tuple[int, str]]:
