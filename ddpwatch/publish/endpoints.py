@@ -2,7 +2,8 @@
 slow readers are bounded_server.py's). /metrics, /status, /peer, /healthz,
 /readyz, /incidents/ (the list) and /incidents/<id> (an incident's page, drawn
 from its bundle, with its bundle's report.txt, report.json and snapshots.json
-under /incidents/<id>/); 404 elsewhere.
+under /incidents/<id>/), /challenge (public: what a signed request must carry,
+signed/auth.py); 404 elsewhere.
 `/peer` is what other nodes' daemons read for the peer view (peers.py).
 `/healthz` is the liveness a supervisor probes (deploy/kubernetes/daemonset.yaml):
 503 once no tick has completed for `stale_after_s` (commands/run.py: systemd's
@@ -15,9 +16,10 @@ in a loop does not run py-spy in a loop (2 -> 16 runs in 8 s).
 Only reads the latest published DaemonView (and the bundles of the incidents it
 lists: a path in a request is only ever compared with the incidents' ids).
 /status, /peer and /incidents need the token when one is configured (it must
-be, off loopback: config.py): a request signed with it, whose answer then
-carries a proof (auth.py: what ddpwatch's own clients send, so the token never
-crosses the wire), or `Authorization: Bearer <token>`.
+be, off loopback: config.py): a request signed with it over a challenge of
+this daemon, whose answer then carries a proof (auth.py: what ddpwatch's own
+clients send, so the token never crosses the wire and a request is good once,
+here), or `Authorization: Bearer <token>`.
 """
 from __future__ import annotations
 
@@ -159,6 +161,8 @@ class Server:
             ready = view is not None and view.ready
             self._send(req, 200 if ready else 503, b"ready\n" if ready else b"no tick yet\n",
                        "text/plain")
+        elif path == "/challenge":
+            self._challenge(req)
         elif path == "/incidents" or path.startswith("/incidents/"):
             refused = self._refused(req)
             if refused:
@@ -218,6 +222,22 @@ class Server:
             return
         self._send(req, 200, page.encode(), HTML)
 
+    def _challenge(self, req) -> None:
+        """Public: what a signed request must carry (signed/auth.py), made for
+        the asker's own nonce and the address it reached this daemon at, so
+        the asker learns this daemon holds the token. Nothing is kept."""
+        token = self.token  # one value: a reload may change it
+        query = req.path.partition("?")[2]
+        mine = query[2:] if query.startswith("c=") else ""
+        if not token:
+            self._send(req, 404, b"no token set: requests here are not signed\n", "text/plain")
+        elif not auth.HEX32.fullmatch(mine):
+            self._send(req, 400, b"GET /challenge?c=<32 lowercase hex digits: a fresh random "
+                                 b"nonce of the asker's>, and nothing else\n", "text/plain")
+        else:
+            self._send(req, 200, dumps(self.verifier.challenge(token, _reached(req), mine)),
+                       "application/json")
+
     def _visible(self, req, view):
         """(what this request may see, whose it is): everything with the token
         or from root (uid viewer.ALL), else its own uid's jobs and incidents
@@ -230,7 +250,7 @@ class Server:
         leaves its nonce on `req`, and `_send` proves the answer to it."""
         token = self.token  # one value for the whole check: a reload may change it
         ok, nonce, why = self.verifier.check(token, req.headers.get("Authorization", ""),
-                                             req.command, req.path)
+                                             req.command, req.path, _reached(req))
         if nonce:
             req.ddpwatch_proof = (token, nonce)
         return "" if ok else why
@@ -247,3 +267,12 @@ class Server:
             req.send_header(auth.PROOF_HEADER, auth.answer_proof(*signed, code, body))
         req.end_headers()
         req.wfile.write(body)
+
+
+def _reached(req) -> str:
+    """The address this request's connection reached the daemon at (what the
+    client connected to, without a NAT between): challenges name it."""
+    try:
+        return auth.address(req.connection.getsockname())
+    except (AttributeError, OSError, IndexError, TypeError, ValueError):
+        return ""

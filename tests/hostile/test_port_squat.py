@@ -26,6 +26,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -34,7 +36,7 @@ from conftest import REPO, free_port, need, wait_until
 from daemons import DaemonRun, get, our_status, rank_pid, trainer_job
 
 PYTHON = "/usr/bin/python3"  # the checkout's venv may be out of nobody's reach
-TOKEN = "cluster-token-0123456789abcdef"
+TOKEN = "cluster-token-0123456789abcdef"  # loopback: any strength
 
 
 def need_setup():
@@ -105,10 +107,16 @@ def test_a_program_on_a_daemons_port_gets_no_token_and_is_not_believed(
     assert all(r.get("host") != "evil-node" and r["pid"] != 4242 for r in ours_now["ranks"]), \
         ours_now["ranks"]
 
-    # it was asked many times, and never handed the token
+    # it was asked many times, and never handed the token, nor a signed request
+    # to collect and replay at the live daemon later (signed/auth.py: the client
+    # asks for a challenge first, and the squatter cannot prove one)
     requests = open(heard).read()
-    assert requests.count("GET /peer") >= 3 and "GET /status" in requests, requests[-2000:]
+    assert requests.count("GET /challenge?c=") >= 3, requests[-2000:]
     assert TOKEN not in requests and "Bearer" not in requests, requests[-2000:]
+    assert "GET /peer" not in requests and "GET /status" not in requests, requests[-2000:]
+    captured = [line.partition(": ")[2] for line in requests.splitlines()
+                if line.startswith("Authorization: ")]
+    assert not captured, captured[:3]
 
     # Who may read what, on loopback without a token: a second daemon sees the same
     # stopped job. Root sees it and its incident; uid 65534 sees neither: not the
@@ -133,6 +141,142 @@ def test_a_program_on_a_daemons_port_gets_no_token_and_is_not_believed(
     assert seen[f"/incidents/{incident['id']}/report.json"][0] == 404
     assert json.loads(seen["/peer"][1])["jobs"] == {}
     assert seen["/metrics"][0] == 200  # numbers and labels, for Prometheus: public
+
+
+class Sniffer:
+    """Request heads sent to `port` on loopback, as anyone who can read the
+    wire (a packet socket) captures them; only those the daemon has answered
+    (a request replayed before its original arrived would prove nothing)."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+        self.port, self._stop = port, threading.Event()
+        self._asked: dict[int, bytes] = {}  # client port -> its request head
+        self._answered: set[int] = set()
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        self._sock.bind(("lo", 0))
+        self._sock.settimeout(0.2)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = self._sock.recv(65536)
+            except OSError:
+                continue
+            if frame[12:14] != b"\x08\x00" or frame[23] != 6:  # IPv4, TCP
+                continue
+            tcp = frame[14 + (frame[14] & 0x0F) * 4:]
+            src, dst = int.from_bytes(tcp[0:2], "big"), int.from_bytes(tcp[2:4], "big")
+            payload = tcp[(tcp[12] >> 4) * 4:]
+            if dst == self.port and payload.startswith(b"GET "):
+                self._asked[src] = payload
+            elif src == self.port and payload.startswith(b"HTTP/"):
+                self._answered.add(dst)
+
+    def signed(self) -> list[str]:
+        """Heads of answered requests that carry a signature."""
+        return [head.decode("latin-1") for port, head in list(self._asked.items())
+                if port in self._answered and b"Authorization: DDPWatch" in head]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+def replayed_as_nobody(playground: str, heads: list[str], *urls: str) -> dict:
+    """(url, head) -> status of each head sent verbatim by uid 65534 to each url."""
+    script = os.path.join(playground, "collector.py")
+    shutil.copy(os.path.join(REPO, "tests", "jobs", "collector.py"), script)
+    os.chmod(script, 0o644)
+    path = os.path.join(playground, f"heads-{len(os.listdir(playground))}.json")
+    with open(path, "w") as f:
+        json.dump(heads, f)
+    os.chmod(path, 0o644)
+    done = subprocess.run(as_nobody(PYTHON, "-I", script, "replay", path, *urls),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return {(url, heads[i]): code for url, i, code in json.loads(done.stdout)}
+
+
+def test_signed_requests_collected_or_captured_are_refused_later_and_elsewhere(
+        start_job, tmp_path, hb_dir, playground):
+    """Two nodes sharing the token, A and B; B's peer view polls A. Captured
+    on the wire, what `ddpwatch status` and the peer view send to A is good
+    neither again at A nor at B. With A down, a squatter (uid 65534) on its port
+    collects what those clients send it, relaying their challenges to B's live
+    daemon; once A is back, nothing it collected or captured is taken by A
+    (restarted: a new identity) or B. Before (a MAC over method, target, time
+    and nonce only), each was taken once: uid 65534 read root's full /status."""
+    need_setup()
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    a = DaemonRun(start_job, a_dir, hb_dir, {"token": TOKEN}, name="a")
+    b = DaemonRun(start_job, b_dir, hb_dir, {"token": TOKEN, "peers": [a.url]}, name="b")
+
+    def peer_a_error(want) -> bool:
+        peer = next((p for p in b.status(token=TOKEN)["peers"] if p["url"] == a.url), None)
+        return peer is not None and want(peer["error"])
+
+    # on the wire, while A lives: each signed request was answered, once
+    sniffer = Sniffer(a.port)
+    try:
+        live = ddpwatch_status(a.url, TOKEN)
+        assert live.returncode == 0 and "node " in live.stdout, (live.stdout, live.stderr)
+        captured = wait_until(lambda: (lambda s: s if any(" /status " in h for h in s) and any(
+            " /peer " in h for h in s) else None)(sniffer.signed()), 60,
+            what="a signed /status and /peer captured")
+    finally:
+        sniffer.close()
+    refused = replayed_as_nobody(playground, captured, a.url, b.url)
+    assert set(refused.values()) == {401}, refused   # used at A; made for A, not B
+
+    # A down, and uid 65534 on its port: what the clients send it is collected
+    a.job.kill()
+    heard = os.path.join(playground, "heard.log")
+    collector = os.path.join(playground, "collector.py")
+    squatter = start_job(as_nobody(PYTHON, "-I", collector, "collect", str(a.port), heard,
+                                   b.url), name="squatter")
+    wait_until(lambda: "listening" in squatter.output(), 30, what="the squatter listening")
+    done = ddpwatch_status(a.url, TOKEN)
+    assert done.returncode == 76 and not done.stdout, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    by_status = len(open(heard).read().splitlines())
+    assert by_status >= 1
+    wait_until(lambda: len(open(heard).read().splitlines()) >= by_status + 3, 60,
+               what="the peer view asking the squatter thrice")
+    assert peer_a_error(lambda e: "not proven" in e or "relays" in e)
+    squatter.kill()
+    collected = [json.loads(line) for line in open(heard).read().splitlines()]
+    assert not any(TOKEN in h or "Bearer" in h for h in collected), collected[:3]
+
+    # A is back: nothing collected or captured is taken by A or by B
+    a.start()
+    replays = replayed_as_nobody(playground, collected + captured, a.url, b.url)
+    taken = {k: code for k, code in replays.items()
+             if code != 401 and not k[1].startswith("GET /challenge?")}
+    assert not taken, taken
+    # ... and the client saw through the relay: it signed nothing for the squatter
+    assert not [h for h in collected if "Authorization:" in h], collected[:3]
+    assert "relays a daemon elsewhere" in done.stderr, done.stderr
+    # the restarted daemon serves its clients
+    assert ddpwatch_status(a.url, TOKEN).returncode == 0
+    wait_until(lambda: peer_a_error(lambda e: e == ""), 60, what="B's peer view of A again")
+
+    # a request signed over a challenge A gave, never sent: A's restart voids it
+    from ddpwatch.signed import auth, client
+    pending, _ = auth.sign_request(TOKEN, "GET", "/status", client._challenge(a.url, TOKEN, 10))
+    a.job.kill()
+    a.start()
+    request = urllib.request.Request(a.url + "/status", headers={"Authorization": pending})
+    with pytest.raises(urllib.error.HTTPError) as refused_after_restart:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused_after_restart.value.code == 401
+    assert "did not give" in refused_after_restart.value.read().decode()
 
 
 def nobody_gets(url: str, *paths: str) -> dict[str, tuple[int, str]]:
