@@ -5,6 +5,7 @@ by peer") once the dead rank's sockets close, and mp.spawn, Lightning and
 torchrun then end the rest. Pure."""
 from __future__ import annotations
 
+from ...observe.jobs.departures import interrupted_from_outside
 from ...observe.probes.exits import signal_name
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
@@ -61,13 +62,10 @@ def measure(s: dict, last: Snapshot) -> None:
         s["exit_how"] += (f" (sent by {sent.by})" if sent.signal == exit_.signal else
                           f" (after {signal_name(sent.signal)} from {sent.by})")
     s["exit_signal"], s["exit_code"] = exit_.signal, exit_.code
-    # an end after a stop signal from outside its job is no clean finish, whatever
-    # its code (mp.spawn's wrapper exits 0 on a SIGINT's KeyboardInterrupt):
-    # observe/jobs/departures.py _abnormal decides the same for the held job
-    job = last.job
-    outside = sent is not None and sent.sender not in (
-        set(job.rank_pids + job.departed_pids) | {job.launcher_pid})
-    s["exit_abnormal"] = bool(exit_.signal or exit_.code) or outside
+    # an exit 0 after a SIGINT from outside its job is no clean finish (mp.spawn's
+    # wrapper exits 0 on a KeyboardInterrupt): as the held job is decided
+    s["exit_abnormal"] = bool(exit_.signal or exit_.code) or (
+        not exit_.code and interrupted_from_outside(last.job, exit_, last.exits))
     s["exit_oom"] = exit_.signal == 9 and exit_.oom_kills > 0
     # for link() only: clock-bound, so kept out of what is served to peers and shown
     # (those take scalars only)

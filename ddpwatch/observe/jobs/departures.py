@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal as signal_mod
 
 from ..probes.exits import signal_name
 from .job import Job
@@ -69,6 +70,10 @@ def _stopped_by_request(job: Job, first, exits) -> tuple[bool | None, str]:
     asked = f"{signal_name(sent.signal)} to pid {first.pid}"
     if sent.sender in _job_pids(job):
         return True, f"{asked} came from its own job's {sent.by}"
+    if first.pid in exits.parents(_job_pids(job)):
+        # the process a person started, which started the other ranks (Lightning's
+        # rank 0 has no launcher above it): a stop of it is a stop of the job
+        return True, f"{sent.by} sent {asked}, the parent of the job's other ranks"
     near = {s.target for s in exits.sent if s.sender == sent.sender
             and abs(s.at - sent.at) <= STOP_TOGETHER_S}
     if job.launcher_pid in near or set(job.rank_pids + job.departed_pids) <= near:
@@ -78,13 +83,22 @@ def _stopped_by_request(job: Job, first, exits) -> tuple[bool | None, str]:
 
 
 def _abnormal(job: Job, e, exits) -> bool:
-    """Ended by a signal or a non-zero code, or after a stop signal from outside
-    the job (mp.spawn's worker wrapper turns a SIGINT's KeyboardInterrupt into
-    exit code 0; its peers then fail with code 1)."""
+    """Ended by a signal or a non-zero code, or after a SIGINT from outside the
+    job (mp.spawn's worker wrapper turns its KeyboardInterrupt into exit code 0;
+    its peers then fail with code 1) unless it is the parent of the job's other
+    ranks (a person's Ctrl-C of Lightning's first process)."""
     if e.abnormal:
         return True
+    return interrupted_from_outside(job, e, exits)
+
+
+def interrupted_from_outside(job: Job, e, exits) -> bool:
+    """`e` (an exit 0) came after a SIGINT sent from outside its job to it, not to
+    the job's first process. judge/signals/exits.py counts it abnormal too."""
     sent = exits.stop_sent_to(e) if exits is not None and exits.traced else None
-    return sent is not None and sent.sender not in _job_pids(job)
+    mine = _job_pids(job)
+    return (sent is not None and sent.signal == signal_mod.SIGINT and sent.sender not in mine
+            and e.pid not in exits.parents(mine))
 
 
 def _killed_whole(job: Job, ended: dict, first) -> bool:

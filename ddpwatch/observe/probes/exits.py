@@ -103,6 +103,12 @@ class Exits:
     sent: tuple[SignalSent, ...] = ()
     traced: bool = False              # who sends stop signals is watched
 
+    def parents(self, pids) -> set[int]:
+        """The parents, at their ends, of those of `pids` that ended: a job's
+        first process (Lightning's rank 0 starts its other ranks) is one."""
+        wanted = set(pids)
+        return {e.ppid for e in self.exits if e.pid in wanted and e.ppid > 0}
+
     def stop_sent_to(self, e: ProcessExit) -> SignalSent | None:
         """The last stop signal sent to `e`'s process in the STOP_GRACE_S before
         it ended, with its sender: one from another process first (Python

@@ -129,3 +129,19 @@ def test_a_sender_seen_asking_one_rank_decides_over_the_ranks_ending_alike():
     sent = (SignalSent(50.0, 15, 12, 4242, "python"), SignalSent(50.07, 15, 11, 10, "python"))
     assert _gone(ends, sent) != []
     assert _gone(ends, (), traced=False) == []  # unseen: killed whole, as before
+
+
+LIGHTNING = Job(target_pid=11, launcher_pid=-1, launcher_kind="lightning", rank_pids=(11, 12),
+                run_id="", ranks=(0, 1), world_size=2)
+
+
+def test_a_stop_of_the_process_that_started_the_other_ranks_is_the_jobs():
+    """Lightning's rank 0 is the process a person started; it starts rank 1. A
+    SIGTERM or SIGINT to it alone is the job stopped (benchmarks/faults.yaml
+    job-stopped: its handler SIGTERMs rank 1 and exits 0), not rank 0's death."""
+    for sig in (15, 2):
+        book = Departures()
+        book.update([("k", "job", LIGHTNING)], Exits(0.0, 0.0, ()), 0.0)
+        ends = (exits.to_exit(12, 15, 11, 50.1), exits.to_exit(11, 0, 1, 50.3))
+        sent = (SignalSent(50.0, sig, 11, 4242, "python"), SignalSent(50.05, 15, 12, 11, "pt"))
+        assert book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0) == [], sig
