@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .. import errors
 from ..judge import classify
-from ..judge.vocabulary import BY_NAME, label
+from ..judge.vocabulary import SEVERITY, label
 from ..observe.jobs import discovery
 from ..observe.probes import ProbeContext
 from ..observe.sampler import Sampler
@@ -62,8 +62,8 @@ class NodeResult:
 
 def _severity(entry: JobResult) -> int:
     if entry.judgement is None:
-        return len(BY_NAME)  # not looked at: after those that were
-    return BY_NAME[entry.judgement.job.verdict].severity
+        return len(SEVERITY)  # not looked at: after those that were
+    return SEVERITY.index(entry.judgement.job.verdict)
 
 
 def _distinct(jobs) -> list:
