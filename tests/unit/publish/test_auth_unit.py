@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from fake_request import Request
+
 from ddpwatch.publish.endpoints import Server
 from ddpwatch.signed import auth
 
@@ -142,25 +144,6 @@ def test_an_answer_is_proven_only_for_its_nonce_status_and_body():
     assert not auth.proven(TOKEN, "ab12", 200, b'{"node": "n1"}', "")
 
 
-class Request:
-    """What the server's handler is given: the path, and what was sent back."""
-
-    def __init__(self, path: str):
-        self.path, self.command, self.headers = path, "GET", {}
-        self.code, self.body = None, b""
-        self.wfile = self
-
-    def send_response(self, code):
-        self.code = code
-
-    def send_header(self, *_):
-        pass
-
-    def end_headers(self):
-        pass
-
-    def write(self, data):
-        self.body += data
 
 
 def ask(server, path: str) -> tuple[int, bytes]:

@@ -4,26 +4,11 @@ what was sent, a clock in hand; tests/deploy/test_watchdog.py holds a real
 daemon's tick loop."""
 from __future__ import annotations
 
+from fake_request import Request
+
 from ddpwatch.publish.endpoints import Server
 
 
-class Request:
-    def __init__(self, path: str):
-        self.path, self.command, self.headers = path, "GET", {}
-        self.code, self.body = None, b""
-        self.wfile = self
-
-    def send_response(self, code):
-        self.code = code
-
-    def send_header(self, *_):
-        pass
-
-    def end_headers(self):
-        pass
-
-    def write(self, data):
-        self.body += data
 
 
 def healthz(server) -> tuple[int, bytes]:
