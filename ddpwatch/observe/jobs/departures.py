@@ -131,11 +131,10 @@ def _how(e) -> str:
     return f"signal {e.signal}" if e.signal else f"code {e.code}"
 
 
-def _why_not_held(job: Job, ended: dict, died: list, exits) -> str:
+def _why_not_held(ended: dict, died: list, stopped: bool | None, why: str) -> str:
     if not died:
         seen = ", ".join(f"{p}: {_how(e)}" for p, e in ended.items()) or "none seen"
         return f"no abnormal end among its processes (ends: {seen})"
-    stopped, why = _stopped_by_request(job, died[0], exits)
     if stopped:
         return why
     return f"every rank ended by {_how(died[0])} at once (its process group was killed)"
@@ -188,11 +187,11 @@ class Departures:
                            if p in ended and _abnormal(job, ended[p], exits)),
                           key=lambda e: e.at)
             # a stop signal's sender, when seen, decides; else how every rank ended
-            stopped = _stopped_by_request(job, died[0], exits)[0] if died else None
+            stopped, why = _stopped_by_request(job, died[0], exits) if died else (None, "")
             if not died or stopped or (stopped is None and _killed_whole(job, ended, died[0])):
                 # said once, as the job leaves: why a gone job pages nothing
                 log.info("job %s ended: not held (%s)", label,
-                         _why_not_held(job, ended, died, exits))
+                         _why_not_held(ended, died, stopped, why))
                 continue
             # a terminal's Ctrl-C reaches every rank: one whose sender was seen
             # asking one rank alone (stopped False) is no Ctrl-C
@@ -207,9 +206,8 @@ class Departures:
             gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
                                        job, ended, ranks_of.get(key, {}), every=True)
             self._held[key] = (gone, label, now + self.hold_s)
-            alone = _stopped_by_request(job, died[0], exits)[1]  # the sender, when seen
             log.info("job %s ended: held %.0f s, first to end pid %d (%s)", label,
-                     self.hold_s, died[0].pid, alone or _how(died[0]))
+                     self.hold_s, died[0].pid, why or _how(died[0]))  # why: the sender, seen
         for key, (job, label, until) in list(self._held.items()):
             if now > until:
                 del self._held[key]

@@ -232,8 +232,7 @@ class ExitWatch:
         for pid in [p for p, e in self._kept.items() if now - e.at > KEEP_S]:
             del self._kept[pid]
         if self._trace is not None:
-            # signals to others' processes are dropped: any user can kill(2) its own
-            self._sent.extend(s for s in self._trace.drain() if s.target in watched)
+            self._sent.extend(self._trace.drain(watched))
             while self._sent and now - self._sent[0].at > KEEP_S:
                 self._sent.popleft()
 

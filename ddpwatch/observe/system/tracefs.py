@@ -151,8 +151,10 @@ class SignalTrace:
         except OSError:
             pass
 
-    def drain(self) -> list[SignalSent]:
-        """The stop signals generated since the last drain, oldest first."""
+    def drain(self, watched) -> list[SignalSent]:
+        """The stop signals generated since the last drain to `watched` pids,
+        oldest first (others' are dropped before their sender is looked up: any
+        user can kill(2) its own processes in a loop)."""
         out, lines = [], 0
         while lines < MAX_LINES:
             try:
@@ -167,7 +169,7 @@ class SignalTrace:
             for raw in whole:
                 lines += 1
                 got = parse_line(raw.decode("utf-8", "replace"))
-                if got is not None:
+                if got is not None and got[2] in watched:
                     at, sig, target, tid, comm = got
                     out.append(SignalSent(at, sig, target, _tgid(self._procfs, tid), comm))
         return out

@@ -100,7 +100,7 @@ def test_the_kernel_reports_who_sent_a_signal_here(tmp_path):
         os.kill(child.pid, signal.SIGTERM)
         child.wait(10)
         got = []
-        wait_until(lambda: got.extend(trace.drain()) or any(
+        wait_until(lambda: got.extend(trace.drain({child.pid})) or any(
             s.target == child.pid for s in got), 10, what="the SIGTERM's trace line")
         sent = next(s for s in got if s.target == child.pid)
         assert (sent.signal, sent.sender) == (15, os.getpid()), sent
