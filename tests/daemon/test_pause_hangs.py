@@ -49,8 +49,13 @@ def watch(start_module_job, tmp_path_factory):
 def _start(start, tmp_path_factory, script_argv, name, env=None):
     data = str(tmp_path_factory.mktemp(name))
     job = start([*script_argv, "--dir", data], env=env, name=name)
-    wait_until(lambda: "rank 1 step 3\n" in job.output() and "rank 0 step 3\n" in job.output(),
-               240, what=f"{name}: both ranks past step 3")
+    def past_step_3():
+        out = job.output()
+        if job.proc.poll() is not None:
+            pytest.fail(f"{name}: the job ended ({job.proc.returncode}) before step 3:\n{out[-3000:]}")
+        return "rank 1 step 3\n" in out and "rank 0 step 3\n" in out
+    wait_until(past_step_3, 180,
+               what=lambda: f"{name}: both ranks past step 3; its output:\n{job.output()[-3000:]}")
     pids = {int(w[1]): int(w[3]) for w in (line.split() for line in job.output().splitlines())
             if len(w) == 5 and w[0] == "rank" and w[4] == "ready"}
     return job, pids, data

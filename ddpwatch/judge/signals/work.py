@@ -100,13 +100,23 @@ def _idle_worker(history: tuple[Snapshot, ...], workers) -> str:
 
 
 def _main_frames(dumps) -> tuple:
-    """The newest dump's main-thread frames, innermost first; () without one."""
+    """The newest dump's main-thread frames the worker runs itself, innermost
+    first; () without one. A forked worker's stack goes on past multiprocessing's
+    _bootstrap into the frames it inherited from its rank (the training loop's
+    `for x in loader` at <module>): those say where the rank was at the fork, not
+    where the worker waits, and would make every worker look stopped in user code."""
     for dump in reversed(dumps):
         if dump.status == "ok" and dump.threads:
             thread = main_thread(dump)  # a DataLoader worker runs its loop there
             if thread is not None and thread.frames:
-                return thread.frames
+                return _own_frames(thread.frames)
     return ()
+
+
+def _own_frames(frames: tuple) -> tuple:
+    cut = next((i for i, x in enumerate(frames) if x.name.split(".")[-1] == "_bootstrap"
+                and "multiprocessing" in x.filename), len(frames))
+    return frames[:cut] or frames
 
 
 WORKER_FRAMES = 2

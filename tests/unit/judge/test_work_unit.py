@@ -51,10 +51,16 @@ def test_the_worker_shown_is_the_one_stopped_in_user_code():
         thread = ThreadStack(1, pid, "MainThread", False, False, tuple(
             Frame(name, path, "", path.rpartition("/")[2], 10) for name, path in frames))
         return PidStacks(pid, "ok", "S", threads=(thread,), worker_of=1)
+    # forked workers: below multiprocessing's _bootstrap, the frames inherited
+    # from the rank (its loop's <module>), which are user code but not the worker's
+    forked = (("BaseProcess._bootstrap", "/usr/lib/python3.11/multiprocessing/process.py"),
+              ("Popen._launch", "/usr/lib/python3.11/multiprocessing/popen_fork.py"),
+              ("<module>", "/home/u/train.py"))
     waiting = dump(11, ("select", "/usr/lib/python3.11/selectors.py"),
-                   ("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py"))
+                   ("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py"),
+                   *forked)
     blocked = dump(12, ("__getitem__", "/home/u/data.py"),
-                   ("fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py"))
+                   ("fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py"), *forked)
     snap = snapshot.load(os.path.join(SNAPSHOTS, "pause_data_hung.json"))[-1]
     import dataclasses
     snap = dataclasses.replace(snap, stacks=Stacks(snap.taken_at, "py-spy", (waiting, blocked)),
