@@ -181,6 +181,10 @@ def test_a_stopped_ray_worker_is_the_culprit(ray):
     until_daemon(ray, HEALTHY, [], timeout=120)
 
 
+# with records (auto) a late rank is the straggler from its heartbeats as on any
+# launcher (tests/diagnose/test_diagnose_trainer.py); what is Ray's own is how a
+# starved worker looks without them, so this one runs on the plain job only
+@pytest.mark.parametrize("ray", ["plain"], indirect=True)
 def test_a_starved_ray_worker_is_the_straggler(ray):
     _pin(ray["pids"][1], str(MINE[1]))
     busy = _busy(MINE[1], BUSY)
@@ -191,12 +195,10 @@ def test_a_starved_ray_worker_is_the_straggler(ray):
                                  1: ("straggler", "culprit")}, [1], timeout=150)
         one = next(r for r in job["ranks"] if r["rank"] == 1)
         # its run-queue wait says why; with records, how late it arrives may say it first
-        assert one["rule"] == "straggler-starved" or (
-            ray["mode"] == "auto" and one["rule"] == "straggler"), one
+        assert one["rule"] == "straggler-starved", one
         report = _until_diagnosed(ray, "contended", {0: ("waiting_on_peer", "victim"),
                                                      1: ("straggler", "culprit")})
-        if ray["mode"] == "plain":
-            assert "waiting for a CPU" in by_rank(report)[1]["evidence"]
+        assert "waiting for a CPU" in by_rank(report)[1]["evidence"]
     finally:
         _stop(busy)
         _pin(ray["pids"][1], ",".join(map(str, MINE)))
