@@ -46,10 +46,11 @@ def tagged_pids(var: str, tag: str) -> list[int]:
 
 
 class Receiver:
-    """A generic webhook receiver on loopback: every message kept with its
-    arrival time (monotonic)."""
+    """A generic webhook receiver on loopback (or `host`: the bridge address that
+    namespace nodes reach, benchmarks/faultbench/nodes.py): every message kept
+    with its arrival time (monotonic)."""
 
-    def __init__(self):
+    def __init__(self, host: str = "127.0.0.1"):
         self.messages: list[tuple[float, dict]] = []
         self.lock = threading.Lock()
         receiver = self
@@ -66,8 +67,8 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def firing(self, job: str | None = None, since: float = 0.0) -> list[tuple[float, dict]]:

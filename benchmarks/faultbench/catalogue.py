@@ -17,7 +17,7 @@ from ddpwatch.yamlfile import compose, construct, read_text
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PATH = os.path.join(HERE, "faults.yaml")
 
-FRAMEWORK_KEYS = {"argv", "env", "needs", "announce", "note"}
+FRAMEWORK_KEYS = {"argv", "env", "needs", "announce", "note", "nodes"}
 SCENARIO_KEYS = {"name", "class", "frameworks", "heartbeats", "quick", "fault", "expect",
                  "within_s", "watch_s", "daemon", "env", "args", "needs", "known",
                  "note", "diagnose", "trains", "expect_diagnose"}
@@ -71,6 +71,7 @@ class Run:
     trains: bool = True  # False: the job never trains (a rank missing at rendezvous):
                          # the fault is its start, and the daemon need only see it
     notes: tuple[str, ...] = field(default=())
+    nodes: int = 1       # 2: one rank on each of two namespace nodes (faultbench/nodes.py)
 
 
 def _node_lines(node) -> dict:
@@ -144,6 +145,9 @@ def load(path: str = DEFAULT_PATH) -> tuple[dict, list[dict]]:
         if not isinstance(fw, dict) or "argv" not in fw:
             raise ConfigError(f"{where}: framework {name!r} needs argv")
         _check_keys(fw, FRAMEWORK_KEYS, where, f"framework {name!r}")
+        if fw.get("nodes", 1) not in (1, 2):
+            raise ConfigError(f"{where}: framework {name!r}: nodes is 1 or 2 "
+                              f"(one rank on each of two namespace nodes)")
     sc_node = next(v for k, v in node.value if k.value == "scenarios")
     defaults = doc.get("defaults") or {}
     scenarios = []
@@ -217,4 +221,5 @@ def _run(sc: dict, fw_name: str, hb: bool, fw: dict) -> Run:
         where=sc["_where"], diagnose=sc.get("diagnose", "after"),
         trains=bool(sc.get("trains", True)),
         expect_diagnose=sc.get("_expect_diagnose"),
-        notes=tuple(filter(None, (fw.get("note"), sc.get("note")))))
+        notes=tuple(filter(None, (fw.get("note"), sc.get("note")))),
+        nodes=int(fw.get("nodes", 1)))

@@ -17,6 +17,9 @@ A fault is `kind` plus options (benchmarks/faults.yaml):
   mute     {rank: R}: the job's metrics server (faultbench/logserver.py) stops
            answering; reached when a line went unanswered
   twin     {}: a second identical job started beside the first (a negative)
+  link     {node: N}: two-node runs only: every packet between the nodes dropped on
+           node N from mid-run (faultbench/nodes.py; `firewall` {node: N}, new
+           connections dropped from before the start, is given there too)
   none     {}: nothing (a negative: healthy training, the job's own pauses)
 Each returns an Injection: `at` (monotonic time of the fault), `what` (said in the
 report) and `undo()`."""
@@ -79,6 +82,7 @@ class Context:
     start_twin: object = None
     workdir: str = ""
     logserver: object = None
+    pair: object = None  # the two nodes of a two-node run (faultbench/nodes.py Pair)
     undo: list = field(default_factory=list)  # what the fault being given must undo
 
 
@@ -344,6 +348,13 @@ def _twin(fault, job, ranks, ctx):
     return Injection(time.monotonic(), "a second identical job beside it")
 
 
+def _link(fault, job, ranks, ctx):
+    if ctx.pair is None:
+        raise ValueError("fault kind 'link' needs a two-node framework (nodes: 2)")
+    from .nodes import link_down  # nodes.py builds on this module
+    return link_down(fault, job, ranks, ctx)
+
+
 def _none(fault, job, ranks, ctx):
     if not all(not gone(p) for p in ranks.values()):
         raise NotReached("a rank of the healthy job is gone")
@@ -352,4 +363,4 @@ def _none(fault, job, ranks, ctx):
 
 KINDS = {"signal": _signal, "handler": _handler, "quota": _quota, "compete": _compete,
          "duty": _duty, "flag": _flag, "fifo": _fifo, "mute": _mute, "twin": _twin,
-         "none": _none}
+         "link": _link, "none": _none}

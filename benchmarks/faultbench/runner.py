@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 
+from . import nodes
 from .catalogue import Run
 from .inject import Context, Injection, gone, inject, job_env
 from .jobs import REPO, Job, expand, missing
 from .logserver import LogServer
 from .waiting import NotReached, free_port, wait_for
+from .watch import BASE_CONFIG
 
 DIAGNOSE = f"{shlex.quote(sys.executable)} -m ddpwatch diagnose --json {{pid}}"
 SETTLE_S = 2.0     # after the state is reached, before the diagnoser looks
@@ -29,8 +31,11 @@ class Diagnosis:
     prints JSON with job.verdict and job.culprits (and ranks: rank, verdict, role),
     ddpwatch's shape (README "ddpwatch diagnose <pid>")."""
 
-    def __init__(self, template: str, pid: int, hb_dir: str, extra: str = ""):
-        cmd = shlex.split(template.format(pid=pid)) + shlex.split(extra)
+    def __init__(self, template: str, pid: int, hb_dir: str, extra: str = "",
+                 prefix: tuple[str, ...] = ()):
+        """`prefix`: a command that runs it elsewhere (nsenter into a namespace
+        node, faultbench/nodes.py), `pid` as it is numbered there."""
+        cmd = [*prefix, *shlex.split(template.format(pid=pid)), *shlex.split(extra)]
         self.began = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=REPO, start_new_session=True,
@@ -118,9 +123,21 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
     if why:
         result["skipped"] = why
         return result
-    watch.configure(spec.daemon)
     rundir = os.path.join(workdir, spec.name.replace("/", "_").replace("+", "_"))
     os.makedirs(rundir, exist_ok=True)
+    pair = None
+    if spec.nodes == 2:  # the pair's daemons start with the run's settings
+        try:
+            pair = nodes.Pair(spec, rundir, BASE_CONFIG)
+        except nodes.Unavailable as err:
+            result["skipped"] = str(err)
+            return result
+        except NotReached as err:
+            result["error"] = f"{spec.where}: {err}"
+            return result
+        watch = pair.watch
+    else:
+        watch.configure(spec.daemon)
 
     logserver = LogServer() if any("{logport}" in a for a in spec.argv) else None
 
@@ -129,19 +146,26 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
                            logserver.port if logserver else 0)
         return Job(argv, {**env, **job_env(spec.fault)}, os.path.join(rundir, f"{name}.log"),
                    spec.announce, spec.heartbeats, watch.hb_dir)
-    job = start("job")
+
+    def looking(pid: int, extra: str = diagnose_extra) -> Diagnosis:
+        """The diagnoser on `pid`; on a pair, inside the node of the expected culprit."""
+        if pair is None:
+            return Diagnosis(diagnoser, pid, watch.hb_dir, extra)
+        prefix, ns_pid, hb_dir = pair.looker(job.ranks(), spec.expect.culprits)
+        return Diagnosis(diagnoser, ns_pid, hb_dir, extra, prefix)
+    job = pair.job if pair else start("job")
     injection = looker = None
     began = time.monotonic()
     try:
         nranks = int(spec.fault.get("ranks", 2))
         if not spec.trains:  # the fault is the job's start: a rank that never comes
-            injection = Injection(job.started, "a rank that never came to the rendezvous")
+            injection = Injection(job.started, (pair and pair.pre_fault)
+                                  or "a rank that never came to the rendezvous")
             entry = wait_for(lambda: (watch.job_of(job.pids()) or (0, None))[1], 120,
                              "the daemon to see the job", job.output)
             result.update(key=entry["key"], injected=injection.what)
             time.sleep(max(0.0, injection.at + SETTLE_S - time.monotonic()))
-            result["diagnose"] = dict(Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
-                                                diagnose_extra).result(), when="after")
+            result["diagnose"] = dict(looking(job.launcher_pid).result(), when="after")
             result["daemon"] = _daemon_view(spec, watch, entry["key"], injection.at)
             result["watched_s"] = round(time.monotonic() - injection.at, 1)
             return result
@@ -157,18 +181,16 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
         result["trained_after_s"] = round(time.monotonic() - began, 1)
         if spec.diagnose == "during":
             # the launcher's pid: a death tears the ranks down in a second
-            looker = Diagnosis(diagnoser, job.launcher_pid, watch.hb_dir,
-                               diagnose_extra or f"--window {DURING_WINDOW_S:g}")
+            looker = looking(job.launcher_pid, diagnose_extra or f"--window {DURING_WINDOW_S:g}")
             _window_open(looker)
         injection = inject(spec.fault, job, ranks,
-                           Context(lambda: start("twin"), rundir, logserver))
+                           Context(lambda: start("twin"), rundir, logserver, pair))
         t0 = injection.at
         result["injected"] = injection.what
         if looker is None:
             time.sleep(max(0.0, t0 + SETTLE_S - time.monotonic()))  # the stall settles
             live = [p for _, p in sorted(ranks.items()) if not gone(p)]
-            looker = Diagnosis(diagnoser, live[0] if live else job.launcher_pid,
-                               watch.hb_dir, diagnose_extra)
+            looker = looking(live[0] if live else job.launcher_pid)
         result["diagnose"] = dict(looker.result(), when=spec.diagnose)
         result["daemon"] = _daemon_view(spec, watch, key, t0)
         result["watched_s"] = round(time.monotonic() - t0, 1)
@@ -181,6 +203,8 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
         if injection:
             injection.undo()
         job.close()
+        if pair:
+            pair.close()
         if logserver:
             logserver.close()
     return result

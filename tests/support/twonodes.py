@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,9 @@ import urllib.error
 import urllib.request
 import uuid
 
+import netns
 import psutil
+from netns import run  # noqa: F401 (tests/nodes use it from here)
 
 from conftest import REPO, TESTS, Job, free_port, is_torchrun_agent, need, runs_module, wait_until
 from diag import diagnose, verdicts
@@ -43,71 +44,21 @@ def token_file() -> str:
     return path
 
 
-def run(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-class Net:
-    """A bridge in the host namespace with two node namespaces on it."""
+class Net(netns.Net):
+    """netns.Net, skipped with the reason (failed under DDPWATCH_REQUIRE_ALL) where
+    this machine cannot make namespace nodes."""
 
     def __init__(self, prefix: str = "10.233"):
-        """`prefix`: the nodes' first two octets (above 127 to have node 0's Gloo
-        dial node 1's loopback address, as a 192.168 LAN's would)."""
-        need(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "iptables", "unshare",
-                                                                 "nsenter")),
-             "needs root, ip, iptables, unshare and nsenter for namespace nodes")
-        tag = uuid.uuid4().hex[:6]
-        net = 1 + int(tag, 16) % 250
-        self.bridge = f"dwbr{tag}"
-        self.host_addr = f"{prefix}.{net}.254"
-        self.ns = [f"dwn0{tag}", f"dwn1{tag}"]
-        self.addr = [f"{prefix}.{net}.2", f"{prefix}.{net}.1"]
-        self.ifname = "eth0"
-        self.hosts_dirs = [f"/etc/netns/{ns}" for ns in self.ns]
-        self.links = [f"dwv{i}{tag}" for i in range(2)]
-        steps = [("ip", "link", "add", self.bridge, "type", "bridge"),
-                 ("ip", "addr", "add", f"{self.host_addr}/24", "dev", self.bridge),
-                 ("ip", "link", "set", self.bridge, "up")]
-        for i, ns in enumerate(self.ns):
-            steps += [("ip", "netns", "add", ns),
-                      ("ip", "link", "add", self.links[i], "type", "veth", "peer", "name",
-                       f"dwp{i}{tag}"),
-                      ("ip", "link", "set", f"dwp{i}{tag}", "netns", ns),
-                      ("ip", "netns", "exec", ns, "ip", "link", "set", f"dwp{i}{tag}", "name",
-                       self.ifname),
-                      ("ip", "link", "set", self.links[i], "master", self.bridge),
-                      ("ip", "link", "set", self.links[i], "up"),
-                      ("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.addr[i]}/24",
-                       "dev", self.ifname),
-                      ("ip", "netns", "exec", ns, "ip", "link", "set", self.ifname, "up"),
-                      ("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")]
-        for cmd in steps:
-            done = run(*cmd)
-            if done.returncode != 0:
-                self.close()
-                need(False, f"cannot set up namespace nodes ({' '.join(cmd)}): {done.stderr}")
-        for i, d in enumerate(self.hosts_dirs):
-            # each node resolves its own hostname to its own address, as a LAN host would
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, "hosts"), "w") as f:
-                f.write(f"127.0.0.1 localhost\n{self.addr[i]} node{i}\n"
-                        f"{self.addr[1 - i]} node{1 - i}\n")
-
-    def exec(self, i: int) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[i]]
+        try:
+            super().__init__(prefix)
+        except netns.Unavailable as err:
+            need(False, str(err))
 
     def iptables(self, i: int, *rule: str) -> None:
-        done = run(*self.exec(i), "iptables", "-A", *rule)
-        assert done.returncode == 0, done.stderr
-
-    def close(self) -> None:
-        for ns in self.ns:
-            run("ip", "netns", "del", ns)
-        for link in self.links:
-            run("ip", "link", "del", link)
-        run("ip", "link", "del", self.bridge)
-        for d in self.hosts_dirs:
-            shutil.rmtree(d, ignore_errors=True)
+        try:
+            super().iptables(i, *rule)
+        except RuntimeError as err:
+            raise AssertionError(str(err)) from None
 
 
 def get_json(url: str):
@@ -136,16 +87,8 @@ class Node:
                           f"peers: [{peer}]\n")
         rank = ["env", *(f"{k}={v}" for k, v in rank_env.items()), *rank_argv]
         daemon = [sys.executable, "-m", "ddpwatch", "run", "--config", str(config)]
-        # `ip netns exec` mounts a sysfs of its own, without the cgroup mounts under
-        # it: the node mounts its CPU hierarchy, as a host has it
-        version, _ = _cgroup_dir()
-        cgroup = ("mount -t cgroup2 none /sys/fs/cgroup; " if version == "v2" else
-                  "mount -t tmpfs none /sys/fs/cgroup; mkdir /sys/fs/cgroup/cpu; "
-                  "mount -t cgroup -o cpu none /sys/fs/cgroup/cpu; " if version == "v1" else "")
-        script = (f"hostname {self.name}; {cgroup}sh -c '{' '.join(rank)} > {root / 'rank.log'} 2>&1 & "
-                  f"{' '.join(daemon)} > {root / 'daemon.log'} 2>&1 & wait'; true")
-        argv = [*net.exec(i), "unshare", "--pid", "--fork", "--mount-proc", "--uts",
-                "sh", "-c", script]
+        argv = netns.node_argv(net, i, rank, str(root / "rank.log"), daemon,
+                               str(root / "daemon.log"))
         self.job = start_job(argv, env={"DDPWATCH_DIR": str(root / "hb")}, name=self.name)
 
     def status(self):
@@ -167,13 +110,10 @@ class Node:
         return [p for p in found if not any(q.pid in found for q in _parents(p))]
 
     def ns_pid(self, pid: int) -> int:
-        """Host pid `pid` as its own PID namespace numbers it (NSpid's last)."""
-        with open(f"/proc/{pid}/status") as f:
-            return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
+        return netns.ns_pid(pid)
 
     def enter(self, pid: int) -> list[str]:
-        """A prefix that runs a command in the namespaces of host pid `pid`."""
-        return ["nsenter", "-t", str(pid), "--net", "--uts", "--pid", "--mount"]
+        return netns.enter(pid)
 
     def logs(self) -> str:
         """The daemon's and the rank's logs, and the node's own output (`ip netns
@@ -223,7 +163,7 @@ class CpuQuota:
     """A cgroup with a CPU limit (v2 cpu.max, else v1's cpu controller)."""
 
     def __init__(self, cores: float):
-        self.version, self.root = _cgroup_dir()
+        self.version, self.root = netns.cgroup_dir()
         need(bool(self.version), "needs a writable CPU cgroup hierarchy")
         self.path = os.path.join(self.root, f"ddpwatch-2n-{uuid.uuid4().hex[:6]}")
         os.mkdir(self.path)
@@ -264,17 +204,6 @@ class CpuQuota:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-
-
-def _cgroup_dir() -> tuple[str, str]:
-    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        with open("/sys/fs/cgroup/cgroup.controllers") as f:
-            if "cpu" in f.read().split():
-                return "v2", "/sys/fs/cgroup"
-    if os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.R_OK) and os.access(
-            "/sys/fs/cgroup/cpu", os.W_OK):
-        return "v1", "/sys/fs/cgroup/cpu"
-    return "", ""
 
 
 SNAPSHOTS = os.path.join(TESTS, "fixtures", "snapshots")
