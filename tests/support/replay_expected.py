@@ -80,6 +80,9 @@ EXPECTED = {
                         1: ("dead", "culprit", "dead")}, [1], {}),
     "dead_rank_silent": ({0: ("blocked_in_collective", "victim", "blocked-on-dead-peer"),
                           1: ("dead", "culprit", "dead")}, [1], {}),
+    # every packet between the nodes dropped, both ranks alive: the link, no culprit
+    "link_silent": ({0: ("unreachable_peer", "victim", "link-silent"),
+                     1: ("unreachable_peer", "victim", "link-silent")}, [], {}),
     "exited_early_silent": ({0: BLOCKED, 1: ("dead", "culprit", "exited-early")}, [1], {}),
     "unreachable_peer": ({1: ("unreachable_peer", "culprit", "unreachable-peer")}, [1], {}),
     # the master's node lets the second in on MASTER_PORT only: judged on the second

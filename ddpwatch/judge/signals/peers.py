@@ -123,6 +123,10 @@ def blame_elsewhere(ranks: list[dict]) -> None:
         target = s.get("syn_sent_to") or ""
         if s.get("syn_sent_data") and s.get("syn_sent_dropped_by") is None and target:
             s["blamed_elsewhere"] = f"the node at {target.rpartition(':')[0].strip('[]')}"
+        elif s.get("link_silent_between") and not s.get("peer_dead"):
+            # nothing comes back from there, acknowledgements included: the link (or
+            # the node behind it) is what fails, not a rank that could be named
+            s["blamed_elsewhere"] = "the link between " + s["link_silent_between"]
         elif (s.get("ranks_unseen") or 0) >= 1 and s.get("remote_addrs"):
             s["blamed_elsewhere"] = "a rank on " + " or ".join(s["remote_addrs"].split())
 

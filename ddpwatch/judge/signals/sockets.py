@@ -6,6 +6,12 @@ from ...observe.probes.host import plain_addr
 from .lookup import proc_of, sockets_of
 from .spec import NUMBER, declare
 
+# retransmission timeouts in a row (each RTO doubles from at least 200 ms): 3 is
+# over 1.4 s without a single acknowledgement from the far end; a busy or lossy
+# link that still delivers acknowledges something long before (docs/design.md
+# "A link that went silent")
+LINK_BACKOFF = 3
+
 SIGNALS = declare(
     ("holds_master_port", bool, "the process listens on the job's MASTER_PORT"),
     ("syn_sent", int, "TCP connects stuck in SYN-SENT (a firewall or wrong address)", "count"),
@@ -22,6 +28,14 @@ SIGNALS = declare(
     ("retransmits", int, "retransmitted segments over the rank's sockets", "count"),
     ("remote_addrs", str, "other hosts the rank holds established TCP connections with (its "
                           "peers and store on other nodes; None none)"),
+    ("link_backoff", int, "the most times in a row a retransmission timer of the rank's "
+                          "established connections to other hosts fired unacknowledged (ss "
+                          "`backoff`); None: not read", "count"),
+    ("link_silent_to", str, "other hosts whose connections with the rank went silent: "
+                            f"{LINK_BACKOFF} or more retransmission timeouts in a row, no "
+                            "acknowledgement (None none)"),
+    ("link_silent_between", str, "those silent connections' two ends, as 'A and B' (the "
+                                 "lower address first: both sides name a link alike)"),
 )
 
 
@@ -55,7 +69,18 @@ def measure(history: tuple[Snapshot, ...], pid: int) -> dict:
             s["rank_links_idle_s"] = round(min(min(k.last_send_ms, k.last_recv_ms)
                                                for k in links) / 1000, 3)
     s["remote_addrs"] = remote_addrs(socks)
+    far = [k for k in established if k.backoff >= 0 and _remote(k)]
+    s["link_backoff"] = max((k.backoff for k in far), default=None)
+    silent = [k for k in far if k.backoff >= LINK_BACKOFF]
+    s["link_silent_to"] = " ".join(sorted({plain_addr(k.peer_addr) for k in silent})) or None
+    s["link_silent_between"] = "; ".join(sorted({" and ".join(sorted(
+        (plain_addr(k.local_addr), plain_addr(k.peer_addr)))) for k in silent})) or None
     return s
+
+
+def _remote(k) -> bool:
+    here, there = plain_addr(k.local_addr), plain_addr(k.peer_addr)
+    return here != there and not _loopback(there)
 
 
 def _far_end_rank(snap: Snapshot, k) -> int | None:
@@ -68,13 +93,7 @@ def remote_addrs(socks) -> str:
     """The far ends of established connections that are not this host: a connection
     whose two ends differ, neither on loopback, reaches another node (the
     node a lone daemon's waiting rank waits for)."""
-    far = set()
-    for k in socks:
-        if k.state != "ESTABLISHED":
-            continue
-        here, there = plain_addr(k.local_addr), plain_addr(k.peer_addr)
-        if here != there and not _loopback(there):
-            far.add(there)
+    far = {plain_addr(k.peer_addr) for k in socks if k.state == "ESTABLISHED" and _remote(k)}
     return " ".join(sorted(far)) or None
 
 

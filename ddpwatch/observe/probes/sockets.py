@@ -70,6 +70,10 @@ class SsInfo:
     rtt_ms: float
     last_send_ms: int  # ms since the last send/receive; huge in SYN-SENT (never sent)
     last_recv_ms: int
+    # times the retransmission timer fired in a row with no acknowledgement (ss
+    # `backoff:`, the kernel's icsk_backoff; shown only when not 0): every RTO
+    # doubles, so 3 or more is over a second of total silence from the far end
+    backoff: int = -1
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class TcpSocket:
     rtt_ms: float = -1.0
     last_send_ms: int = -1
     last_recv_ms: int = -1
+    backoff: int = -1  # SsInfo.backoff; -1 not read (a fixture older than the field)
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,8 @@ def parse_ss(text: str) -> tuple[SsInfo, ...]:
             retransmits=int(retrans) if has_info else -1,
             rtt_ms=float(info["rtt"].partition("/")[0]) if "rtt" in info else -1.0,
             last_send_ms=_ms(info["lastsnd"]) if "lastsnd" in info else -1,
-            last_recv_ms=_ms(info["lastrcv"]) if "lastrcv" in info else -1))
+            last_recv_ms=_ms(info["lastrcv"]) if "lastrcv" in info else -1,
+            backoff=int(info.get("backoff", "0")) if has_info else -1))
 
     for line in text.splitlines():
         if not line.strip():
@@ -222,7 +228,7 @@ def parse_ss(text: str) -> tuple[SsInfo, ...]:
 
 
 _SS_FIELDS = ("bytes_sent", "bytes_received", "bytes_acked", "retransmits", "rtt_ms",
-              "last_send_ms", "last_recv_ms")
+              "last_send_ms", "last_recv_ms", "backoff")
 
 
 def merge(entry: TableEntry, ss: SsInfo | None) -> TcpSocket:

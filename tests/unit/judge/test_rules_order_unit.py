@@ -37,6 +37,7 @@ OVER_TIME = ["pause-past-bound", "waits-past-pause-bound", "slowing-briefly", "s
              "waiting-on-straggler-held"]  # first: the job's past refines this window's
 SINCE_STAGES = OVER_TIME + [
     "hung-waiting-for-data", "hung-in-pause",  # before the pauses: nobody works
+    "link-silent",  # before blocked: the link, not a rank on the other node
     "collective-moving"]  # before healthy-cpu: in a collective, not computing
 
 
@@ -62,6 +63,8 @@ def test_the_stages_try_the_shipped_rules_as_their_priorities_did():
     assert everything[:len(OVER_TIME)] == OVER_TIME
     at = everything.index("collective-moving")
     assert everything[at - 1:at + 2] == ["healthy-heartbeat", "collective-moving", "healthy-cpu"]
+    at = everything.index("link-silent")
+    assert everything[at - 1:at + 2] == ["blocked-on-dead-peer", "link-silent", "blocked"]
     at = everything.index("paused-for-data")
     assert everything[at - 2:at] == ["hung-waiting-for-data", "hung-in-pause"]
     assert not set(SINCE_STAGES) & set(legacy.PRIORITY)

@@ -67,8 +67,21 @@ def test_parse_ss_gloo_fixture():
     i = infos[8928]
     assert i == S.SsInfo("ESTABLISHED", "127.0.0.1", 44809, "127.0.0.1", 48392, 0, 0, 8928,
                          bytes_sent=592, bytes_received=792, bytes_acked=592, retransmits=0,
-                         rtt_ms=0.314, last_send_ms=876, last_recv_ms=872)
+                         rtt_ms=0.314, last_send_ms=876, last_recv_ms=872, backoff=0)
     assert infos[8896].local_addr == "::ffff:127.0.0.1"  # printed [::ffff:127.0.0.1]:45840
+
+
+def test_parse_ss_backoff_a_silent_far_end():
+    """ss prints `backoff:N` only while the retransmission timer has fired N times in
+    a row unacknowledged (a link that went silent: judge/signals/sockets.py)."""
+    text_ = ("ESTAB 0 4096 10.0.0.2:41234 10.0.0.1:36000 ino:77 sk:1\n"
+             "\t cubic wscale:7,7 rto:3200 backoff:4 rtt:0.2/0.1 bytes_sent:9000 "
+             "bytes_acked:4905 bytes_received:8000 unacked:4 retrans:1/6 lastsnd:1500 "
+             "lastrcv:4100\n"
+             "ESTAB 0 0 10.0.0.2:41236 10.0.0.1:36002 ino:78 sk:2\n"
+             "\t cubic rtt:0.2/0.1 bytes_sent:10 bytes_acked:11 lastsnd:10 lastrcv:10\n")
+    silent, fine = S.parse_ss(text_)
+    assert (silent.backoff, silent.retransmits, fine.backoff) == (4, 6, 0)
 
 
 def test_parse_ss_listen_timewait_synsent_retrans():
