@@ -29,7 +29,7 @@ import enum
 import importlib
 import pkgutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -120,9 +120,6 @@ class ProbeSpec:
     # class made with the options (make)
     impl: Callable[..., Any]
     default_enabled: bool
-    expensive: bool
-    privileged: bool
-    help: str
     scope: str = "job"         # "node": once per pass for all jobs; "job": per job
     look: Look = Look.GLANCE   # the closest look a job needs before this runs
     switchable: bool = True    # config may turn it off
@@ -167,7 +164,6 @@ class ProbeResult:
     duration_s: float
     data: Any = None
     error: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 class Outcome(enum.Enum):
@@ -217,12 +213,11 @@ def outcome(error: str) -> Outcome:
 REGISTRY: dict[str, ProbeSpec] = {}
 
 
-def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
-             privileged: bool = False, help: str = "", scope: str = "job",
+def register(name: str, *, default_enabled: bool = True, scope: str = "job",
              look: Look = Look.GLANCE, switchable: bool = True, **policy):
     def decorate(impl):
-        REGISTRY[name] = ProbeSpec(name, impl, default_enabled, expensive, privileged, help,
-                                   scope, look, switchable, **policy)
+        REGISTRY[name] = ProbeSpec(name, impl, default_enabled, scope, look, switchable,
+                                   **policy)
         return impl
     return decorate
 
