@@ -7,6 +7,7 @@ wire. Pure; `measure` completes a rank's signals after the other per-rank famili
 """
 from __future__ import annotations
 
+from ... import launchers
 from ...observe.snapshot import Snapshot
 from .lookup import proc_of, sockets_of
 from .spec import declare
@@ -49,12 +50,9 @@ def measure(history: tuple[Snapshot, ...], pid: int, s: dict) -> dict:
             data = sum(1 for k in sockets_of(last, pid) if k.state == "ESTABLISHED"
                        and store not in (k.peer_port, k.local_port))
             out["gloo_unconnected"] = max(world - 1 - data, 0)
-    # Lightning's world is its children's WORLD_SIZE; mp.spawn's is its children
-    # (single-node by construction: one parent spawns them all): every rank of the
-    # world is found here. Not for torchrun-like jobs: network namespaces share
-    # the process table, and their nodes' ranks would all look local.
-    # A group found on the wire has a world size only when closed: all here.
-    if (job.launcher_kind in ("spawn", "lightning", "wire") and s.get("alive") and world
+    # a launcher whose ranks are all on one node by construction (launchers.py
+    # `Launcher.world_local`): every rank of the world is found here
+    if (launchers.world_local(job.launcher_kind) and s.get("alive") and world
             and world > 0 and not s.get("all_ranks_local") and len(job.rank_pids) == world):
         out["all_ranks_local"] = True
     return out
