@@ -10,13 +10,13 @@ from __future__ import annotations
 from ... import launchers
 from ...observe.snapshot import Snapshot
 from .lookup import proc_of, sockets_of
-from .spec import declare
+from .spec import declare, one_of
 
 SIGNALS = declare(
-    ("rank_source", str, "where the rank number comes from: env, launch (the launcher's "
-                         "convention: spawn index, NODE_RANK x local world + LOCAL_RANK), "
-                         "wire (the TCPStore's host is rank 0; in a closed group of two the "
-                         "other is 1), record, or unknown"),
+    ("rank_source", one_of("env", "launch", "wire", "record", "unknown"),
+     "where the rank number comes from: its environment, its launcher's convention (spawn "
+     "index, NODE_RANK x local world + LOCAL_RANK), the wire (the TCPStore's host is rank 0; "
+     "in a closed group of two the other is 1), its heartbeat record, or nowhere"),
     ("store_port", int, "the TCPStore's port: MASTER_PORT, else the port one rank of the job "
                         "listens on that every rank is connected to"),
     ("parent_gone", bool, "the process was re-parented to init (PPID 1): its launcher or "

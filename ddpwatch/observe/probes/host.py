@@ -123,6 +123,7 @@ _KINDS = (
 # Kinds a rank's Gloo is likely wrong to bind: only one node has them (a VPN's
 # address, a docker bridge) or they lead nowhere off the node (a container's veth).
 SUSPECT_KINDS = ("vpn", "bridge", "veth")
+IFACE_KINDS = ("loopback", *(k for k, _ in _KINDS), "regular")  # interface_kind's answers
 
 
 def interface_kind(name: str) -> str:
