@@ -19,6 +19,7 @@ from ...observe.snapshot import Snapshot
 from .host import ns_view
 from .lookup import proc_of, socket_entry, sockets_of
 from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("gloo_addr", str, "the address the rank's Gloo listens on and tells its peers to connect "
@@ -119,6 +120,8 @@ def _wildcard(addr: str) -> bool:
     return addr in ("0.0.0.0", "::", "")
 
 
+@cross_rank(writes=("gloo_unreached_by", "loopback_peer", "syn_sent_to_gloo_loopback",
+                    "syn_sent_to_gloo_off_route", "syn_sent_to_rank"))
 def link(ranks: list[dict]) -> None:
     """Tie each connect stuck in SYN-SENT to the rank whose Gloo address it dials
     (`syn_sent_to_rank`, with whether that rank listens off its route or on

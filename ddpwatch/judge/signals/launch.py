@@ -11,6 +11,7 @@ from ... import launchers
 from ...observe.snapshot import Snapshot
 from .lookup import proc_of, sockets_of
 from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("rank_source", one_of("env", "launch", "wire", "record", "unknown"),
@@ -77,6 +78,12 @@ def store_port(snap: Snapshot) -> int:
                for pid in pids):
             return port
     return -1
+
+
+@cross_rank(reads=("peers_alive",), writes=("parent_gone", "progressing", "orphan"))
+def orphans(ranks: list[dict]) -> None:
+    for s in ranks:
+        s.update(orphan(s))
 
 
 def orphan(s: dict) -> dict:

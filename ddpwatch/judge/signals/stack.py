@@ -12,6 +12,7 @@ from ..stackmatch import (bf16_evidence, call_site, classify_stack, describe_top
                           main_thread, training_thread)
 from .lookup import proc_of, stacks_of
 from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("stack", one_of("collective", "ddp_backward", "rendezvous", "compile", "agent", "idle_user",
@@ -161,6 +162,7 @@ def _bf16(history: tuple[Snapshot, ...], dumps: list) -> dict:
     return {"stack_bf16": seen[-1][0], "stack_bf16_seen": len(seen)}
 
 
+@cross_rank(writes=("desync_deviant", "desync_others", "left_loop"))
 def link(ranks: list[dict]) -> None:
     """Which stuck rank left the common path, from stacks alone (no heartbeats to
     say which collective is new to a rank). Ranks blocked in different collectives
@@ -220,6 +222,7 @@ def _in_ddp_init(dump) -> bool:
         for f in thread.frames)
 
 
+@cross_rank(reads=("cpu_wanted",), writes=("ddp_starting", "peer_ddp_setup"))
 def link_start(ranks: list[dict]) -> None:
     """After every rank's own signals and the window's (cpu_wanted): is the job
     still meeting before its first step."""
