@@ -21,7 +21,9 @@ and what its pass has read (`Pass`), and closes it.
 
 A new probe, node or job, is its module here with its `register` line
 (load_all finds it; the sampler makes, switches and runs it by its policy), and
-a field for its data in observe/snapshot.py.
+a field for its data in observe/snapshot.py (and its place in the probes each
+look runs, which tests/unit/observe/test_sampler_unit.py pins: docs/architecture.md
+"Adding things").
 """
 from __future__ import annotations
 
