@@ -277,5 +277,6 @@ def entry(kind: str) -> Launcher:
 
 
 def world_local(kind: str) -> bool:
-    """Whether every rank of a job of this launcher kind is on this node (`Launcher.world_local`)."""
+    """Whether every rank of a job of this launcher kind is on this node
+    (`Launcher.world_local`)."""
     return any(e.world_local for e in TABLE + UNLAUNCHED if e.kind == kind)

@@ -27,7 +27,8 @@ def main(args) -> int:
     if args.json:
         print(json.dumps({"signals": [{"name": s.name, "family": FAMILY[s.name],
                                        "type": s.type_name, "unit": s.unit or None,
-                                       "meaning": s.doc, "values": list(s.values) or None} for s in chosen],
+                                       "meaning": s.doc, "values": list(s.values) or None}
+                                      for s in chosen],
                           "units": UNITS}, indent=2))
         return errors.OK
     rows = [("SIGNAL", "FAMILY", "TYPE", "UNIT", "MEANING")]

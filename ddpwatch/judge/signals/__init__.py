@@ -25,9 +25,10 @@ type, meaning: `SIGNALS`) beside the code that measures them:
 A new signal is a line in its family's SIGNALS (name, type, meaning, unit:
 spec.py) and the code there that measures it: per rank, or across ranks in a step
 that declares what it reads and writes (steps.py `cross_rank`: the steps' order
-follows); `ddpwatch rules signals` and docs/rules.md list it from that line. A rule naming anything no family
-declares, or comparing it with a value of another type, is rejected by the
-rules loader. A value that could not be measured is None, and a condition on
+follows); `ddpwatch rules signals` and docs/rules.md list it from that line. A
+rule naming anything no family declares, or comparing it with a value of another
+type or a string value its signal does not declare (spec.py `one_of`), is
+rejected by the rules loader. A value that could not be measured is None, and a condition on
 None is false (a blind watcher must not conclude anything).
 """
 from __future__ import annotations

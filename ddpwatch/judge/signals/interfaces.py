@@ -13,8 +13,8 @@ answer to the peer whose Gloo address it dials. Pure.
 """
 from __future__ import annotations
 
-from ...observe.probes.host import (IFACE_KINDS, SUSPECT_KINDS, Interface, interface_of, is_loopback,
-                                    plain_addr)
+from ...observe.probes.host import (IFACE_KINDS, SUSPECT_KINDS, Interface, interface_of,
+                                    is_loopback, plain_addr)
 from ...observe.snapshot import Snapshot
 from .host import ns_view
 from .lookup import proc_of, socket_entry, sockets_of

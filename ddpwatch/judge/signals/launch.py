@@ -3,7 +3,7 @@ mp.spawn, Lightning and other launchers' ranks have no RANK,
 WORLD_SIZE or MASTER_PORT at exec. Discovery numbers them by their launcher's
 convention (Job.ranks, Job.world_size); the store they share is found on the
 wire. Pure; `measure` completes a rank's signals after the other per-rank families,
-`orphan` after the peers'.
+the cross-rank step `orphans` after the peers' (it reads peers_alive).
 """
 from __future__ import annotations
 

@@ -244,7 +244,8 @@ def link(ranks: list[dict]) -> None:
                                       for fp, n in fingerprints.most_common())
 
 
-@cross_rank(reads=("ddp_starting", "peers_blocked"), writes=("paused_peer", "pausing", "peers_paused"))
+@cross_rank(reads=("ddp_starting", "peers_blocked"),
+            writes=("paused_peer", "pausing", "peers_paused"))
 def link_pauses(ranks: list[dict]) -> None:
     """Who works outside the collectives while its peers wait
     (docs/judgement-over-time.md "Is anybody working?"): somebody working is a

@@ -52,7 +52,8 @@ print(got[1], launchers.launcher_kind(("mylaunch", "train.py")), "mylaunch" in d
 
 
 def run(root):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.path.join(REPO, "tests", "support")]))
+    path = os.pathsep.join([root, os.path.join(REPO, "tests", "support")])
+    env = dict(os.environ, PYTHONPATH=path)
     return subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
 
