@@ -5,6 +5,8 @@ from __future__ import annotations
 OK = 0
 PROBLEM_FOUND = 1
 USAGE = 2
+DATA = 65           # EX_DATAERR: `rules check` of a rule comparing a signal with a value
+                    # it never takes (elsewhere a bad rule file, CONFIG)
 NO_INPUT = 66       # EX_NOINPUT: an input file or directory that cannot be used
 UNKNOWN = 67        # EX_NOUSER: a name nothing holds (`rules explain` of no rule's id)
 UNAVAILABLE = 69    # EX_UNAVAILABLE: pid gone, not a Python process, nothing to judge
@@ -49,3 +51,14 @@ class NoPermission(DdpwatchError):
 
 class ConfigError(DdpwatchError):
     exit_code = CONFIG
+
+
+class UndeclaredValue(ConfigError):
+    """A rule compares a string signal with a value its declaration does not list
+    (judge/signals/spec.py `one_of`): the rule could never match as written. A bad
+    rule file to the daemon (CONFIG: the systemd unit's RestartPreventExitStatus);
+    `rules check` tells it apart (DataError)."""
+
+
+class DataError(DdpwatchError):
+    exit_code = DATA

@@ -111,6 +111,11 @@ class Launcher:
     rank_flags: tuple[str, ...] = ()  # a worker's `--local_rank=i`, where no variable says
     node_flag: str = ""               # the launcher's flag for its node: on node 0, i is the rank
     reads: tuple[str, ...] = ()       # other variables its conventions read (ENV_ALLOW)
+    # every rank of its world is a process on this node, found there: one parent
+    # starts them all (judge/signals/launch.py `all_ranks_local`). Not for torchrun-
+    # like launchers: network namespaces share the process table, and other nodes'
+    # ranks would all look local.
+    world_local: bool = False
 
 
 # ------------------------------------------------------------ bespoke shapes
@@ -242,12 +247,20 @@ TABLE: tuple[Launcher, ...] = (
              needs=("SLURM_JOB_ID", "SLURM_PROCID")),
     # a user's script that starts its ranks itself is often rank 0: `claimed`
     Launcher("spawn", "spawned", launcher_rank="claimed", rank_argv=is_spawn_child,
-             adopts=True),
+             adopts=True, world_local=True),
+    # its world is its children's WORLD_SIZE
     Launcher("lightning", "reexecuted", env=(LIGHTNING,), launcher_rank="always",
-             rank_env=is_lightning_child, reads=("RANK", "MASTER_PORT")),
+             rank_env=is_lightning_child, reads=("RANK", "MASTER_PORT"), world_local=True),
     # started by hand (or any env:// launcher): one job by its master and world
     Launcher("env", "peers", env=(TORCH,), peers=("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")),
 )
+
+# The kinds of jobs no entry's process launched (observe/jobs/discovery.py KINDS),
+# never looked for in argv or environments (no shape): ranks grouped by their
+# connections (observe/probes/wire_groups.py, observe/jobs/tcp_discovery.py; such a
+# group has a world size only when it is closed, all here), or a process alone.
+UNLAUNCHED: tuple[Launcher, ...] = (Launcher("wire", "", world_local=True),
+                                    Launcher("none", ""))
 
 # The sets of variables that number ranks, each once, in order of precedence.
 ENVS: tuple[Env, ...] = tuple(dict.fromkeys(e for entry in TABLE for e in entry.env))
@@ -261,3 +274,9 @@ ENV_VARS: frozenset[str] = frozenset(
 
 def entry(kind: str) -> Launcher:
     return next(e for e in TABLE if e.kind == kind)
+
+
+def world_local(kind: str) -> bool:
+    """Whether every rank of a job of this launcher kind is on this node
+    (`Launcher.world_local`)."""
+    return any(e.world_local for e in TABLE + UNLAUNCHED if e.kind == kind)

@@ -1,4 +1,6 @@
-"""`ddpwatch rules check [FILE...]`: validate rule files; exit 78 on the first error.
+"""`ddpwatch rules check [FILE...]`: validate rule files; exit 78 on the first error,
+65 when it is a rule comparing a string signal with a value the signal does not
+declare (`stack == 'cuda_synch'`: errors.UndeclaredValue).
 
 Each FILE is checked as `diagnose --rules` and the daemon's `rules:` load it: on
 top of the shipped rules and the files before it, so that its overrides and
@@ -14,6 +16,13 @@ from ..resources import shipped
 
 
 def main(args) -> int:
+    try:
+        return _check(args)
+    except errors.UndeclaredValue as err:
+        raise errors.DataError(str(err)) from err
+
+
+def _check(args) -> int:
     for i, path in enumerate(args.files or [shipped("rules", "default.yaml")]):
         loaded = rules.load(path)
         merged = rules.load_default(args.files[:i + 1])

@@ -27,11 +27,12 @@ def main(args) -> int:
     if args.json:
         print(json.dumps({"signals": [{"name": s.name, "family": FAMILY[s.name],
                                        "type": s.type_name, "unit": s.unit or None,
-                                       "meaning": s.doc} for s in chosen],
+                                       "meaning": s.doc, "values": list(s.values) or None}
+                                      for s in chosen],
                           "units": UNITS}, indent=2))
         return errors.OK
     rows = [("SIGNAL", "FAMILY", "TYPE", "UNIT", "MEANING")]
-    rows += [(s.name, FAMILY[s.name], s.type_name, s.unit or "-", s.doc) for s in chosen]
+    rows += [(s.name, FAMILY[s.name], s.type_name, s.unit or "-", s.meaning) for s in chosen]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from .. import yamlfile
-from ..errors import ConfigError
+from ..errors import ConfigError, UndeclaredValue
 from .signals import SIGNALS
 
 _OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,
@@ -164,4 +164,9 @@ def parse_condition(text: str, where: str) -> Condition:
         kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
         raise ConfigError(f"{where}: {signal} is {' or '.join(k.__name__ for k in kinds)}, "
                           f"not {type(wrong[0]).__name__} ({wrong[0]!r}) in {text!r}")
+    undeclared = [v for v in (value if isinstance(value, list) else [value])
+                  if not spec.declares(v)]
+    if undeclared:
+        raise UndeclaredValue(f"{where}: {signal} is never {undeclared[0]!r} in {text!r} (one "
+                              f"of: {', '.join(spec.values)})")
     return Condition(text, signal, op, tuple(value) if isinstance(value, list) else value)

@@ -91,7 +91,7 @@ def _signals(rules) -> list[str]:
     for family in dict.fromkeys(FAMILY.values()):
         out += [f"### Family: {family}\n", "| signal | type | unit | meaning | rules |",
                 "|---|---|---|---|---|"]
-        out += [f"| `{s.name}` | {s.type_name} | {s.unit} | {_cell(s.doc)} | "
+        out += [f"| `{s.name}` | {s.type_name} | {s.unit} | {_cell(s.meaning)} | "
                 f"{', '.join(named[s.name])} |"
                 for s in SIGNALS.values() if FAMILY[s.name] == family]
         out.append("")

@@ -5,6 +5,8 @@ the rules (rules/*.yaml) that give it; everything else (rule validation, the job
 incidents, metrics, reports, exit codes, the dashboard's value mappings, the
 config's `open_after_s`) reads it from here. The dashboard is regenerated from
 this table by `scripts/dashboard_verdicts.py` (a test checks they agree).
+docs/architecture.md "Adding things" counts the files a new verdict takes, its
+rule's tests and fixture included.
 """
 from __future__ import annotations
 

@@ -23,17 +23,19 @@ type, meaning: `SIGNALS`) beside the code that measures them:
                 here: absent in diagnose)
 
 A new signal is a line in its family's SIGNALS (name, type, meaning, unit:
-spec.py) and the code there that measures it; `ddpwatch rules signals` and
-docs/rules.md list it from that line. A rule naming anything no family
-declares, or comparing it with a value of another type, is rejected by the
-rules loader. A value that could not be measured is None, and a condition on
+spec.py) and the code there that measures it: per rank, or across ranks in a step
+that declares what it reads and writes (steps.py `cross_rank`: the steps' order
+follows); `ddpwatch rules signals` and docs/rules.md list it from that line. A
+rule naming anything no family declares, or comparing it with a value of another
+type or a string value its signal does not declare (spec.py `one_of`), is
+rejected by the rules loader. A value that could not be measured is None, and a condition on
 None is false (a blind watcher must not conclude anything).
 """
 from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
 from . import (exits, heartbeat, host, inbound, interfaces, launch, overtime, peers, process,
-               sockets, stack, state, window, work)
+               sockets, stack, state, steps, window, work)
 from .spec import Signal
 
 # measured per rank from the history, in this order (later families read earlier ones)
@@ -46,6 +48,8 @@ for _family in FAMILIES:
         assert _signal.name not in SIGNALS, f"signal {_signal.name} declared twice"
         SIGNALS[_signal.name] = _signal
         FAMILY[_signal.name] = _family.__name__.rpartition(".")[2]
+# the cross-rank steps, each after those whose signals it reads (steps.py)
+STEPS = steps.ordered(steps.of(FAMILIES))
 
 
 def measure(history: tuple[Snapshot, ...], remote: tuple[dict, ...] = ()) -> list[dict]:
@@ -104,17 +108,8 @@ def with_peers(local_ranks: list[dict], remote: tuple[dict, ...]) -> list[dict]:
         if s.get("rank") not in held:
             held.add(s.get("rank"))
             ranks.append(dict(s, remote=True))
-    exits.link(ranks)
-    peers.link(ranks)
-    stack.link(ranks)
-    window.link(ranks)
-    stack.link_start(ranks)  # reads window's cpu_wanted
-    peers.link_pauses(ranks)  # reads both
-    for s in ranks:
-        s.update(launch.orphan(s))
-    interfaces.link(ranks)
-    inbound.link(ranks)
-    peers.blame_elsewhere(ranks)
+    for step in STEPS:
+        step.fn(ranks)
     return ranks
 
 

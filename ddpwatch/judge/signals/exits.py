@@ -9,6 +9,7 @@ from ...observe.jobs.departures import interrupted_from_outside
 from ...observe.probes.exits import signal_name
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("exit_seen", bool, "the kernel reported how this rank's process ended"),
@@ -72,6 +73,8 @@ def measure(s: dict, last: Snapshot) -> None:
     s["_exit_at"] = (exit_.at,)
 
 
+@cross_rank(writes=("died_first", "exit_after_s", "exit_order", "first_exit_how", "first_exit_pid",
+                    "first_exit_rank", "peer_died_first"))
 def link(ranks: list[dict]) -> None:
     """Orders the job's rank exits: who ended abnormally first, and when the
     others ended after it. Ranks that exited 0 before it had just finished."""

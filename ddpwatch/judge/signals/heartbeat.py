@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Iterable
 
 from ...heartbeat import Record
+from ...heartbeat.layout import Phase
 from ...observe.snapshot import Snapshot
 from .lookup import owns, proc_of, record_of
-from .spec import NUMBER, declare
+from .spec import NUMBER, declare, one_of
 
 SIGNALS = declare(
     ("hb", bool, "the rank writes heartbeat records"),
-    ("hb_phase", str, "init, rendezvous, outside, inside or exited"),
+    ("hb_phase", one_of(*Phase.NAMES), "where the rank is, as its record says "
+                                       "(heartbeat/layout.py Phase)"),
     ("hb_op", str, "current or last collective"),
     ("hb_seq", int, "collective sequence number"),
     ("hb_step", int, "training step"),

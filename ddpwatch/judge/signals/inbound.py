@@ -17,6 +17,7 @@ from ...observe.snapshot import Snapshot
 from .interfaces import dialled
 from .lookup import proc_of, socket_entry, sockets_of
 from .spec import NUMBER, declare
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("syn_in_unanswered", int, "peers' connection attempts that arrived on this node for a port "
@@ -95,6 +96,7 @@ def _listens(listening: set, addr: str, port: int) -> bool:
     return (addr, port) in listening or ("0.0.0.0", port) in listening or ("::", port) in listening
 
 
+@cross_rank(writes=("syn_sent_dropped_by", "syn_sent_dropped_node"))
 def link(ranks: list[dict]) -> None:
     """For each rank whose connect sits in SYN-SENT, the rank whose node receives
     and drops it (`syn_sent_dropped_by`), with that node (`syn_sent_dropped_node`)."""

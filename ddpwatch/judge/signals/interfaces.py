@@ -13,20 +13,21 @@ answer to the peer whose Gloo address it dials. Pure.
 """
 from __future__ import annotations
 
-from ...observe.probes.host import (SUSPECT_KINDS, Interface, interface_of, is_loopback,
-                                    plain_addr)
+from ...observe.probes.host import (IFACE_KINDS, SUSPECT_KINDS, Interface, interface_of,
+                                    is_loopback, plain_addr)
 from ...observe.snapshot import Snapshot
 from .host import ns_view
 from .lookup import proc_of, socket_entry, sockets_of
-from .spec import declare
+from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("gloo_addr", str, "the address the rank's Gloo listens on and tells its peers to connect "
                        "to (its listening socket other than MASTER_PORT)"),
     ("gloo_port", int, "the port of that listening socket"),
     ("gloo_iface", str, "the interface holding gloo_addr"),
-    ("gloo_iface_kind", str, "loopback, vpn, bridge, veth or regular (by name: tailscale0, "
-                             "docker0...)"),
+    ("gloo_iface_kind", one_of(*IFACE_KINDS), "what gloo_iface is, by its name (tailscale0, "
+                                              "docker0...)"),
     ("gloo_loopback", bool, "gloo_addr is a loopback address (127.x, ::1)"),
     ("gloo_ifname", str, "GLOO_SOCKET_IFNAME of the rank ('' unset: Gloo resolves the "
                          "hostname)"),
@@ -119,6 +120,8 @@ def _wildcard(addr: str) -> bool:
     return addr in ("0.0.0.0", "::", "")
 
 
+@cross_rank(writes=("gloo_unreached_by", "loopback_peer", "syn_sent_to_gloo_loopback",
+                    "syn_sent_to_gloo_off_route", "syn_sent_to_rank"))
 def link(ranks: list[dict]) -> None:
     """Tie each connect stuck in SYN-SENT to the rank whose Gloo address it dials
     (`syn_sent_to_rank`, with whether that rank listens off its route or on

@@ -3,19 +3,21 @@ mp.spawn, Lightning and other launchers' ranks have no RANK,
 WORLD_SIZE or MASTER_PORT at exec. Discovery numbers them by their launcher's
 convention (Job.ranks, Job.world_size); the store they share is found on the
 wire. Pure; `measure` completes a rank's signals after the other per-rank families,
-`orphan` after the peers'.
+the cross-rank step `orphans` after the peers' (it reads peers_alive).
 """
 from __future__ import annotations
 
+from ... import launchers
 from ...observe.snapshot import Snapshot
 from .lookup import proc_of, sockets_of
-from .spec import declare
+from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
-    ("rank_source", str, "where the rank number comes from: env, launch (the launcher's "
-                         "convention: spawn index, NODE_RANK x local world + LOCAL_RANK), "
-                         "wire (the TCPStore's host is rank 0; in a closed group of two the "
-                         "other is 1), record, or unknown"),
+    ("rank_source", one_of("env", "launch", "wire", "record", "unknown"),
+     "where the rank number comes from: its environment, its launcher's convention (spawn "
+     "index, NODE_RANK x local world + LOCAL_RANK), the wire (the TCPStore's host is rank 0; "
+     "in a closed group of two the other is 1), its heartbeat record, or nowhere"),
     ("store_port", int, "the TCPStore's port: MASTER_PORT, else the port one rank of the job "
                         "listens on that every rank is connected to"),
     ("parent_gone", bool, "the process was re-parented to init (PPID 1): its launcher or "
@@ -49,12 +51,9 @@ def measure(history: tuple[Snapshot, ...], pid: int, s: dict) -> dict:
             data = sum(1 for k in sockets_of(last, pid) if k.state == "ESTABLISHED"
                        and store not in (k.peer_port, k.local_port))
             out["gloo_unconnected"] = max(world - 1 - data, 0)
-    # Lightning's world is its children's WORLD_SIZE; mp.spawn's is its children
-    # (single-node by construction: one parent spawns them all): every rank of the
-    # world is found here. Not for torchrun-like jobs: network namespaces share
-    # the process table, and their nodes' ranks would all look local.
-    # A group found on the wire has a world size only when closed: all here.
-    if (job.launcher_kind in ("spawn", "lightning", "wire") and s.get("alive") and world
+    # a launcher whose ranks are all on one node by construction (launchers.py
+    # `Launcher.world_local`): every rank of the world is found here
+    if (launchers.world_local(job.launcher_kind) and s.get("alive") and world
             and world > 0 and not s.get("all_ranks_local") and len(job.rank_pids) == world):
         out["all_ranks_local"] = True
     return out
@@ -79,6 +78,12 @@ def store_port(snap: Snapshot) -> int:
                for pid in pids):
             return port
     return -1
+
+
+@cross_rank(reads=("peers_alive",), writes=("parent_gone", "progressing", "orphan"))
+def orphans(ranks: list[dict]) -> None:
+    for s in ranks:
+        s.update(orphan(s))
 
 
 def orphan(s: dict) -> dict:

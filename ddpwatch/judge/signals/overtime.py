@@ -15,7 +15,7 @@ once confirmed, a rank judged healthy in one window carries the slow verdict it
 had a moment ago (`slow_held`)."""
 from __future__ import annotations
 
-from .spec import NUMBER, declare
+from .spec import NUMBER, declare, one_of
 
 SIGNALS = declare(
     ("pause_works", bool, "this rank works outside the collectives in the job's pause in "
@@ -41,9 +41,9 @@ SIGNALS = declare(
     ("pause_timeout_left_s", NUMBER, "seconds before the collective timeout ends the job, "
                                      "given once the pause is within the timeout's margin",
                                      "s"),
-    ("slow_as", str, "the verdict this rank had in the job's spell of slowness: this window's "
-                     "(straggler, waiting_on_peer) while the spell is shorter than "
-                     "straggler_after_s, or the one it had a moment ago (slow_held)"),
+    ("slow_as", one_of("straggler", "waiting_on_peer"),
+     "the verdict this rank had in the job's spell of slowness: this window's while the "
+     "spell is shorter than straggler_after_s, or the one it had a moment ago (slow_held)"),
     ("slow_rule", str, "the rule that gave it that verdict"),
     ("slow_evidence", str, "that verdict's evidence"),
     ("slow_remedy", str, "that verdict's remedy"),

@@ -7,6 +7,7 @@ import bisect
 from collections import Counter
 
 from .spec import NUMBER, declare
+from .steps import cross_rank
 from .process import IDLE_CPU
 from .stack import rank_name
 from .window import THROTTLED, cpu_wanted
@@ -114,6 +115,8 @@ def _compute_s(s: dict):
     return round(step * (1.0 - share), 4)
 
 
+@cross_rank(reads=("ranks_unseen", "syn_sent_dropped_by", "peer_dead"),
+            writes=("blamed_elsewhere",))
 def blame_elsewhere(ranks: list[dict]) -> None:
     """After the links (inbound ties a stuck connect to a peer's capture): the
     culprit of a rank whose culprit is not in this view, by its address. A rank
@@ -155,6 +158,11 @@ class _PeerMedian:
         return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
+@cross_rank(writes=("comm_share_ratio", "compute_ratio", "compute_s", "data_fps", "data_parity",
+                    "outworks_peers", "peer_comm_share", "peer_cpu_model", "peer_cpu_ratio",
+                    "peer_dead", "peer_exited", "peer_ops_differ", "peer_stopped", "peers_alive",
+                    "peers_blocked", "peers_compiling", "peers_in_rendezvous", "peers_remote",
+                    "ranks_unseen", "runqueue_wait_vs_peers", "seq_behind", "step_time_ratio"))
 def link(ranks: list[dict]) -> None:
     fingerprints = Counter(s.get("data_fp") for s in ranks if s.get("data_fp"))
     joining = sum(1 for p in ranks if p.get("alive") and (
@@ -241,6 +249,8 @@ def link(ranks: list[dict]) -> None:
                                       for fp, n in fingerprints.most_common())
 
 
+@cross_rank(reads=("ddp_starting", "peers_blocked"),
+            writes=("paused_peer", "pausing", "peers_paused"))
 def link_pauses(ranks: list[dict]) -> None:
     """Who works outside the collectives while its peers wait
     (docs/judgement-over-time.md "Is anybody working?"): somebody working is a

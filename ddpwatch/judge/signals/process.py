@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from ...observe.snapshot import Snapshot
 from .lookup import Window, proc_of
-from .spec import NUMBER, declare
+from .spec import NUMBER, declare, one_of
 
 SIGNALS = declare(
     ("pid", int, "process id"),
     ("rank", int, "global rank (env or heartbeat), -1 unknown"),
     ("world_size", int, "world size, -1 unknown", "count"),
     ("alive", bool, "the rank's process exists"),
-    ("state", str, "process state letter: R running, S sleeping, D disk, T stopped, Z zombie"),
+    ("state", one_of("R", "S", "D", "T", "t", "Z", "X", "I"),
+     "process state letter (proc(5)): R running, S sleeping, D disk, T stopped, t stopped "
+     "by a tracer, Z zombie, X dead, I idle kernel thread"),
     ("cpu_ratio", NUMBER, "CPU used over the window, in cores (1.0 = one core busy)", "cores"),
     ("runqueue_wait_ratio", NUMBER,
      "time the rank's threads waited for a CPU over the window, in cores", "cores"),

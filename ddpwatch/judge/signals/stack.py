@@ -7,15 +7,18 @@ from collections import Counter
 
 from ...observe.snapshot import Snapshot
 from ..memo import per_dump
-from ..pausekind import pause_of
+from ..pausekind import KINDS, pause_of
 from ..stackmatch import (bf16_evidence, call_site, classify_stack, describe_top, loop_position,
                           main_thread, training_thread)
 from .lookup import proc_of, stacks_of
-from .spec import declare
+from .spec import declare, one_of
+from .steps import cross_rank
 
 SIGNALS = declare(
-    ("stack", str, "main thread: collective, ddp_backward, rendezvous, compile, agent, "
-                   "idle_user, active, mixed, stopped or unknown (py-spy)"),
+    ("stack", one_of("collective", "ddp_backward", "rendezvous", "compile", "agent", "idle_user",
+                     "active", "mixed", "stopped", "unknown"),
+     "what the main thread does in every dump of the window (py-spy; judge/stackmatch.py "
+     "classify_stack; mixed: not the same in all)"),
     ("stack_top", str, "the innermost frames of the main thread"),
     ("stack_samples", int, "stack dumps taken in the window", "count"),
     ("stack_moved_on", int, "dumps left out: they showed the main thread waiting in a "
@@ -36,10 +39,10 @@ SIGNALS = declare(
     ("desync_deviant", bool, "its stacks wait in a collective none of the common path's ranks "
                              "wait in (see link)"),
     ("desync_others", str, "where the other stuck ranks wait, from their stacks"),
-    ("loop_position", str, "where the main thread is in a known training loop (Lightning's), "
-                           "the same in every sample of the window: in_epoch (in the epoch's "
-                           "batch loop) or left_epoch (in the fit loop outside any epoch: at "
-                           "an epoch-end hook)"),
+    ("loop_position", one_of("in_epoch", "left_epoch"),
+     "where the main thread is in a known training loop (Lightning's), the same in every "
+     "sample of the window: in_epoch (in the epoch's batch loop) or left_epoch (in the fit "
+     "loop outside any epoch: at an epoch-end hook)"),
     ("loop_site", str, "the same for a person: \"mid-epoch at _TrainingEpochLoop.advance "
                        "(training_epoch_loop.py:300)\", \"out of the training loop at "
                        "ModelCheckpoint.on_train_epoch_end (model_checkpoint.py:493) <- "
@@ -47,9 +50,9 @@ SIGNALS = declare(
     ("left_loop", bool, "stuck in a collective out of the training loop (left_epoch) while "
                         "every other stuck rank waits mid-epoch (see link): it ran out of "
                         "batches first"),
-    ("pause_kind", str, "what the main thread does outside the collectives at the last dump: "
-                        "checkpoint, evaluation, compile, data, logging or unknown "
-                        "(judge/pausekind.py); none while it waits in a collective"),
+    ("pause_kind", one_of(*KINDS), "what the main thread does outside the collectives at the "
+                                   "last dump (judge/pausekind.py); none while it waits in a "
+                                   "collective"),
     ("pause_site", str, "where the loop called what it does outside the collectives "
                         "(\"estimate_loss <- train.py:260\"): the key its pauses are learned by"),
     ("ddp_setup", bool, "main thread in DistributedDataParallel's constructor at the last "
@@ -159,6 +162,7 @@ def _bf16(history: tuple[Snapshot, ...], dumps: list) -> dict:
     return {"stack_bf16": seen[-1][0], "stack_bf16_seen": len(seen)}
 
 
+@cross_rank(writes=("desync_deviant", "desync_others", "left_loop"))
 def link(ranks: list[dict]) -> None:
     """Which stuck rank left the common path, from stacks alone (no heartbeats to
     say which collective is new to a rank). Ranks blocked in different collectives
@@ -218,6 +222,7 @@ def _in_ddp_init(dump) -> bool:
         for f in thread.frames)
 
 
+@cross_rank(reads=("cpu_wanted",), writes=("ddp_starting", "peer_ddp_setup"))
 def link_start(ranks: list[dict]) -> None:
     """After every rank's own signals and the window's (cpu_wanted): is the job
     still meeting before its first step."""

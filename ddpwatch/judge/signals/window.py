@@ -10,6 +10,7 @@ import bisect
 
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
+from .steps import cross_rank
 
 SIGNALS = declare(
     ("duty_samples", int, "readings of the rank's thread states over the window", "count"),
@@ -129,6 +130,9 @@ def _without(ordered: list, own) -> list:
     return ordered[:i] + ordered[i + 1:] if i < len(ordered) and ordered[i] == own else ordered
 
 
+@cross_rank(reads=("outworks_peers", "peers_remote", "runqueue_wait_vs_peers"),
+            writes=("cpu_wanted", "job_starting", "peer_straggles", "peers_starved",
+                    "slow_while_starting", "straggles"))
 def link(ranks: list[dict]) -> None:
     """After the peers' signals (runqueue_wait_vs_peers): who straggles, and
     whether a peer does."""

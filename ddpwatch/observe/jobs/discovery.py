@@ -145,7 +145,7 @@ def _alive_parent(table: dict[int, ProcInfo], info: ProcInfo) -> ProcInfo | None
 
 # launcher_kind values: how the ranks were started (wire: grouped by their connections,
 # tcp_discovery.py)
-KINDS = tuple(e.kind for e in T.TABLE) + ("wire", "none")
+KINDS = tuple(e.kind for e in T.TABLE + T.UNLAUNCHED)
 # Launchers known by their ranks (mp.spawn's, Lightning's), in the table's order,
 # and the one a Python parent of ranks that no entry recognises is taken for
 _BY_RANK = tuple(e for e in T.TABLE if e.rank_argv or e.rank_env)

@@ -21,7 +21,9 @@ and what its pass has read (`Pass`), and closes it.
 
 A new probe, node or job, is its module here with its `register` line
 (load_all finds it; the sampler makes, switches and runs it by its policy), and
-a field for its data in observe/snapshot.py.
+a field for its data in observe/snapshot.py (and its place in the probes each
+look runs, which tests/unit/observe/test_sampler_unit.py pins: docs/architecture.md
+"Adding things").
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import enum
 import importlib
 import pkgutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -120,9 +122,6 @@ class ProbeSpec:
     # class made with the options (make)
     impl: Callable[..., Any]
     default_enabled: bool
-    expensive: bool
-    privileged: bool
-    help: str
     scope: str = "job"         # "node": once per pass for all jobs; "job": per job
     look: Look = Look.GLANCE   # the closest look a job needs before this runs
     switchable: bool = True    # config may turn it off
@@ -167,7 +166,6 @@ class ProbeResult:
     duration_s: float
     data: Any = None
     error: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 class Outcome(enum.Enum):
@@ -217,12 +215,11 @@ def outcome(error: str) -> Outcome:
 REGISTRY: dict[str, ProbeSpec] = {}
 
 
-def register(name: str, *, default_enabled: bool = True, expensive: bool = False,
-             privileged: bool = False, help: str = "", scope: str = "job",
+def register(name: str, *, default_enabled: bool = True, scope: str = "job",
              look: Look = Look.GLANCE, switchable: bool = True, **policy):
     def decorate(impl):
-        REGISTRY[name] = ProbeSpec(name, impl, default_enabled, expensive, privileged, help,
-                                   scope, look, switchable, **policy)
+        REGISTRY[name] = ProbeSpec(name, impl, default_enabled, scope, look, switchable,
+                                   **policy)
         return impl
     return decorate
 

@@ -103,8 +103,8 @@ def _read(path: str) -> str:
         return f.read(65536)
 
 
-@register("competitors", look=Look.DETAIL,
-          help="other processes running on the ranks' CPUs (state R, one /proc pass)")
+# other processes running on the ranks' CPUs (state R, one /proc pass)
+@register("competitors", look=Look.DETAIL)
 def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Competitors:
     taken_at = ctx.clock()
     cpus: set[int] = set()

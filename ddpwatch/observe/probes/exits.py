@@ -285,9 +285,9 @@ def for_job(exits: Exits, job, data: dict) -> Exits:
     return for_pids(exits, job.rank_pids + launcher + job.departed_pids)
 
 
-@register("exits", scope="node", privileged=True, sampled_pids=True, for_job=for_job,
-          help="how the ranks of watched jobs ended (signal, exit code, OOM kill) and when, "
-               "from the kernel's process events (root: CAP_NET_ADMIN)")
+# how the ranks of watched jobs ended (signal, exit code, OOM kill) and when, from
+# the kernel's process events (root: CAP_NET_ADMIN)
+@register("exits", scope="node", sampled_pids=True, for_job=for_job)
 class ExitsProbe(Probe):
     """Holds the process-events watch while on, drained every pass (exits carry
     their own times), and the pids its last run was given: exits are kept of

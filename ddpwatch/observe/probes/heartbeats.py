@@ -40,8 +40,8 @@ class HeartbeatObs:
 
 
 # First in a pass: discovery finds jobs by the live records' pids
-@register("heartbeats", scope="node", stage="records", switchable=False,
-          help="heartbeat records the ranks write (ddpwatch.instrument)")
+# the heartbeat records the ranks write (ddpwatch.instrument)
+@register("heartbeats", scope="node", stage="records", switchable=False)
 class HeartbeatsProbe(Probe):
     """Keeps, between passes, what need not be read again: the records of gone
     writers (`dead`: path -> (file identity, Record, final); such a record no

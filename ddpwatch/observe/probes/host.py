@@ -123,6 +123,7 @@ _KINDS = (
 # Kinds a rank's Gloo is likely wrong to bind: only one node has them (a VPN's
 # address, a docker bridge) or they lead nowhere off the node (a container's veth).
 SUSPECT_KINDS = ("vpn", "bridge", "veth")
+IFACE_KINDS = ("loopback", *(k for k, _ in _KINDS), "regular")  # interface_kind's answers
 
 
 def interface_kind(name: str) -> str:
@@ -210,8 +211,8 @@ def read_gpus(procfs: str, dev: str = "/dev") -> int:
 MAX_AGE_S = 60.0  # CPU flags and interfaces change rarely; resolution may
 
 
-@register("host", scope="node", help="cpu flags/cores, loadavg, hostname resolution, interfaces "
-                       "(flags VPN/bridge/veth ones)")
+# cpu flags/cores, loadavg, hostname resolution, interfaces (flags VPN/bridge/veth ones)
+@register("host", scope="node")
 class HostProbe(Probe):
     """Keeps the facts it read and when: a pass reads them again at most every
     MAX_AGE_S, and stands on the last ones in between (or when a read failed)."""

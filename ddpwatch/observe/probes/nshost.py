@@ -191,11 +191,11 @@ def read_view(procfs: str, pid: int, differs: dict[str, bool], addresses) -> tup
     return hostname, addrs, resolved, "; ".join(unseen), interfaces
 
 
-# With the sockets (where Gloo listens is judged against these): from DETAIL on,
-# at a glance for a job without heartbeats
+# A rank's own hostname, its /etc/hosts answer for it and its interfaces, when its
+# UTS/network/mount namespace is not ours. With the sockets (where Gloo listens is
+# judged against these): from DETAIL on, at a glance for a job without heartbeats
 @register("nshost", field="ns_hosts", look=Look.DETAIL, sooner_if_silent=Look.GLANCE,
-          uses=("sockets",), help="a rank's own hostname, its /etc/hosts answer for it and its "
-                         "interfaces, when its UTS/network/mount namespace is not ours")
+          uses=("sockets",))
 class NsHostProbe(Probe):
     """Keeps each namespace's view (`views`: namespaces -> (read at, view)) for
     MAX_AGE_S; reads interfaces through `sockets` (SocketsProbe.namespace_addresses),

@@ -446,7 +446,8 @@ def read_process(procfs: str, pid: int, children: tuple[int, ...] = (),
         torchrun=torchrun_args(cmdline), io=read_io(procfs, pid))
 
 
-@register("process", switchable=False, field="processes", with_launcher=True, help="per-rank /proc: state, cpu, threads, wchan, schedstat, env")
+# per-rank /proc: state, cpu, threads, wchan, schedstat, env
+@register("process", switchable=False, field="processes", with_launcher=True)
 def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...]) -> Processes:
     """Every thread's state, wchan and CPU from Look.DETAIL on; at a glance only
     their schedstat (run-queue wait, which straggler rules use): the daemon's

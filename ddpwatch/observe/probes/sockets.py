@@ -350,10 +350,10 @@ class LeftOut(Exception):
     """A read its user's budget for the pass refused (observe/budget.py)."""
 
 
+# Per-rank TCP sockets: state, queues, bytes, retransmits, idle ms.
 # Sooner for a job without heartbeats: its connections to its peers then say it
 # got past start-up (rules/default.yaml `starting`); again at STACKS with `ss -ti`.
-@register("sockets", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, again_at=Look.STACKS,
-          help="per-rank TCP sockets: state, queues, bytes, retransmits, idle ms")
+@register("sockets", look=Look.DETAIL, sooner_if_silent=Look.GLANCE, again_at=Look.STACKS)
 class SocketsProbe(Probe):
     """Keeps what it read of network namespaces other than the watcher's
     (`kept`: ("table" | "ip", namespace) -> (read at, what was read)): a

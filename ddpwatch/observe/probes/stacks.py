@@ -238,9 +238,9 @@ def run_dumps(ctx: ProbeContext, py_spy: str, pids: tuple[int, ...], native: boo
     return tuple(results[pid] for pid in pids)
 
 
-@register("stacks", expensive=True, privileged=True, look=Look.STACKS, budgeted=True,  # ptrace access to the ranks
-          help="py-spy dump --nonblocking of each rank (--native on request); "
-               "never dumps a stopped process")
+# py-spy dump --nonblocking of each rank (--native on request), never of a stopped
+# process; costly and needs ptrace access to the ranks: only at Look.STACKS, budgeted
+@register("stacks", look=Look.STACKS, budgeted=True)
 def run(ctx: ProbeContext, seen: Pass, pids: tuple[int, ...], native: bool = False) -> Stacks:
     """`native`: its caller's option (diagnose --native), native frames too
     (only of running pids)."""

@@ -288,9 +288,9 @@ def for_job(traffic: Traffic, job, data: dict) -> Traffic:
     return for_ports(traffic, local_ports(data.get("sockets")))
 
 
-@register("traffic", scope="node", for_job=for_job, help="TCP connection attempts (SYN, SYN-ACK, RST) on this node's "
-                          "interfaces: a peer's connects this node drops (root)",
-          privileged=True)
+# TCP connection attempts (SYN, SYN-ACK, RST) on this node's interfaces: a peer's
+# connects this node drops (root)
+@register("traffic", scope="node", for_job=for_job)
 class TrafficProbe(Probe):
     """Holds the packet capture while on, drained every pass (packets carry
     their own times): it stays open while the probe stays on, so a reload

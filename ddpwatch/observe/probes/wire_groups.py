@@ -129,10 +129,10 @@ def _job(group) -> Job:
                run_id="", ranks=tuple(ranks.values()), world_size=world)
 
 
-@register("wire_groups", scope="node", stage="jobs",
-          help="ranks started by hand: lone torch processes of one user grouped into a job "
-               "by their TCP connections (a TCPStore or a full mesh); reads /proc/PID/maps "
-               "and the sockets of unclaimed Python processes")
+# ranks started by hand: lone torch processes of one user grouped into a job by their
+# TCP connections (a TCPStore or a full mesh); reads /proc/PID/maps and the sockets of
+# unclaimed Python processes
+@register("wire_groups", scope="node", stage="jobs")
 class WireGroupsProbe(Probe):
     """Keeps its WireWatch across passes; `keep` False: a new one every pass."""
 

@@ -32,10 +32,12 @@ def test_json_says_family_type_unit_and_meaning(capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["signals"] == [
         {"name": "hb_stalled", "family": "heartbeat", "type": "bool", "unit": None,
-         "meaning": SIGNALS["hb_stalled"].doc},
+         "meaning": SIGNALS["hb_stalled"].doc, "values": None},
         {"name": "stopped_share", "family": "window", "type": "number", "unit": "share",
-         "meaning": SIGNALS["stopped_share"].doc}]
+         "meaning": SIGNALS["stopped_share"].doc, "values": None}]
     assert got["units"] == UNITS
+    assert cli.main(["rules", "signals", "--json", "loop_position"]) == 0
+    assert json.loads(capsys.readouterr().out)["signals"][0]["values"] == ["in_epoch", "left_epoch"]
 
 
 def test_a_family_alone(capsys):

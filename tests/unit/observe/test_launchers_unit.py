@@ -90,6 +90,14 @@ def test_every_shape_has_its_code_in_discovery():
     assert sum(e.adopts for e in T.TABLE) == 1
 
 
+def test_whose_world_is_all_on_one_node_is_the_tables_to_say():
+    """judge/signals/launch.py asks the table, never a list of kinds of its own:
+    one parent starts all of spawn's and Lightning's ranks; a closed group found on
+    the wire is all here; a torchrun-like job's other nodes share no process table."""
+    assert {k for k in D.KINDS if T.world_local(k)} == {"spawn", "lightning", "wire"}
+    assert not T.world_local("no such launcher")
+
+
 # ---------------------------------------------------- the variables of the ranks
 
 RANKED = [(e, names) for e in T.TABLE for names in e.env if names.rank]

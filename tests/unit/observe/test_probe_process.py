@@ -243,7 +243,7 @@ def test_json_round_trip():
 
 def test_registered_and_run_probe():
     spec = load_all()["process"]
-    assert not spec.expensive and not spec.privileged
+    assert spec.look == Look.GLANCE and not spec.budgeted  # cheap: every tick
     result = run_probe(make("process"), CTX, Pass(), (5072,))
     assert result.ok and result.data.procs[0].env["RANK"] == "0"
 

@@ -178,7 +178,7 @@ def test_no_ss_fails_the_probe(monkeypatch):
 def test_json_round_trip(fake_ss):
     data = S.SocketsProbe().run(ProbeContext(procfs=PROC), Pass(), (5072, 7799, 424242))
     assert S.from_json(json.loads(json.dumps(codec.to_json(data)))) == data
-    assert not load_all()["sockets"].expensive
+    assert not load_all()["sockets"].budgeted
 
 
 # ------------------------------------------------------------------ live

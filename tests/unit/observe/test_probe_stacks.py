@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, TESTS, need, wait_until
 from ddpwatch import codec
-from ddpwatch.observe.probes import Pass, ProbeContext, load_all
+from ddpwatch.observe.probes import Look, Pass, ProbeContext, load_all
 from ddpwatch.observe.probes import process
 from ddpwatch.observe.probes import stacks as K
 
@@ -122,7 +122,7 @@ def test_no_py_spy_fails_the_probe(monkeypatch):
     with pytest.raises(FileNotFoundError):
         K.run(ProbeContext(), Pass(), (os.getpid(),))
     spec = load_all()["stacks"]
-    assert spec.expensive and spec.privileged and "stopped" in spec.help
+    assert spec.look == Look.STACKS and spec.budgeted  # costly to the ranks: on suspicion, budgeted
 
 
 def test_json_round_trip():
