@@ -290,13 +290,13 @@ def ticks_of(env, hb_dir, ranks: int, ticks: int, profile: bool = False,
             c0 = time.process_time()
             if profiler:
                 profiler.enable()
-            kept_before = daemon.looks_kept
+            kept_before = daemon.judging.looks_kept
             view = daemon.tick()
             if profiler:
                 profiler.disable()
-            notes["looks kept"] += daemon.looks_kept - kept_before
+            notes["looks kept"] += daemon.judging.looks_kept - kept_before
             if kept is not None:
-                kept.append(daemon.looks_kept > kept_before)
+                kept.append(daemon.judging.looks_kept > kept_before)
             cpu += time.process_time() - c0
             durations.append(view.tick_duration_s)
             if stages is not None:

@@ -12,6 +12,8 @@ import time
 
 from .. import config as config_mod, errors, port_guard
 from ..daemon import Daemon, collect_less, load_rules
+from ..observe.peers import poller_for
+from ..publish.alerts import dispatcher_for
 from ..publish.endpoints import STALE_AFTER_S, Server
 from ..publish.bounded_server import bind, same_address
 from ..sdnotify import Watchdog, listen_socket, notify, watchdog_interval_s
@@ -47,27 +49,6 @@ def setup_logging(fmt: str) -> None:
         exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
 
 
-def build_dispatcher(cfg):
-    if not cfg.webhooks:
-        return None
-    from ..publish.alerts import Dispatcher, build_sinks
-    return Dispatcher(build_sinks(list(cfg.webhooks), cfg.source))
-
-
-def poller_inputs(cfg) -> tuple:
-    """Everything the peer poller is built from (a reload rebuilds it if any changed)."""
-    return (cfg.peers, cfg.peer_token or cfg.token, cfg.tick_s, cfg.probe_timeout_s,
-            cfg.peer_max_age_s)
-
-
-def build_poller(cfg):
-    if not cfg.peers:
-        return None
-    from ..observe.peers import PeerPoller
-    peers, token, tick_s, timeout_s, max_age_s = poller_inputs(cfg)
-    return PeerPoller(peers, token, interval_s=tick_s, timeout_s=timeout_s, max_age_s=max_age_s)
-
-
 def load_all(args):
     overrides = {"listen": args.listen, "log_format": args.log_format}
     cfg = config_mod.load(config_mod.find_file(args.config), overrides)
@@ -87,9 +68,8 @@ def main(args) -> int:
         except OSError as err:
             raise errors.Unavailable(f"cannot listen on {cfg.listen}: {err.strerror}") from err
         pinned = guard_port(cfg.listen, sock.getsockname()[1])
-    dispatcher = build_dispatcher(cfg)
-    poller = build_poller(cfg)
-    daemon = Daemon(cfg, rules, dispatcher, peers=poller)
+    poller = poller_for(cfg)
+    daemon = Daemon(cfg, rules, dispatcher_for(cfg), peers=poller)
     collect_less()
     from ..publish.metrics import make_registry, render
     # `server` is made below and rebound by a reload that moves the listener
@@ -102,7 +82,7 @@ def main(args) -> int:
     def make_server(c, sock=None):
         host, port = c.host_port
         return Server(host, port, lambda: daemon.view, lambda: render(registry), c.token,
-                      request_stacks=daemon.request_stacks,
+                      request_stacks=daemon.stack_requests.ask,
                       stacks_min_interval_s=c.stacks_min_interval_s, sock=sock,
                       activated=activated is not None and sock is activated,
                       stale_after_s=max(stale_s, 3 * c.tick_s))
@@ -129,7 +109,7 @@ def main(args) -> int:
     while not stop.is_set():
         if reload_requested.is_set():
             reload_requested.clear()
-            dispatcher, server = _reload(args, daemon, dispatcher, server, make_server, pinned)
+            server = _reload(args, daemon, server, make_server, pinned)
         if hold:
             _held(hold, stop)
         daemon.tick()
@@ -151,7 +131,7 @@ def main(args) -> int:
     notify("STOPPING=1")
     if daemon.peers is not None:
         daemon.peers.stop()
-    left = dispatcher.close(timeout_s=5.0) if dispatcher is not None else 0
+    left = daemon.dispatcher.close(timeout_s=5.0) if daemon.dispatcher is not None else 0
     server.stop()
     daemon.close()
     log.info("ddpwatch run: stopped (%d alert(s) left undelivered)", left)
@@ -206,55 +186,40 @@ def _held(path: str, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-def _reload(args, daemon, dispatcher, server, make_server, pinned=None):
+def _reload(args, daemon, server, make_server, pinned=None):
     """Atomic: a bad file, or a listen address that cannot be bound, is logged and
     the running config kept. `pinned` says why listen may not move (guard_port).
-    Returns the (dispatcher, server) now in use."""
+    The daemon reloads itself (Daemon.reload); here only what serves HTTP and the
+    log. Returns the server now in use."""
     try:
         cfg, rules = load_all(args)
     except errors.DdpwatchError as err:
         log.error("reload refused, keeping the running config: %s", err)
-        return dispatcher, server
+        return server
     except Exception as err:  # a bug; the loop must not die of it (values may be secret)
         log.error("reload refused, keeping the running config: unexpected %s",
                   type(err).__name__)
-        return dispatcher, server
+        return server
     if cfg.listen != daemon.config.listen and server.httpd.activated:
         log.error("reload refused, keeping the running config: listen moved to %s, but the "
                   "socket is systemd's (ddpwatch.socket): change its ListenStream= and "
                   "restart both", cfg.listen)
-        return dispatcher, server
+        return server
     if cfg.listen != daemon.config.listen and pinned:
         log.error("reload refused, keeping the running config: listen moved to %s, but %s",
                   cfg.listen, pinned)
-        return dispatcher, server
+        return server
     if cfg.listen != daemon.config.listen:
         server, why = rebind(server, cfg, daemon.config, make_server)
         if why:
             log.error("reload refused, keeping the running config: %s", why)
-            return dispatcher, server
-    try:
-        new_dispatcher = build_dispatcher(cfg) if cfg.webhooks != daemon.config.webhooks \
-            else dispatcher
-    except errors.DdpwatchError as err:  # checked at load already; kept for safety
-        log.error("reload: webhooks kept as they were: %s", err)
-        new_dispatcher = dispatcher
-    if poller_inputs(cfg) != poller_inputs(daemon.config):
-        if daemon.peers is not None:
-            daemon.peers.stop()
-        daemon.peers = build_poller(cfg)
-        if daemon.peers is not None:
-            daemon.peers.start()
-    if new_dispatcher is not dispatcher:
-        if dispatcher is not None:
-            dispatcher.close(timeout_s=2.0)
-        daemon.dispatcher = new_dispatcher
+            return server
     server.token = cfg.token
     server.stacks_min_interval_s = cfg.stacks_min_interval_s
     setup_logging(cfg.log_format)
-    daemon.reconfigure(cfg, rules)
+    daemon.reload(cfg, rules)
     log.info("reloaded %s (%d rules)", cfg.source, len(rules))
-    return new_dispatcher, server
+    return server
 
 
 def rebind(server, cfg, old_cfg, make_server):

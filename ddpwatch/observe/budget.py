@@ -110,3 +110,22 @@ def owner(procfs: str, pid: int) -> int:
         return os.stat(f"{procfs}/{pid}").st_uid
     except OSError:
         return -1
+
+
+def per_user(jobs: list, key_of, uid_of, born_of, left_out) -> list:
+    """The jobs watched: at most MAX_JOBS_PER_UID of each user but root, their
+    oldest first, in `jobs`' order (discovery's): every job costs the tick its
+    reads, and any user can start hundreds (tests/hostile/test_hostile_second.py).
+    `key_of(job)`: its owner key (discovery.owner_key), `uid_of(key)` and
+    `born_of(key)` read it (discovery.owner_uid, born_s); `left_out()` is called
+    for each job left out (ddpwatch_left_out_total{what="jobs"})."""
+    keyed = [(key_of(job), job) for job in jobs]
+    kept, per_uid = set(), collections.Counter()
+    for key, job in sorted(keyed, key=lambda kj: (born_of(kj[0]) or 0.0, kj[0])):
+        uid = uid_of(key)
+        if uid != 0 and per_uid[uid] >= MAX_JOBS_PER_UID:
+            left_out()
+            continue
+        per_uid[uid] += 1
+        kept.add(id(job))
+    return [job for job in jobs if id(job) in kept]

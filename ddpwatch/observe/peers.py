@@ -241,3 +241,17 @@ def _same_owner(theirs: int, uid: int | None) -> bool:
     `uid`: yes when either side does not know (uid None or -1, an older peer),
     else only the same uid (clusters share their users' uids)."""
     return uid is None or uid < 0 or theirs < 0 or theirs == uid
+
+
+def poller_inputs(cfg) -> tuple:
+    """Everything the peer poller is built from (a reload rebuilds it if any changed)."""
+    return (cfg.peers, cfg.peer_token or cfg.token, cfg.tick_s, cfg.probe_timeout_s,
+            cfg.peer_max_age_s)
+
+
+def poller_for(cfg) -> PeerPoller | None:
+    """The config's peer view (None without peers), not started yet."""
+    if not cfg.peers:
+        return None
+    peers, token, tick_s, timeout_s, max_age_s = poller_inputs(cfg)
+    return PeerPoller(peers, token, interval_s=tick_s, timeout_s=timeout_s, max_age_s=max_age_s)

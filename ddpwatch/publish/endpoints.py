@@ -276,3 +276,12 @@ def _reached(req) -> str:
         return auth.address(req.connection.getsockname())
     except (AttributeError, OSError, IndexError, TypeError, ValueError):
         return ""
+
+
+def base_url(config) -> str:
+    """Where people reach this daemon: the config's external_url, else the
+    address it listens on (loopback helps only someone on this node)."""
+    if config.external_url:
+        return config.external_url.rstrip("/")
+    host, port = config.host_port
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"

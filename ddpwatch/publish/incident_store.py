@@ -109,3 +109,49 @@ def parse(raw: bytes, path: str = FILE):
     except (DecodeError, TypeError) as err:
         raise ValueError(f"{path}: {err}") from err
     return counter, open_, resolved, sending
+
+
+class Keeper:
+    """Keeps a daemon's incidents (publish/incidents.py IncidentBook) and what its
+    node alerts for (publish/alerts/route.py AlertRoute) in `state_dir`: takes
+    them up at start (`resume`), saves them when they changed (`save`, each tick)."""
+
+    def __init__(self, incidents, alert_route, failures: dict):
+        self.incidents, self.alert_route, self.failures = incidents, alert_route, failures
+        self._saved = None  # what was last saved (a mark of it)
+        self._error = ""
+
+    def resume(self, state_dir: str) -> None:
+        """Take up the incidents a previous daemon left in `state_dir`."""
+        counter, open_, resolved, sending = load(state_dir)
+        open_ = {k: i for k, i in open_.items() if i.owner == k}  # ours, or not used
+        self.incidents.restore(counter, open_, resolved)
+        self.alert_route.resume({i: j for i, j in sending.items()
+                                 if any(inc.id == i for inc in open_.values())})
+        self._saved = self._mark()[2]  # nothing new to write yet
+        if open_:
+            log.warning("resumed %d open incident(s) from %s: %s", len(open_),
+                        path_in(state_dir), ", ".join(sorted(i.id for i in open_.values())))
+
+    def save(self, state_dir: str) -> None:
+        """Save the incidents when they changed; a failure (a full disk, say) is
+        counted in `failures["persist"]`, said once, and tried again next tick."""
+        state, sending, mark = self._mark()
+        if mark == self._saved:
+            return
+        try:
+            save(state_dir, state, sending)
+        except OSError as err:
+            self.failures["persist"] += 1
+            if str(err) != self._error:
+                log.warning("incidents not saved to %s (%s); retried each tick", state_dir, err)
+            self._error = str(err)
+            return
+        self._saved, self._error = mark, ""
+
+    def _mark(self):
+        state = self.incidents.state()
+        sending = self.alert_route.sent_from_here()
+        return state, sending, (state["counter"], tuple(sorted(state["open"].items())),
+                                tuple(i.id for i in state["resolved"]),
+                                tuple(sorted(sending.items())))

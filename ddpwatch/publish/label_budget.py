@@ -8,7 +8,7 @@ under fresh run ids every few seconds made ~100 values a minute
 operator's, a Kubernetes node's pods among them) has a bucket of label values,
 like publish/limits.py's incidents: MAX_LABELS_PER_UID at once, one more each
 LABEL_REFILL_S. A job takes a value from the bucket when it is first published
-and holds it to its end (the daemon forgets it: `forget`); a job that finds the
+and holds it to its end (its `Grant`, forgotten with its WatchedJob); a job that finds the
 bucket empty is published as `uid<N>-overflow`, shared by that user's other such
 jobs, and takes a value of its own on a later tick when the bucket has one
 again. A job counted past the bound once is counted in
@@ -22,6 +22,8 @@ every minute, keep their own labels.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..observe.budget import LABEL_REFILL_S, MAX_LABELS_PER_UID
 from ..observe.jobs.discovery import owner_uid
 from .limits import Buckets
@@ -31,29 +33,29 @@ def overflow_label(uid: int) -> str:
     return f"uid{uid}-overflow"
 
 
+@dataclass
+class Grant:
+    """One job's standing with its user's bucket. Its WatchedJob holds it
+    (watch/job.py), so a job that ends retires its value with it."""
+    granted: bool = False     # holds a value of its own
+    overflowed: bool = False  # counted past the bound (once)
+
+
 class LabelBudget:
     def __init__(self, per_uid: int = MAX_LABELS_PER_UID, refill_s: float = LABEL_REFILL_S):
         self._buckets = Buckets(per_uid, refill_s)
-        self._granted: set[str] = set()     # owner keys holding a value of their own
-        self._overflowed: set[str] = set()  # owner keys counted past the bound
         self.left_out = 0                   # jobs published under the overflow label
 
-    def label(self, owner: str, label: str, now: float) -> str:
-        """What job `owner` (discovery.owner_key), called `label`, is published as."""
+    def label(self, owner: str, label: str, now: float, grant: Grant) -> str:
+        """What job `owner` (discovery.owner_key), called `label`, is published
+        as; `grant`: the job's own standing (a new job's is a new Grant)."""
         uid = owner_uid(owner)
-        if uid == 0 or owner in self._granted:
+        if uid == 0 or grant.granted:
             return label
         if self._buckets.take(uid, now):
-            self._granted.add(owner)
+            grant.granted = True
             return label
-        if owner not in self._overflowed:
-            self._overflowed.add(owner)
+        if not grant.overflowed:
+            grant.overflowed = True
             self.left_out += 1
         return overflow_label(uid)
-
-    def forget(self, owners) -> None:
-        """Jobs that ended: their values are retired (a new job takes a new one
-        from the bucket, not theirs)."""
-        for owner in owners:
-            self._granted.discard(owner)
-            self._overflowed.discard(owner)

@@ -3,7 +3,7 @@
 Any local user can start a process that looks like a rank (argv0 `python3`,
 `RANK` in its environment) and end it a second later: judged `dead`, it opened
 an incident, wrote a bundle and sent a webhook at once, over and over
-(tests/hostile/test_floods.py). Three bounds, all pure here, applied by daemon.py:
+(tests/hostile/test_floods.py). Three bounds, pure here, applied by `Gate`:
 
 * A death pages only for a job that lived `min_life_s` (10 s), from the start of
   its oldest process (the owner key's start time, discovery.owner_key, so a
@@ -29,7 +29,7 @@ an incident, wrote a bundle and sent a webhook at once, over and over
 """
 from __future__ import annotations
 
-from ..observe.jobs.discovery import born_s
+from ..observe.jobs.discovery import born_s, owner_uid
 
 DEATHS = frozenset({"dead"})  # verdicts held to min_life_s
 
@@ -91,3 +91,41 @@ class Buckets:
         if len(self._tokens) > 64:
             self._tokens = {u: (t, at) for u, (t, at) in self._tokens.items()
                             if t + (now - at) / max(self.refill_s, 1e-9) < self.burst}
+
+
+class Gate:
+    """The IncidentBook's gate (`may_open`) over the bounds above, and what a
+    watched job showed of itself (`saw`). `clock`: the daemon's (the buckets'
+    time); life is dated in boot-time seconds (WatchedJob.alive_at)."""
+
+    def __init__(self, config, clock):
+        self.clock = clock
+        self.reconfigure(config)
+
+    def reconfigure(self, config) -> None:
+        """A reload (SIGHUP) keeps the uids' buckets unless their size changed."""
+        self.config = config
+        bucket = (config.uid_incidents, config.uid_refill_s)
+        if bucket != getattr(self, "_bucket", None):
+            self._bucket, self.buckets = bucket, Buckets(*bucket)
+
+    @staticmethod
+    def saw(watched, verdict: str, last) -> None:
+        """What a tick's judgement of a watched job (watch/job.py) says of it:
+        judged healthy (`worked`), a look saw a record or socket of a rank (`shown`)."""
+        watched.worked |= verdict == "healthy"
+        watched.shown = watched.shown or shows_a_job(last)
+
+    def may_open(self, key: str, verdict: str, watched) -> str:
+        """"" to open `key`'s incident now, else why not (metrics.LIMITED)."""
+        # a job that only claims ranks (no record, no socket, never healthy);
+        # without the sockets probe nothing could show one, so nothing is held
+        if (watched is not None and not (watched.shown or watched.worked)
+                and self.config.probe_on("sockets")):
+            return "claims_only"
+        if too_young(verdict, life_s(key, watched and watched.alive_at),
+                     self.config.min_life_s, bool(watched and watched.worked)):
+            return "young"
+        if not self.buckets.take(owner_uid(key), self.clock()):
+            return "uid_rate"
+        return ""

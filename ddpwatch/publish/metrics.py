@@ -42,7 +42,7 @@ LEFT_OUT = tuple(sorted(budget.left_out_kinds()))
 STAGES = ("discovery", "departures", "judge", "incidents", "bundle", "persist", "alerts",
           "peer_signals", "between")
 _R = (JOB, "rank")
-LIMITED = ("claims_only", "uid_rate", "young")  # why an incident was held back (daemon._may_open)
+LIMITED = ("claims_only", "uid_rate", "young")  # why an incident was held back (limits.Gate)
 RANK_INFO_LABELS = (JOB, "rank", "local_rank", "host", "backend", "device_type",
                     "compute_dtype", "torch_version", "data_fingerprint")
 

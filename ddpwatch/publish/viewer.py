@@ -22,6 +22,7 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 
 from ..observe.jobs.discovery import owner_uid
 
@@ -102,3 +103,40 @@ def visible(view, uid: int | None):
         view, jobs=tuple(j for j in view.jobs if owner_uid(j.owner) == uid >= 0),
         incidents=tuple(i for i in view.incidents if owner_uid(i.owner) == uid >= 0),
         alerting_jobs=())
+
+
+class StackRequests:
+    """People's asks for stacks (GET /status?stacks=1, from the HTTP threads):
+    the next tick dumps those of every job the askers may see. A local user
+    cannot make the daemon dump other users' ranks."""
+
+    def __init__(self):
+        # ALL_JOBS, or a frozenset of owner uids; replaced whole, never mutated.
+        # The HTTP threads add to it while a tick takes it: one lock, or a request
+        # made between the tick's read and its reset is lost.
+        self._wanted: object = frozenset()
+        self._lock = threading.Lock()
+
+    def ask(self, uid: int | None = None) -> None:
+        """All jobs for uid None (root, a token holder), else `uid`'s own."""
+        if uid is not None and uid < 0:
+            return  # an asker who could not be told owns no job
+        with self._lock:
+            if uid is None:
+                self._wanted = ALL_JOBS
+            elif self._wanted is not ALL_JOBS:
+                self._wanted = frozenset(self._wanted) | {uid}
+
+    def take(self) -> object:
+        """What was asked since the last take (a tick's `requested`)."""
+        with self._lock:
+            wanted, self._wanted = self._wanted, frozenset()
+            return wanted
+
+
+ALL_JOBS = "all"  # StackRequests: every job, whoever owns it
+
+
+def asked_for(requested: object, key: str) -> bool:
+    """Whether `requested` (StackRequests.take) covers the job `key`."""
+    return requested is ALL_JOBS or owner_uid(key) in requested

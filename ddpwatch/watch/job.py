@@ -6,18 +6,28 @@ target a scrapeLoop of its own).
     its pauses and spells of slowness (watch/pauses.py, watch/slow.py) -> signals
         over time (watch/overtime.py) -> (classify.again: the same rules) -> what is paged
 
-The daemon makes one per job it discovers, feeds it each tick, and forgets it
-when the job is gone: everything it knows of a job lives here, so forgetting a
-job is one `del` (daemon.py `_forget_vanished`)."""
+The daemon keeps them in one map (`WatchedJobs`), feeds each its job every tick,
+and forgets a job that is gone with one call (`WatchedJobs.forget`): everything
+kept of a job while it is watched lives here or is reached only through here
+(its readings between ticks, its departures, its standing toward an incident,
+its label's grant). What outlives a job (its incident, open until calm, then
+resolved; the post-mortem of a terminal job gone before its last rank ended) is
+owned by publish/incidents.py `IncidentBook` and observe/jobs/departures.py
+`Departures`; tests/unit/watch/test_forget_unit.py holds both."""
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
 import re
 from dataclasses import dataclass
 
 from ..judge.classify import JobVerdict, again
+from ..observe.jobs.departures import Ends
 from ..observe.sampler import KeptStacks
+from ..observe.window.between import BetweenTicks, JobReadings
+from ..publish.incidents import Standing
+from ..publish.label_budget import Grant
 from ..observe.window.duty import merge as merge_duties
 from . import overtime
 from .look import suspicious
@@ -57,8 +67,12 @@ class Looked:
 
 
 class WatchedJob:
-    def __init__(self, key: str, first_seen: float):
+    def __init__(self, key: str, first_seen: float, readings: JobReadings | None = None):
         self.key = key
+        self.readings = readings   # read between ticks (observe/window/between.py)
+        self.ends = Ends()         # its ranks' ends (observe/jobs/departures.py)
+        self.incident = Standing()  # toward its incident (publish/incidents.py)
+        self.grant = Grant()       # its label's value (publish/label_budget.py)
         self.first_seen = first_seen
         self.history: collections.deque = collections.deque()
         self._duties: collections.deque = collections.deque()
@@ -74,7 +88,7 @@ class WatchedJob:
         self.worked = False        # judged healthy on some tick (publish/limits.py too_young)
         self.shown = False         # a look saw a record or socket of a rank (limits.shows_a_job)
         self.stacks = KeptStacks()  # its last stack dump (observe/sampler.py look_closer)
-        self.logged = "none"       # the verdict the journal last told (daemon._incidents)
+        self.logged = "none"       # the verdict the journal last told (publish/journal.py)
         self.looked: Looked | None = None  # the last look, kept by steady ticks
         self.progress: dict = {}   # rank pid -> (collective seq, step) at the last tick
 
@@ -177,10 +191,74 @@ class WatchedJob:
         shown = pause is not None and (judged.job.verdict == "paused" or pause.over)
         self.time.add(judged, now, wall, pause.kind if shown else "")
         self.verdict = judged.job.verdict
+        # the rank of a rank that ends next, from whatever evidence named it
+        self.ends.ranks = {r.pid: r.rank for r in judged.ranks if not r.remote}
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
                                 dict(self.time.totals), self.time.recent(wall, 3600.0), slow,
                                 given)
+
+
+class WatchedJobs(collections.abc.Mapping):
+    """The daemon's one map of its jobs: owner key -> WatchedJob. A job is
+    watched from the first `of` and forgotten with one call, `forget`."""
+
+    def __init__(self, clock, reader: BetweenTicks):
+        self.clock, self.reader = clock, reader
+        self._jobs: dict[str, WatchedJob] = {}
+        self.ends = _EndsOf(self)  # Departures' view of them
+
+    def __getitem__(self, key: str) -> WatchedJob:
+        return self._jobs[key]
+
+    def __iter__(self):
+        return iter(list(self._jobs))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def of(self, key: str) -> WatchedJob:
+        """The job `key`, watched from now on if it was not."""
+        watched = self._jobs.get(key)
+        if watched is None:
+            watched = self._jobs[key] = WatchedJob(key, self.clock(), self.reader.open())
+        return watched
+
+    def forget(self, keys) -> None:
+        """The jobs `keys` are no longer watched: all that was kept of them goes
+        with their WatchedJob, and the reader stops reading them."""
+        for key in keys:
+            watched = self._jobs.pop(key, None)
+            if watched is not None and watched.readings is not None:
+                self.reader.close(watched.readings)
+
+    def standings(self, keys) -> dict[str, Standing]:
+        return {key: self._jobs[key].incident for key in keys}
+
+
+class _EndsOf(collections.abc.Mapping):
+    """The watched jobs' Ends by owner key, as observe/jobs/departures.py reads
+    and keeps them; `setdefault` watches a job it holds."""
+
+    def __init__(self, jobs: WatchedJobs):
+        self._jobs = jobs
+
+    def __getitem__(self, key: str) -> Ends:
+        return self._jobs[key].ends
+
+    def __iter__(self):
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def setdefault(self, key: str, default: Ends | None = None) -> Ends:
+        if key in self._jobs:
+            return self._jobs[key].ends
+        watched = self._jobs.of(key)
+        if default is not None:
+            watched.ends = default
+        return watched.ends
 
 
 def _kept(known: str, new: str) -> str:

@@ -9,7 +9,7 @@ last tick (or is asked about) starts at detail; py-spy, which stops a rank for
 milliseconds, runs only when a judgement is suspicious (sampler.look_closer
 rate-limits it per job). Each step replaces the window's last snapshot
 (WatchedJob.window), so what is judged, published and bundled is the closest
-look taken. The daemon calls `look` once per job per tick (daemon.py _judge_job).
+look taken. The daemon calls `look` once per job per tick (watch/judging.py `Judging.job`).
 """
 from __future__ import annotations
 

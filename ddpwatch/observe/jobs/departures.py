@@ -29,8 +29,8 @@ its job's stop only when its sender is of the job (a launcher forwarding) or
 also signalled the launcher or every other rank within STOP_TOGETHER_S; a rank
 signalled alone died, and its job is held (`_stopped_by_request`). Unwatched,
 any stop signal first reads as the job stopped.
-Bounded by the jobs the daemon watches. Pure: the daemon hands in each tick's
-jobs and exits.
+Bounded by the jobs the daemon watches. Pure but for what it is handed: each
+tick's jobs and exits, and each watched job's `Ends` (its WatchedJob's).
 """
 from __future__ import annotations
 
@@ -140,47 +140,73 @@ def _why_not_held(ended: dict, died: list, stopped: bool | None, why: str) -> st
     return f"every rank ended by {_how(died[0])} at once (its process group was killed)"
 
 
+@dataclasses.dataclass
+class Ends:
+    """What `Departures` keeps of one watched job between ticks. Its WatchedJob
+    holds it (watch/job.py `WatchedJob.ends`), so it is forgotten with the job."""
+    last: tuple[Job, str] | None = None   # (job, label) as judged live last tick
+    held: tuple[Job, str, float] | None = None  # (job, label, until): gone, held
+    since: float | None = None  # when first seen: older exits are of other
+                                # processes that had the same pids
+    at_terminal: bool = False   # last seen in a terminal's foreground
+    ranks: dict[int, int] = dataclasses.field(default_factory=dict)  # pid -> rank as
+    # last judged (a rank number from any evidence: watch/job.py `over_time`)
+
+
+@dataclasses.dataclass(frozen=True)
+class PostMortem:
+    """A terminal job gone from discovery with some ranks not yet ended
+    (Lightning's rank 0 alone is no job to discovery): decided once they end, or
+    CTRL_C_S after the first end."""
+    job: Job
+    label: str
+    since: float | None
+
+
 class Departures:
+    """Decides, each tick, which ranks departed and which gone jobs are held.
+    What it keeps of a watched job is that job's `Ends` (handed in by the
+    caller, who owns them); what outlives a job it owns itself: the post-mortems
+    of terminal jobs gone from discovery whose end is not decided yet
+    (`PostMortem`, at most CTRL_C_S each)."""
+
     def __init__(self, hold_s: float = HOLD_S):
         self.hold_s = hold_s
-        self._last: dict[str, tuple[Job, str]] = {}        # key -> (job, label) last tick
-        self._held: dict[str, tuple[Job, str, float]] = {}  # key -> (job, label, until)
-        self._since: dict[str, float] = {}  # key -> when first seen: older exits are of
-                                            # other processes that had the same pids
-        self._at_terminal: set[str] = set()  # keys of jobs last seen in a terminal's
-                                             # foreground
-        # key -> (job, label): a terminal job gone from discovery with some ranks not
-        # yet ended (Lightning's rank 0 alone is no job to discovery): decided once
-        # they end, or CTRL_C_S after the first end
-        self._pending: dict[str, tuple[Job, str]] = {}
+        self.post_mortems: dict[str, PostMortem] = {}  # owner key -> its job's post-mortem
 
     def update(self, live: list[tuple[str, str, Job]], exits, now: float,
-               ranks_of: dict[str, dict[int, int]] | None = None,
-               foreground: frozenset[int] = frozenset()) -> list[tuple[str, str, Job]]:
+               jobs: dict[str, Ends], foreground: frozenset[int] = frozenset()
+               ) -> list[tuple[str, str, Job]]:
         """The jobs to judge this tick as (key, label, job): `live` ones with
         their departed ranks, then the held ones. `exits`: the survey's
-        probes.exits.Exits (None: not watched, nothing departs). `ranks_of`: key
-        -> {pid: rank} as last judged (a rank number from any evidence).
-        `foreground`: pids in their terminal's foreground process group."""
+        probes.exits.Exits (None: not watched, nothing departs). `jobs`: owner
+        key -> Ends of every watched job (watch/job.py `WatchedJobs.ends`: each
+        WatchedJob's own; `setdefault` watches a job not watched yet), or a plain
+        dict. `foreground`: pids in their terminal's foreground process group."""
         every = exits.exits if exits is not None else ()
-        ranks_of = ranks_of or {}
-        live = self._same_jobs(live)
+        live = self._same_jobs(live, jobs)
         out, keys = [], set()
         for key, label, job in live:
             keys.add(key)
-            self._held.pop(key, None)  # back (a pid's job found again): live wins
-            since = self._since.setdefault(key, now)
-            prev = self._last.get(key)
-            ended = {e.pid: e for e in every if e.at >= since}
-            if prev is not None and ended:
-                job = self._with_departed(job, prev[0], ended, ranks_of.get(key, {}))
+            ends = jobs.setdefault(key, Ends())
+            ends.held = None  # back (a pid's job found again): live wins
+            if ends.since is None:
+                mortem = self.post_mortems.get(key)
+                ends.since = mortem.since if mortem is not None and mortem.since is not None \
+                    else now
+            ended = {e.pid: e for e in every if e.at >= ends.since}
+            if ends.last is not None and ended:
+                job = self._with_departed(job, ends.last[0], ended, ends.ranks)
             out.append((key, label, job))
         pending = {}
-        gone_jobs = {**self._pending, **self._last}
-        for key, (job, label) in gone_jobs.items():
-            if key in keys or key in self._held:
+        gone_jobs = [(key, m.job, m.label, m.since, True) for key, m in self.post_mortems.items()
+                     if jobs.get(key) is None or jobs[key].last is None]
+        gone_jobs += [(key, e.last[0], e.last[1], e.since, e.at_terminal)
+                      for key, e in jobs.items() if e.last is not None]
+        for key, job, label, since, at_terminal in gone_jobs:
+            if key in keys or jobs.get(key, Ends()).held is not None:
                 continue
-            ended = {e.pid: e for e in every if e.at >= self._since.get(key, now)}
+            ended = {e.pid: e for e in every if e.at >= (now if since is None else since)}
             everyone = job.rank_pids + job.departed_pids + (
                 (job.launcher_pid,) if job.launcher_pid > 0 else ())
             died = sorted((ended[p] for p in everyone
@@ -195,33 +221,45 @@ class Departures:
                 continue
             # a terminal's Ctrl-C reaches every rank: one whose sender was seen
             # asking one rank alone (stopped False) is no Ctrl-C
-            if key in self._at_terminal and stopped is None:
+            if at_terminal and stopped is None:
                 if any(p not in ended for p in job.rank_pids + job.departed_pids) and \
                         now - died[0].at <= CTRL_C_S:
-                    pending[key] = (job, label)  # the rest may still be ending
+                    pending[key] = PostMortem(job, label, since)  # the rest may still be ending
                     continue
                 if _stopped_at_terminal(job, ended, died):
                     log.info("job %s ended: not held (stopped at its terminal)", label)
                     continue
+            ends = jobs.setdefault(key, Ends(since=since))
             gone = self._with_departed(dataclasses.replace(job, rank_pids=(), ranks=()),
-                                       job, ended, ranks_of.get(key, {}), every=True)
-            self._held[key] = (gone, label, now + self.hold_s)
+                                       job, ended, ends.ranks, every=True)
+            ends.held = (gone, label, now + self.hold_s)
             log.info("job %s ended: held %.0f s, first to end pid %d (%s)", label,
                      self.hold_s, died[0].pid, why or _how(died[0]))  # why: the sender, seen
-        for key, (job, label, until) in list(self._held.items()):
+        for key, ends in jobs.items():
+            if ends.held is None:
+                continue
+            job, label, until = ends.held
             if now > until:
-                del self._held[key]
+                ends.held = None
             elif key not in keys:
                 out.append((key, label, job))
-        self._last = {key: (job, label) for key, label, job in out if key not in self._held}
-        self._pending = pending
-        self._at_terminal = {key for key, _, job in live if any(
-            p in foreground for p in job.rank_pids + (job.launcher_pid,))} | set(pending)
-        self._since = {key: at for key, at in self._since.items()
-                       if key in self._last or key in self._held or key in pending}
+        judged = {key for key, _, _ in out}
+        for key, ends in jobs.items():
+            if key not in judged:  # gone: its WatchedJob is forgotten (watch/job.py)
+                ends.last, ends.since = None, None
+            elif ends.held is not None:
+                ends.last = None
+        for key, label, job in out:
+            if jobs[key].held is None:
+                jobs[key].last = (job, label)
+        self.post_mortems = pending
+        for key, label, job in live:
+            jobs[key].at_terminal = any(p in foreground
+                                        for p in job.rank_pids + (job.launcher_pid,))
         return out
 
-    def _same_jobs(self, live: list[tuple[str, str, Job]]) -> list[tuple[str, str, Job]]:
+    def _same_jobs(self, live: list[tuple[str, str, Job]],
+                   jobs: dict[str, Ends]) -> list[tuple[str, str, Job]]:
         """A job found under a new key whose ranks were all ranks of one job of the
         last tick, gone under its key, is that job: a job without a launcher is keyed
         by its lowest pid (discovery.owner_key), and when that rank dies its
@@ -229,24 +267,22 @@ class Departures:
         had the lower pid). It keeps its key and label, so its dead rank stays in
         it as departed, and one incident tells the story."""
         keys = {key for key, _, _ in live}
+        last = {key: e.last for key, e in jobs.items() if e.last is not None}
         # launcherless jobs only: a launcher's job is keyed by its launcher, and ranks
         # outliving it are a job being killed whole, not the same job going on
         # (tests/hostile/test_hostile_users.py: torchrun's agent killed before its workers)
-        owner = {pid: key for key, (job, _) in self._last.items() if job.launcher_pid <= 0
+        owner = {pid: key for key, (job, _) in last.items() if job.launcher_pid <= 0
                  for pid in job.rank_pids + job.departed_pids}
         out, taken = [], set()
         for key, label, job in live:
-            if key not in self._last and job.rank_pids:
+            if key not in last and job.rank_pids:
                 olds = {owner.get(pid) for pid in job.rank_pids}
                 old = olds.pop() if len(olds) == 1 else None
                 if old is not None and old not in keys and old not in taken:
                     taken.add(old)
-                    key, label = old, self._last[old][1]
+                    key, label = old, last[old][1]
             out.append((key, label, job))
         return out
-
-    def held(self) -> set[str]:
-        return set(self._held)
 
     @staticmethod
     def _with_departed(job: Job, prev: Job, ended: dict, ranks: dict[int, int],

@@ -18,12 +18,20 @@ from .config import build_sinks, flavours
 from .dispatch import Dispatcher
 from .generic import verify_hub, verify_standard
 
+
+
+def dispatcher_for(cfg) -> Dispatcher | None:
+    """The config's webhooks' Dispatcher (None without webhooks). ConfigError if bad."""
+    return Dispatcher(build_sinks(list(cfg.webhooks), cfg.source)) if cfg.webhooks else None
+
+
 __all__ = [
            "Alert",
            "DeliveryError",
            "Dispatcher",
            "Sink",
            "build_sinks",
+           "dispatcher_for",
            "flavours",
            "verify_hub",
            "verify_standard",

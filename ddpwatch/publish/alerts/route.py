@@ -146,3 +146,11 @@ def alert_for(incident, node: str, status_url: str, incident_url: str = "") -> A
                  summary=incident.summary, started_at=incident.opened_at,
                  ended_at=0.0 if firing else incident.resolved_at, status_url=status_url,
                  incident_url=incident_url)
+
+
+def alerting(route: AlertRoute, book, run_id) -> tuple:
+    """(run id, owner uid) of the jobs this node sends webhooks for, told to its
+    peers (publish/peers.py): a claim names whose job it is, not only its name.
+    `run_id(incident)`: the run id its other nodes know the incident's job by."""
+    return tuple(sorted({(run_id(i), owner_uid(i.owner))
+                         for i in book.open() if route.sending(i.id)}))

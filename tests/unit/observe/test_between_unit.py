@@ -101,22 +101,25 @@ def test_glance_reads_main_threads_seldom_suspicion_every_thread_often(tmp_path)
     proc = procfs(tmp_path, {7: "R", 8: "R"}, threads=("S", "S"))
     clock = Clock()
     between = BetweenTicks(clock, str(proc), str(tmp_path / "cg"), rand=lambda: 0.5)
-    assert between.take("calm", (7,)) is None  # nothing read yet
-    assert between.take("odd", (8,)) is None
-    between.watch("calm", closely=False)
-    between.watch("odd", closely=True)
+    calm_job, odd_job = between.open(), between.open()
+    assert calm_job.take((7,)) is None  # nothing read yet
+    assert odd_job.take((8,)) is None
+    calm_job.watch(closely=False)
+    odd_job.watch(closely=True)
     stop = threading.Event()
     for _ in range(100):  # 1 s in steps of 10 ms
         between.read_due()
         clock.now += 0.01
-    calm, odd = between.take("calm", (7,)), between.take("odd", (8,))
+    calm, odd = calm_job.take((7,)), odd_job.take((8,))
     assert calm.ranks[0].samples == round(1 / GLANCE_INTERVAL_S)
     assert calm.ranks[0].main_only
     assert odd.ranks[0].samples == round(1 / CLOSE_INTERVAL_S)
     assert not odd.ranks[0].main_only
     # a new window from each take; a job whose ranks changed starts afresh
-    assert between.take("calm", (7, 9)) is None
-    between.forget({"calm", "odd"})
+    assert calm_job.take((7, 9)) is None
+    between.close(calm_job)
+    between.close(odd_job)
+    assert between.jobs == [] and calm_job.duty is None
     stop.set()
     between.wait(clock.now + 10, stop)  # returns at once when stopped
 
@@ -127,7 +130,8 @@ def test_readings_are_spread_not_in_step_with_a_duty_cycle(tmp_path):
     proc = procfs(tmp_path, {7: "R"})
     clock = Clock()
     between = BetweenTicks(clock, str(proc), str(tmp_path / "cg"))
-    between.take("job", (7,))
+    job = between.open()
+    job.take((7,))
     period = GLANCE_INTERVAL_S
     state = "R"
     for _ in range(4000):  # 40 s, stopped 70% of each period of the glance interval
@@ -137,7 +141,7 @@ def test_readings_are_spread_not_in_step_with_a_duty_cycle(tmp_path):
             set_state(proc, 7, state)
         between.read_due()
         clock.now += 0.01
-    r = between.take("job", (7,)).ranks[0]
+    r = job.take((7,)).ranks[0]
     assert 0.55 < r.stopped / r.samples < 0.85, (r.stopped, r.samples)
     assert r.switches >= 10
 
@@ -148,7 +152,8 @@ def test_the_reading_thread_reads_during_ticks_and_stops(tmp_path):
     import time
     proc = procfs(tmp_path, {7: "R"})
     between = BetweenTicks(time.monotonic, str(proc), str(tmp_path / "cg"))
-    between.take("job", (7,))
+    job = between.open()
+    job.take((7,))
     stop = threading.Event()
     between.start(stop, on_error=lambda: None)
     deadline = time.monotonic() + 30
@@ -157,7 +162,7 @@ def test_the_reading_thread_reads_during_ticks_and_stops(tmp_path):
     stop.set()
     between._thread.join(timeout=5)
     assert not between._thread.is_alive()
-    assert between.take("job", (7,)).ranks[0].samples >= 3
+    assert job.take((7,)).ranks[0].samples >= 3
 
 
 def test_a_crowded_node_slows_every_rank_alike_no_straggler():

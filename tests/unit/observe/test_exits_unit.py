@@ -14,7 +14,7 @@ from conftest import REPO, need, wait_until
 
 from ddpwatch.judge import signals
 from ddpwatch.observe.system import proc_events
-from ddpwatch.observe.jobs.departures import Departures
+from departures_book import Book as Departures
 from ddpwatch.observe.probes import exits
 from ddpwatch.observe.probes.exits import Exits, ProcessExit
 from ddpwatch.observe.snapshot import Job

@@ -228,7 +228,7 @@ def test_a_peer_answer_that_breaks_judging_is_dropped_not_the_job(rules):
     a, b = node_view(history, 0, "node-a"), node_view(history, 1, "node-b")
     remote = [dict(s, hb_step_s="slow") for s in over_the_wire(classify.judge(b, rules))]
     daemon = Daemon(Config(), rules)
-    judgement, used = daemon._judge("job", a, tuple(remote))
+    judgement, used = daemon.judging.judge("job", a, rules, tuple(remote))
     assert used == () and [r.rank for r in judgement.ranks] == [0]
     assert daemon.stage_failures["peer_signals"] == 1
 

@@ -11,7 +11,7 @@ import time
 
 from conftest import need, wait_until
 
-from ddpwatch.observe.jobs.departures import Departures
+from departures_book import Book as Departures
 from ddpwatch.observe.probes import exits
 from ddpwatch.observe.probes.exits import Exits
 from ddpwatch.observe.snapshot import Job

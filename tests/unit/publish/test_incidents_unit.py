@@ -131,12 +131,12 @@ def test_a_job_keeps_the_label_its_run_id_gave_it_to_its_end(tmp_path):
     from ddpwatch.judge import rules as rules_mod
     daemon = Daemon(Config(state_dir=str(tmp_path)), rules_mod.load_default(None))
     try:
-        name = lambda key, label: daemon._watched(key).name(label)  # noqa: E731
+        name = lambda key, label: daemon.watched.of(key).name(label)  # noqa: E731
         assert name("u0.p5.s1", "pid5") == "pid5"  # its ranks not read yet
         assert name("u0.p5.s1", "127.0.0.1:29500") == "127.0.0.1:29500"
         assert name("u0.p5.s1", "pid5") == "127.0.0.1:29500"  # ranks gone
         assert name("u0.p9.s2", "run-b") == "run-b"
-        daemon._forget_vanished({"u0.p9.s2"})
+        daemon.watched.forget({"u0.p5.s1"})
         assert name("u0.p5.s1", "pid5") == "pid5"  # a new job with that key
     finally:
         daemon.close()

@@ -4,11 +4,26 @@ published under one overflow value; root's jobs are never bounded."""
 from __future__ import annotations
 
 from ddpwatch.observe.budget import LABEL_REFILL_S, MAX_LABELS_PER_UID
-from ddpwatch.publish.label_budget import LabelBudget, overflow_label
+from ddpwatch.publish.label_budget import Grant, LabelBudget as Budget, overflow_label
 
 
 def key(uid: int, pid: int) -> str:
     return f"u{uid}.p{pid}.s{pid * 10}"
+
+
+class LabelBudget(Budget):
+    """The budget with each job's Grant kept here, as its WatchedJob keeps it."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.grants: dict[str, Grant] = {}
+
+    def label(self, owner, label, now):
+        return super().label(owner, label, now, self.grants.setdefault(owner, Grant()))
+
+    def forget(self, owners):
+        for owner in owners:
+            self.grants.pop(owner, None)
 
 
 def test_churning_run_ids_make_a_bounded_number_of_values():

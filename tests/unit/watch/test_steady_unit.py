@@ -93,41 +93,41 @@ def test_calm_needs_a_reading_of_every_rank_and_none_stopped(tmp_path):
         write_stat(proc, pid, "S")
     clock = SimpleNamespace(now=100.0)
     between = BetweenTicks(lambda: clock.now, str(proc), str(tmp_path / "cg"))
-    key, pids = "u0.p10.s1", (11, 12)
-    assert not between.calm(key, pids)  # not watched yet
-    between.take(key, pids)
-    assert not between.calm(key, pids)  # nothing read since: no evidence
+    job, pids = between.open(), (11, 12)
+    assert not job.calm(pids)  # not watched yet
+    job.take(pids)
+    assert not job.calm(pids)  # nothing read since: no evidence
     between.read_due()
-    assert between.calm(key, pids)
-    assert not between.calm(key, (11, 12, 13))  # another job than the one read
+    assert job.calm(pids)
+    assert not job.calm((11, 12, 13))  # another job than the one read
     write_stat(proc, 12, "T")
     clock.now += 1.0
     between.read_due()
-    assert not between.calm(key, pids)  # stopped once since the look
+    assert not job.calm(pids)  # stopped once since the look
     write_stat(proc, 12, "R")
     clock.now += 1.0
     between.read_due()
-    assert not between.calm(key, pids)  # ... is remembered until the next look takes it
-    between.take(key, pids)
+    assert not job.calm(pids)  # ... is remembered until the next look takes it
+    job.take(pids)
     clock.now += 1.0
     between.read_due()
-    assert between.calm(key, pids)
+    assert job.calm(pids)
 
 
 def test_new_rules_make_every_job_looked_at_again(tmp_path):
     """A look kept across a SIGHUP would show the old rules' verdicts for up to
-    steady_s: a reload forgets every job's last look (Daemon.reconfigure)."""
+    steady_s: a reload forgets every job's last look (Daemon.reload)."""
     from ddpwatch.config import Config
     from ddpwatch.daemon import Daemon
     from ddpwatch.judge import rules as rules_mod
     config = Config(state_dir=str(tmp_path))
     daemon = Daemon(config, rules_mod.load_default(None))
     try:
-        w = daemon._watched("u0.p10.s1")
+        w = daemon.watched.of("u0.p10.s1")
         w.looked, w.verdict, w.progress = Looked(judged(), object(), 100.0, JOB), "healthy", BEFORE
         w.view = SimpleNamespace(over_time=SimpleNamespace(pause=None, slow=None))
         assert w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
-        daemon.reconfigure(config, rules_mod.load_default(None))
+        daemon.reload(config, rules_mod.load_default(None))
         assert w.looked is None and not w.steady(JOB, MOVED, calm=True, now=101.0, steady_s=3.0)
     finally:
         daemon.close()
