@@ -169,22 +169,34 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
             result["daemon"] = _daemon_view(spec, watch, entry["key"], injection.at)
             result["watched_s"] = round(time.monotonic() - injection.at, 1)
             return result
-        # training, by the job's own lines: the daemon said "healthy" of an mp.spawn
-        # job still in DDP's constructor, and a fault given then was scored against
-        # a job that had not started (diagnose: warming up, in
-        # _verify_param_shape_across_processes)
-        wait_for(lambda: job.trained(nranks), 240, "every rank's first step", job.output)
-        stepped = time.monotonic()
-        entry = wait_for(lambda: _trains(watch, job, nranks, stepped), 120,
-                         "the job's ranks judged healthy by the daemon", job.output)
-        key, ranks = entry["key"], job.ranks()
-        result["trained_after_s"] = round(time.monotonic() - began, 1)
-        if spec.diagnose == "during":
-            # the launcher's pid: a death tears the ranks down in a second
-            looker = looking(job.launcher_pid, diagnose_extra or f"--window {DURING_WINDOW_S:g}")
-            _window_open(looker)
-        injection = inject(spec.fault, job, ranks,
-                           Context(lambda: start("twin"), rundir, logserver, pair))
+        context = Context(lambda: start("twin"), rundir, logserver, pair)
+        if spec.fault.get("at") == "start":
+            # from the first step (a rank starved from its start): given once every
+            # rank is up, before any trained; scored from then, the job never healthy
+            ranks = wait_for(lambda: (lambda r: r if len(r) >= nranks else None)(job.ranks()),
+                             240, "every rank up", job.output)
+            injection = inject(spec.fault, job, ranks, context)
+            wait_for(lambda: job.trained(nranks), 240, "every rank's first step", job.output)
+            entry = wait_for(lambda: (watch.job_of(ranks.values()) or (0, None))[1], 120,
+                             "the daemon to see the job", job.output)
+            key = entry["key"]
+        else:
+            # training, by the job's own lines: the daemon said "healthy" of an mp.spawn
+            # job still in DDP's constructor, and a fault given then was scored against
+            # a job that had not started (diagnose: warming up, in
+            # _verify_param_shape_across_processes)
+            wait_for(lambda: job.trained(nranks), 240, "every rank's first step", job.output)
+            stepped = time.monotonic()
+            entry = wait_for(lambda: _trains(watch, job, nranks, stepped), 120,
+                             "the job's ranks judged healthy by the daemon", job.output)
+            key, ranks = entry["key"], job.ranks()
+            result["trained_after_s"] = round(time.monotonic() - began, 1)
+            if spec.diagnose == "during":
+                # the launcher's pid: a death tears the ranks down in a second
+                looker = looking(job.launcher_pid,
+                                 diagnose_extra or f"--window {DURING_WINDOW_S:g}")
+                _window_open(looker)
+            injection = inject(spec.fault, job, ranks, context)
         t0 = injection.at
         result["injected"] = injection.what
         if looker is None:
