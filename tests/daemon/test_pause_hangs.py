@@ -14,6 +14,7 @@ measured by benchmarks/soak.py --pauses, not asserted here
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -28,6 +29,8 @@ from diag import diagnose
 PLAIN = os.path.join(REPO, "tests", "jobs", "pausesites.py")
 LIGHTNING = os.path.join(REPO, "tests", "jobs", "thirdparty", "pausesites_lightning.py")
 HUNG = "hung_outside_collective"
+STEP = re.compile(r"rank (\d+) step (\d+)")
+READY = re.compile(r"rank (\d+) pid (\d+) ready")
 
 
 @pytest.fixture(autouse=True)
@@ -53,11 +56,15 @@ def _start(start, tmp_path_factory, script_argv, name, env=None):
         out = job.output()
         if job.proc.poll() is not None:
             pytest.fail(f"{name}: the job ended ({job.proc.returncode}) before step 3:\n{out[-3000:]}")
-        return "rank 1 step 3\n" in out and "rank 0 step 3\n" in out
+        # the ranks share one stdout and print() writes a line and its newline apart:
+        # "rank 0 step 3rank 1 step 3\n\n" happens, so no line ending is looked for
+        steps = {}
+        for rank, step in STEP.findall(out):
+            steps[rank] = max(steps.get(rank, 0), int(step))
+        return steps.get("0", 0) >= 3 and steps.get("1", 0) >= 3
     wait_until(past_step_3, 180,
                what=lambda: f"{name}: both ranks past step 3; its output:\n{job.output()[-3000:]}")
-    pids = {int(w[1]): int(w[3]) for w in (line.split() for line in job.output().splitlines())
-            if len(w) == 5 and w[0] == "rank" and w[4] == "ready"}
+    pids = {int(r): int(p) for r, p in READY.findall(job.output())}
     return job, pids, data
 
 
