@@ -72,6 +72,29 @@ def test_expand_by_framework_heartbeats_and_only(tmp_path):
     assert spawn.needs == ("lightning",) and spawn.expect.culprits == (1,)
 
 
+def test_a_two_node_framework_is_one_of_two_sizes_and_carries_to_its_runs(tmp_path):
+    """`nodes: 2` runs the job on two namespace nodes (faultbench/nodes.py); any other
+    size is refused naming the framework and its line."""
+    with pytest.raises(ConfigError, match=r"c.yaml:3: framework 'pair': nodes is 1 or 2"):
+        _load(tmp_path, """frameworks:
+  torchrun: {argv: [x]}
+  pair: {argv: [y], nodes: 3}
+scenarios: []
+""")
+    fw, sc = _load(tmp_path, """frameworks:
+  torchrun: {argv: [x]}
+  pair: {argv: [y], nodes: 2}
+scenarios:
+  - {name: link, class: two_nodes, frameworks: [pair, torchrun], fault: {kind: link, node: 1},
+     expect: {verdict: unreachable_peer, culprits: []}}
+""")
+    assert [(r.name, r.nodes) for r in catalogue.expand(fw, sc)] == [
+        ("link/pair", 2), ("link/torchrun", 1)]
+    frameworks, scenarios = catalogue.load()  # the shipped catalogue has two-node runs
+    assert {r.klass for r in catalogue.expand(frameworks, scenarios) if r.nodes == 2} == {
+        "two_nodes"}
+
+
 def test_percentile_is_nearest_rank():
     assert score.percentile([], 50) is None
     assert score.percentile([3.0], 90) == 3.0
