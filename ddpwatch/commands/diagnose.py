@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import sys
 import time
 
@@ -18,6 +19,7 @@ from ..publish import report, stackless
 from ..publish.terminal import printable_lines
 from ..judge import signals
 from ..judge.vocabulary import FINE
+from ..observe.window.between import JITTER
 from ..observe.window.duty import DutyWatch
 from ..observe.system.netns import net_ns
 from ..observe.system import ptrace
@@ -159,6 +161,10 @@ def closest(sampler: Sampler, survey: Survey, first: Snapshot, second: Snapshot,
 
 
 DUTY_INTERVAL_S = 0.05
+# each reading's spacing is at random within +-JITTER of DUTY_INTERVAL_S, as the
+# daemon's (observe/window/between.py): a rank stopped 70 ms of every 100 ms was
+# read at a fixed 50 ms in the stopped phase every time and called `stopped`, not
+# a straggler (benchmarks/faults.yaml stop-resume, in the suite's quick run)
 
 
 def _all_elsewhere(procfs: str, job: Job) -> bool:
@@ -195,7 +201,8 @@ def watched(ctx: ProbeContext, sampler: Sampler, jobs, deadline: float,
         watch.read()
     try:
         while ctx.clock() < deadline:
-            time.sleep(min(DUTY_INTERVAL_S, max(deadline - ctx.clock(), 0)))
+            gap = DUTY_INTERVAL_S * (1 - JITTER + 2 * JITTER * random.random())
+            time.sleep(min(gap, max(deadline - ctx.clock(), 0)))
             for watch in watches:
                 watch.read()
     finally:
