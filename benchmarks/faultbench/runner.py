@@ -199,12 +199,17 @@ def run(spec: Run, watch, workdir: str, diagnoser: str = DIAGNOSE,
             injection = inject(spec.fault, job, ranks, context)
         t0 = injection.at
         result["injected"] = injection.what
+        if spec.fault.get("at") == "start":
+            # a fault from the start has no stall to settle: the person paged runs
+            # diagnose then (a job still starting is judged starting, not slow)
+            result["daemon"] = _daemon_view(spec, watch, key, t0)
         if looker is None:
             time.sleep(max(0.0, t0 + SETTLE_S - time.monotonic()))  # the stall settles
             live = [p for _, p in sorted(ranks.items()) if not gone(p)]
             looker = looking(live[0] if live else job.launcher_pid)
         result["diagnose"] = dict(looker.result(), when=spec.diagnose)
-        result["daemon"] = _daemon_view(spec, watch, key, t0)
+        if "daemon" not in result:
+            result["daemon"] = _daemon_view(spec, watch, key, t0)
         result["watched_s"] = round(time.monotonic() - t0, 1)
     except NotReached as err:
         result["error"] = f"{spec.where}: {err}"
