@@ -79,9 +79,6 @@ class PairJob:
         seen = {int(r) for r in TRAINS[self.announce].findall(self.output())}
         return seen >= set(range(nranks))
 
-    def alive(self) -> bool:
-        return all(n.alive() for n in self.nodes)
-
     def close(self) -> None:
         for n in self.nodes:
             n.close()
@@ -117,9 +114,6 @@ class NodesWatch:
                 status = self.get(i, "/status")
                 if status:
                     self.readings.append((time.monotonic(), i, status))
-
-    def configure(self, settings: dict) -> None:
-        """A pair's daemons start with the run's settings (Pair): nothing to reload."""
 
     def job_of(self, pids, since: float = 0.0) -> tuple[float, dict] | None:
         """The last /status entry of the job on either node: a node runs one job, and
