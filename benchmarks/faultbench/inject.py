@@ -120,6 +120,13 @@ def _signal(fault, job, ranks, ctx):
     if sig == signal.SIGSTOP:
         ctx.undo.append(lambda: os.kill(pid, signal.SIGCONT))
         wait_for(lambda: state(pid) == "T", 5, f"rank {fault['rank']} stopped (state T)")
+    elif "handled" in fault:
+        # a job that handles the signal itself (Lightning: it may end or hang in
+        # its handler): reached when the job's own line says the handler ran
+        line = re.compile(fault["handled"])
+        wait_for(lambda: line.search(job.output()), 30,
+                 f"rank {fault['rank']}'s handler of {fault['signal']} ({fault['handled']!r})",
+                 job.output)
     else:
         wait_for(lambda: gone(pid), 30, f"rank {fault['rank']} gone after {fault['signal']}",
                  job.output)

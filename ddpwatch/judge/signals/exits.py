@@ -5,7 +5,7 @@ by peer") once the dead rank's sockets close, and mp.spawn, Lightning and
 torchrun then end the rest. Pure."""
 from __future__ import annotations
 
-from ...observe.jobs.departures import interrupted_from_outside
+from ...observe.jobs.departures import stopped_from_outside
 from ...observe.probes.exits import signal_name
 from ...observe.snapshot import Snapshot
 from .spec import NUMBER, declare
@@ -17,7 +17,8 @@ SIGNALS = declare(
                         "1'"),
     ("exit_signal", int, "the signal that ended it, 0 when it exited by itself"),
     ("exit_code", int, "its exit code, -1 when a signal ended it"),
-    ("exit_abnormal", bool, "it ended by a signal or with a non-zero exit code"),
+    ("exit_abnormal", bool, "it ended by a signal or with a non-zero exit code, or by its "
+                            "own exit after a stop signal sent to it alone from outside its job"),
     ("exit_oom", bool, "killed by SIGKILL while the node's OOM-kill count rose"),
     ("exit_sent_by", str, "who sent it a stop signal (SIGHUP, SIGINT, SIGTERM) before it "
                           "ended: 'pid 4242 (earlyoom)', when the exits probe watched senders"),
@@ -63,10 +64,10 @@ def measure(s: dict, last: Snapshot) -> None:
         s["exit_how"] += (f" (sent by {sent.by})" if sent.signal == exit_.signal else
                           f" (after {signal_name(sent.signal)} from {sent.by})")
     s["exit_signal"], s["exit_code"] = exit_.signal, exit_.code
-    # an exit 0 after a SIGINT from outside its job is no clean finish (mp.spawn's
-    # wrapper exits 0 on a KeyboardInterrupt): as the held job is decided
+    # an exit 0 after a stop signal from outside its job is no clean finish
+    # (mp.spawn's wrapper, Lightning's SIGTERM handling): as the held job is decided
     s["exit_abnormal"] = bool(exit_.signal or exit_.code) or (
-        not exit_.code and interrupted_from_outside(last.job, exit_, last.exits))
+        not exit_.code and stopped_from_outside(last.job, exit_, last.exits))
     s["exit_oom"] = exit_.signal == 9 and exit_.oom_kills > 0
     # for link() only: clock-bound, so kept out of what is served to peers and shown
     # (those take scalars only)

@@ -70,7 +70,7 @@ def _stopped_by_request(job: Job, first, exits) -> tuple[bool | None, str]:
     asked = f"{signal_name(sent.signal)} to pid {first.pid}"
     if sent.sender in _job_pids(job):
         return True, f"{asked} came from its own job's {sent.by}"
-    if first.pid in exits.parents(_job_pids(job)):
+    if _leads(job, first, exits):
         # the process a person started, which started the other ranks (Lightning's
         # rank 0 has no launcher above it): a stop of it is a stop of the job
         return True, f"{sent.by} sent {asked}, the parent of the job's other ranks"
@@ -83,22 +83,40 @@ def _stopped_by_request(job: Job, first, exits) -> tuple[bool | None, str]:
 
 
 def _abnormal(job: Job, e, exits) -> bool:
-    """Ended by a signal or a non-zero code, or after a SIGINT from outside the
-    job (mp.spawn's worker wrapper turns its KeyboardInterrupt into exit code 0;
-    its peers then fail with code 1) unless it is the parent of the job's other
-    ranks (a person's Ctrl-C of Lightning's first process)."""
+    """Ended by a signal or a non-zero code, or by its own exit after a stop
+    signal from outside the job (`stopped_from_outside`)."""
     if e.abnormal:
         return True
-    return interrupted_from_outside(job, e, exits)
+    return stopped_from_outside(job, e, exits)
 
 
-def interrupted_from_outside(job: Job, e, exits) -> bool:
-    """`e` (an exit 0) came after a SIGINT sent from outside its job to it, not to
-    the job's first process. judge/signals/exits.py counts it abnormal too."""
+def stopped_from_outside(job: Job, e, exits) -> bool:
+    """`e` (an exit 0) came after a stop signal (SIGHUP, SIGINT, SIGTERM) sent to
+    it from outside its job, and it is not the job's first process: a trainer
+    that handles the signal ends as if it had finished, and its peers then fail.
+    mp.spawn's worker wrapper turns a KeyboardInterrupt into exit code 0;
+    Lightning raises SIGTERMException, a SystemExit without a code, at its next
+    step (benchmarks/faults.yaml terminate/lightning: rank 1 exited 0 and the
+    daemon named rank 0, which failed a second later with code 1). Whether that
+    stop was the whole job's is `_stopped_by_request`'s to say.
+    judge/signals/exits.py counts it abnormal too."""
     sent = exits.stop_sent_to(e) if exits is not None and exits.traced else None
+    return sent is not None and sent.sender not in _job_pids(job) and not _leads(job, e, exits)
+
+
+def _leads(job: Job, e, exits) -> bool:
+    """`e`'s process started the job's other ranks (Lightning's rank 0): it is
+    their parent at their ends, or it passed a stop signal on to every other
+    rank, as a launcher forwards one. The second is what is left when it ended
+    first: its ranks were then another's children at their ends (Lightning's
+    rank 0 SIGTERMed exits 0 before rank 1, which it sent SIGTERM;
+    benchmarks/faults.yaml job-stopped/lightning paged before this)."""
     mine = _job_pids(job)
-    return (sent is not None and sent.signal == signal_mod.SIGINT and sent.sender not in mine
-            and e.pid not in exits.parents(mine))
+    if e.pid in exits.parents(mine):
+        return True
+    others = set(job.rank_pids + job.departed_pids) - {e.pid}
+    relayed = {s.target for s in exits.sent if s.sender == e.pid and s.target != e.pid}
+    return bool(others) and others <= relayed
 
 
 def _killed_whole(job: Job, ended: dict, first) -> bool:

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faults import STEPS, announce, maybe_hang  # noqa: E402
+from faults import STEPS, announce, maybe_desync, maybe_hang  # noqa: E402
 
 
 def main():
@@ -30,6 +30,7 @@ def main():
     while STEPS <= 0 or step < STEPS:
         for inputs, targets in dataloader:
             maybe_hang(accelerator.process_index, step)
+            maybe_desync(accelerator.process_index, step)
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(inputs), targets)
             accelerator.backward(loss)

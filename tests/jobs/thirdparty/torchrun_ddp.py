@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faults import STEPS, announce, maybe_hang  # noqa: E402
+from faults import STEPS, announce, maybe_desync, maybe_hang  # noqa: E402
 
 
 def main():
@@ -26,6 +26,7 @@ def main():
     step = 0
     while STEPS <= 0 or step < STEPS:
         maybe_hang(rank, step)
+        maybe_desync(rank, step)
         x, y = torch.randn(16, 20), torch.randn(16, 1)
         loss = nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()

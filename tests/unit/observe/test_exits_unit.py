@@ -260,6 +260,34 @@ def test_first_to_die_is_the_culprit_the_rest_its_victims():
     assert not any(r.get("exit_seen") for r in s)
 
 
+def test_a_rank_that_exits_0_after_an_outside_sigterm_is_the_culprit():
+    """Lightning's rank 1 SIGTERMed alone from outside exits 0 at its next step
+    (SIGTERMException); rank 0, its parent, fails with code 1 a second later.
+    Rank 1 died first, not rank 0 (a run of benchmarks/faults.yaml
+    terminate/lightning named rank 0 before stopped_from_outside). With the
+    sender unseen, rank 0's code is the only abnormal end."""
+    from ddpwatch.judge import classify
+    from ddpwatch.judge import rules as rules_mod
+    from ddpwatch.observe.snapshot import Snapshot
+    from ddpwatch.observe.system.tracefs import SignalSent
+    rules = rules_mod.load_default(None)
+    gone = Job(11, -1, "lightning", (), "", (), 2, departed_pids=(11, 12),
+               departed_ranks=(0, 1))
+    ends = (exits.to_exit(12, 0, 11, 50.3), exits.to_exit(11, 0x100, 1, 51.2))
+    sent = (SignalSent(50.0, 15, 12, 4242, "earlyoom"),)
+    culprits = {}
+    for traced in (True, False):
+        ended = Exits(100.0, 0.0, ends, sent=sent if traced else (), traced=traced)
+        snap = Snapshot(1, 100.0, 0.0, gone, None, None, None, None, None, (), exits=ended)
+        j = classify.judge((snap, snap), rules)
+        culprits[traced] = (j.job.verdict, j.job.culprits)
+        if traced:
+            first = {v.rank: v for v in j.ranks}[1]
+            assert (first.rule, first.role) == ("died-first", "culprit"), first
+            assert "after SIGTERM from pid 4242 (earlyoom)" in first.evidence, first.evidence
+    assert culprits == {True: ("dead", (1,)), False: ("dead", (0,))}
+
+
 def test_the_connector_reports_a_killed_child_here():
     need(os.geteuid() == 0, "the process-events connector needs CAP_NET_ADMIN")
     watch = exits.open_watch(time.monotonic)

@@ -121,6 +121,22 @@ def test_a_rank_that_exits_0_after_an_outside_sigint_died_first():
     assert _gone(ends, ()) != []
 
 
+def test_a_rank_that_exits_0_after_an_outside_sigterm_died_first():
+    """Lightning turns a SIGTERM into SIGTERMException, a SystemExit without a
+    code, at the rank's next step: rank 1 exits 0, rank 0 fails with code 1 a
+    second later (benchmarks/faults.yaml terminate/lightning). Asked alone from
+    outside, rank 1 ended first; the same SIGTERM to every rank is the job
+    stopped, as is one its own launcher forwarded."""
+    ends = (_end(12, 50.3, 0), _end(11, 51.2, 0x100), _end(10, 51.5, 0x100))
+    for sig in (15, 1):
+        (_, _, held), = _gone(ends, (SignalSent(50.0, sig, 12, 4242, "earlyoom"),))
+        assert set(held.departed_pids) == {11, 12}, sig
+    every = (_end(12, 50.3, 0), _end(11, 50.4, 0), _end(10, 50.9, 0))
+    assert _gone(every, tuple(SignalSent(50.0, 15, p, 777, "pkill") for p in (11, 12))) == []
+    forwarded = (SignalSent(50.0, 15, 12, 10, "torchrun"),)
+    assert _gone((_end(12, 50.3, 0), _end(11, 50.4, 0), _end(10, 50.9, 0)), forwarded) == []
+
+
 def test_a_sender_seen_asking_one_rank_decides_over_the_ranks_ending_alike():
     """mp.spawn: rank 1 SIGTERMed alone, rank 0 SIGTERMed by the parent 42 ms
     later, the parent's own end not yet seen when the job leaves discovery: the
@@ -145,3 +161,18 @@ def test_a_stop_of_the_process_that_started_the_other_ranks_is_the_jobs():
         ends = (exits.to_exit(12, 15, 11, 50.1), exits.to_exit(11, 0, 1, 50.3))
         sent = (SignalSent(50.0, sig, 11, 4242, "python"), SignalSent(50.05, 15, 12, 11, "pt"))
         assert book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0) == [], sig
+    # rank 0 ended first (exit 0 after its SIGTERM handler), rank 1, its child,
+    # reparented by then: only the SIGTERM it passed on says it led the job
+    book = Departures()
+    book.update([("k", "job", LIGHTNING)], Exits(0.0, 0.0, ()), 0.0)
+    ends = (exits.to_exit(11, 0, 1, 50.2), exits.to_exit(12, 15, 1, 50.4))
+    sent = (SignalSent(50.0, 15, 11, 4242, "python"), SignalSent(50.05, 15, 12, 11, "pt"))
+    assert book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0) == []
+    # the same ends without the SIGTERM passed on: rank 0 was stopped alone
+    assert _gone_lightning(ends, sent[:1]) != []
+
+
+def _gone_lightning(ends, sent):
+    book = Departures()
+    book.update([("k", "job", LIGHTNING)], Exits(0.0, 0.0, ()), 0.0)
+    return book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0)
