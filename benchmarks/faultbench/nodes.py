@@ -164,10 +164,14 @@ class Pair:
             node = int(fault.get("node", 1))
             # new connections from the other node dropped, its daemon's port let in
             # (tests/nodes/test_two_nodes.py `firewalled` does the same)
+            # refuse: answered with a reset (a port nobody listens on, a REJECT
+            # rule) rather than dropped (tests/nodes/test_preflight.py tells them apart)
+            refuse = bool(fault.get("refuse"))
+            action = ("REJECT", "--reject-with", "tcp-reset") if refuse else ("DROP",)
             net.iptables(node, "INPUT", "-s", net.addr[1 - node], "-p", "tcp", "--syn", "!",
-                         "--dport", str(ports[node]), "-j", "DROP")
-            self.pre_fault = (f"node{node} drops new connections from node{1 - node} "
-                              f"(but its daemon's)")
+                         "--dport", str(ports[node]), "-j", *action)
+            self.pre_fault = (f"node{node} {'refuses' if refuse else 'drops'} new connections "
+                              f"from node{1 - node} (but its daemon's)")
         master_port = free_port()
         argv, env = expand(spec.argv, spec.env, master_port, rundir)
         nodes, logs = [], []
