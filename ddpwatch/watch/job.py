@@ -66,6 +66,16 @@ class Looked:
     job: object         # the Job looked at: its ranks, launcher and departures
 
 
+def rank_numbers(before: dict[int, int], ranks) -> dict[int, int]:
+    """pid -> rank of this tick's local ranks, a number once known kept for its
+    pid: a rank that is ending can be judged once more with its number unknown
+    (its environment unreadable as it exits), and its death was then paged as
+    "rank -1" (benchmarks/faults.yaml interrupt/torchrun, once in a run of
+    2026-11-29). A process's rank does not change while it lives."""
+    return {r.pid: r.rank if r.rank >= 0 else before.get(r.pid, -1)
+            for r in ranks if not r.remote}
+
+
 class WatchedJob:
     def __init__(self, key: str, first_seen: float, readings: JobReadings | None = None):
         self.key = key
@@ -192,7 +202,7 @@ class WatchedJob:
         self.time.add(judged, now, wall, pause.kind if shown else "")
         self.verdict = judged.job.verdict
         # the rank of a rank that ends next, from whatever evidence named it
-        self.ends.ranks = {r.pid: r.rank for r in judged.ranks if not r.remote}
+        self.ends.ranks = rank_numbers(self.ends.ranks, judged.ranks)
         return judged, OverTime(pause, self.time.by_rank(), self.time.recent(wall),
                                 tuple(self.time.timeline), tuple(self.pauses.ended), note,
                                 dict(self.time.totals), self.time.recent(wall, 3600.0), slow,

@@ -86,3 +86,18 @@ def test_an_open_incident_outlives_its_job_in_the_incident_book_alone(daemon):
                           "daemon.keeper.incidents.", "daemon.judging.gate"))
         and "._open[" in where for where in holders(daemon, KEY)), holders(daemon, KEY)
     assert daemon.incidents.holds(KEY)
+
+
+def test_a_ranks_number_once_known_stays_with_its_pid():
+    """A rank judged once more as it exits, its number unknown, keeps the number
+    an earlier tick knew (watch/job.py rank_numbers): its death names it; a pid
+    no longer judged is dropped."""
+    from types import SimpleNamespace as R
+
+    from ddpwatch.watch.job import rank_numbers
+    before = rank_numbers({}, [R(pid=11, rank=0, remote=False), R(pid=12, rank=1, remote=False),
+                               R(pid=99, rank=5, remote=True)])
+    assert before == {11: 0, 12: 1}
+    assert rank_numbers(before, [R(pid=11, rank=0, remote=False),
+                                 R(pid=12, rank=-1, remote=False)]) == {11: 0, 12: 1}
+    assert rank_numbers(before, [R(pid=13, rank=-1, remote=False)]) == {13: -1}
