@@ -19,7 +19,7 @@ from ..publish import report, stackless
 from ..publish.terminal import printable_lines
 from ..judge import signals
 from ..judge.vocabulary import FINE
-from ..observe.window.between import JITTER
+from ..observe.window.between import jittered
 from ..observe.window.duty import DutyWatch
 from ..observe.system.netns import net_ns
 from ..observe.system import ptrace
@@ -161,10 +161,11 @@ def closest(sampler: Sampler, survey: Survey, first: Snapshot, second: Snapshot,
 
 
 DUTY_INTERVAL_S = 0.05
-# each reading's spacing is at random within +-JITTER of DUTY_INTERVAL_S, as the
-# daemon's (observe/window/between.py): a rank stopped 70 ms of every 100 ms was
-# read at a fixed 50 ms in the stopped phase every time and called `stopped`, not
-# a straggler (benchmarks/faults.yaml stop-resume, in the suite's quick run)
+# each reading's spacing is at random within +-50% of DUTY_INTERVAL_S, as the
+# daemon's (observe/window/between.py jittered): a rank stopped 70 ms of every
+# 100 ms was read at a fixed 50 ms in the stopped phase every time and called
+# `stopped`, not a straggler (benchmarks/faults.yaml stop-resume, in the suite's
+# quick run)
 
 
 def _all_elsewhere(procfs: str, job: Job) -> bool:
@@ -201,7 +202,7 @@ def watched(ctx: ProbeContext, sampler: Sampler, jobs, deadline: float,
         watch.read()
     try:
         while ctx.clock() < deadline:
-            gap = DUTY_INTERVAL_S * (1 - JITTER + 2 * JITTER * random.random())
+            gap = jittered(DUTY_INTERVAL_S, random.random)
             time.sleep(min(gap, max(deadline - ctx.clock(), 0)))
             for watch in watches:
                 watch.read()

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal as signal_mod
 
 from ..probes.exits import signal_name
 from .job import Job

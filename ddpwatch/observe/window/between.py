@@ -26,6 +26,13 @@ CLOSE_INTERVAL_S = 0.1    # jobs under suspicion: every thread
 JITTER = 0.5
 
 
+def jittered(interval: float, rand) -> float:
+    """`interval` moved at random within +-JITTER of itself: readings at a fixed
+    spacing alias with a rank stopped and resumed at a multiple of it (a fixed
+    50 ms read a 100 ms stop/resume cycle in its stopped phase every time)."""
+    return interval * (1 - JITTER + 2 * JITTER * rand())
+
+
 class JobReadings:
     """One job's readings between ticks: a DutyWatch over its current window and
     how closely to read it. Its WatchedJob holds it (watch/job.py); the reader
@@ -117,7 +124,7 @@ class BetweenTicks:
                     job.duty.read(threads=closely)
                     self.readings += 1
                     interval = min(CLOSE_INTERVAL_S, self.glance_s) if closely else self.glance_s
-                    job.due = now + interval * (1 - JITTER + 2 * JITTER * self.rand())
+                    job.due = now + jittered(interval, self.rand)
             return min((j.due for j in self.jobs if j.duty is not None and j.due is not None),
                        default=now + self.glance_s)
 

@@ -163,11 +163,9 @@ def test_a_stop_of_the_process_that_started_the_other_ranks_is_the_jobs():
         assert book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0) == [], sig
     # rank 0 ended first (exit 0 after its SIGTERM handler), rank 1, its child,
     # reparented by then: only the SIGTERM it passed on says it led the job
-    book = Departures()
-    book.update([("k", "job", LIGHTNING)], Exits(0.0, 0.0, ()), 0.0)
     ends = (exits.to_exit(11, 0, 1, 50.2), exits.to_exit(12, 15, 1, 50.4))
     sent = (SignalSent(50.0, 15, 11, 4242, "python"), SignalSent(50.05, 15, 12, 11, "pt"))
-    assert book.update([], Exits(100.0, 0.0, ends, sent=sent, traced=True), 1.0) == []
+    assert _gone_lightning(ends, sent) == []
     # the same ends without the SIGTERM passed on: rank 0 was stopped alone
     assert _gone_lightning(ends, sent[:1]) != []
 
